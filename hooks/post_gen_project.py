@@ -1,0 +1,141 @@
+"""Finish the bake: prune what the answers did not choose, fill the agent guides, first commit.
+
+Never prompts (safe with no terminal): git runs with no standard input and no credential prompt.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
+PROJECT = Path.cwd()
+PACKAGE = ANSWERS["package_name"]
+# The agent guides: this hook fills their tech-stack placeholders (double-braced names).
+AGENT_GUIDES = ["AGENTS.md", ".claude/agents/{{ cookiecutter.project_slug }}.md"]
+
+
+def prune() -> None:
+    """Delete the files of options that were not chosen, then any folder left empty."""
+    if ANSWERS["include_slurm"] != "yes":
+        shutil.rmtree(PROJECT / "scripts" / "slurm")
+    for folder in sorted((p for p in PROJECT.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+
+
+def detect_torch() -> dict | None:
+    """torch and Lightning versions and CUDA availability on this machine, or None if torch is not importable.
+
+    Asked in a child process with a time limit, so a broken torch cannot hang or crash the bake.
+    """
+    probe = (
+        "import json, torch\n"
+        "try:\n    import lightning; lv = lightning.__version__\nexcept ImportError:\n    lv = None\n"
+        "cuda = torch.cuda.is_available()\n"
+        "print(json.dumps({'torch': torch.__version__, 'lightning': lv, 'cuda': cuda,"
+        " 'cuda_version': torch.version.cuda, 'device': torch.cuda.get_device_name(0) if cuda else None}))"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return None
+
+
+def required(name: str) -> str:
+    """The version range the generated pyproject.toml asks for ``name`` (e.g. '>=2.4')."""
+    text = (PROJECT / "pyproject.toml").read_text(encoding="utf-8")
+    match = re.search(rf'"{re.escape(name)}([<>=!~][^"]*)"', text)
+    return match.group(1) if match else "any version"
+
+
+def placeholders() -> dict[str, str]:
+    """Values of the agent guides' tech-stack placeholders, from this bake and this machine."""
+    found = detect_torch()
+    if found:
+        pytorch_version = found["torch"]
+        lightning_version = found["lightning"] or f"{required('lightning')} (not installed when the project was made)"
+        if found["cuda"]:
+            cuda = f"yes (CUDA {found['cuda_version']}, {found['device']})"
+        elif found["cuda_version"]:
+            cuda = f"no (a CUDA {found['cuda_version']} build of torch, but no GPU visible)"
+        else:
+            cuda = "no (CPU build of torch)"
+    else:
+        pytorch_version = f"{required('torch')} (required range; torch was not importable when the project was made)"
+        lightning_version = required("lightning")
+        cuda = "unknown"
+    logger = {"wandb": "Weights & Biases (offline until `wandb login`)", "tensorboard": "TensorBoard", "csv": "CSV"}
+    src = f"src/{PACKAGE}"
+    run = "logs/{{ cookiecutter.project_slug }}/<run id>" if ANSWERS["logger"] == "wandb" else "logs/digits/version_<n>"
+    return {
+        "tech_stack": (
+            f"Python >={ANSWERS['python_version']}, PyTorch {pytorch_version}, Lightning {lightning_version}, "
+            f"torchmetrics, LightningCLI + YAML configs (jsonargparse), {logger[ANSWERS['logger']]}, pytest, ruff"
+        ),
+        "pytorch_version": pytorch_version,
+        "cuda_available": cuda,
+        "model_dirs": f"{src}/nets/ (architectures), {src}/models/ (LightningModules)",
+        "checkpoint_dirs": f"{run}/checkpoints/",
+        "training_dirs": f"{src}/cli.py (LightningCLI entry point), {src}/data/ (LightningDataModules)",
+        "config_dirs": "configs/ (default.yaml, presets/)",
+        "train_command": "make train",
+        "test_command": "make test",
+        "profile_command": "make profile",
+    }
+
+
+def fill_agent_guides() -> None:
+    values = placeholders()
+    for relative in AGENT_GUIDES:
+        path = PROJECT / relative
+        text = path.read_text(encoding="utf-8")
+        text = re.sub(r"\{\{(\w+)\}\}", lambda m: values.get(m.group(1), m.group(0)), text)
+        path.write_text(text, encoding="utf-8")
+
+
+def first_commit() -> None:
+    git = shutil.which("git")
+    if git is None:
+        print("torch-template: git is not installed, so no repository was made; run `git init` later.")
+        return
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    # The author's answers sign the first commit only when git has no identity configured.
+    identity = ["-c", f"user.name={ANSWERS['author_name']}", "-c", f"user.email={ANSWERS['author_email']}"]
+    has_identity = subprocess.run([git, "config", "user.email"], capture_output=True, stdin=subprocess.DEVNULL, env=env)
+    steps = [
+        [git, "init", "--quiet"],
+        [git, "add", "--all"],
+        [git, *([] if has_identity.returncode == 0 else identity), "commit", "--quiet", "--no-verify", "--no-gpg-sign",
+         "-m", "Initial commit from torch-template"],
+    ]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env)
+        if done.returncode != 0:
+            print(f"torch-template: `{' '.join(step[1:3])}` failed ({done.stderr.strip()}); the files are all there.")
+            return
+
+
+def main() -> None:
+    prune()
+    fill_agent_guides()
+    first_commit()
+    print(
+        f"\nCreated {PROJECT}\nNext:\n  cd {PROJECT.name}\n  make install   # TORCH=\"...\" to choose the torch build\n"
+        "  make train\n  make test\n"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""The command line: ``python -m {{ cookiecutter.package_name }} fit|validate|test|predict --config ...``.
+
+Built on LightningCLI (https://lightning.ai/docs/pytorch/stable/cli/lightning_cli.html): every
+option of the Trainer, the LightningModule and the LightningDataModule comes from their type
+hints, configs stack with repeated ``--config``, and an unknown key or a wrong type stops the run
+with jsonargparse's message before anything is built or trained.
+"""
+
+import json
+import netrc
+import os
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities import rank_zero_info
+
+
+def run_dir(trainer: L.Trainer) -> Path:
+    """The folder of this run: ``<save_dir>/<name>/<version>`` of the first logger.
+
+    It is the folder in which ModelCheckpoint puts ``checkpoints/`` by default (same rule as
+    Lightning's ``ModelCheckpoint``), for every logger, wandb included. Without a logger it is
+    ``trainer.default_root_dir``. Call it on global rank zero only: asking a logger for its
+    version may start its run.
+    """
+    if not trainer.loggers:
+        return Path(trainer.default_root_dir)
+    logger = trainer.loggers[0]
+    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version)
+
+
+def wandb_is_configured() -> bool:
+    """True when the user chose a wandb mode or has credentials (WANDB_MODE, WANDB_API_KEY, netrc).
+
+    Reads the same places as ``wandb login`` without importing wandb (slow to import).
+    """
+    if os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).netloc
+    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    try:
+        return netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+class SaveConfigToRunDir(SaveConfigCallback):
+    """Saves the full resolved config as ``config.yaml`` beside the run's ``checkpoints/``.
+
+    Lightning's default writes it to ``trainer.log_dir``, which for wandb is the shared save
+    folder, so every run would overwrite the last one's config.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["save_to_log_dir"] = False
+        super().__init__(*args, **kwargs)
+
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        folder = run_dir(trainer)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.parser.save(
+            self.config, folder / self.config_filename, skip_unset=False, overwrite=self.overwrite, multifile=self.multifile
+        )
+
+
+class CLI(LightningCLI):
+    """LightningCLI with the project's links, switches and after-fit test."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        # The data decides the number of classes; the model and its net cannot disagree with it.
+        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.init_args.net.init_args.num_classes", apply_on="instantiate")
+        parser.add_argument(
+            "--float32_matmul_precision",
+            type=Literal["highest", "high", "medium"] | None,
+            default=None,
+            help="torch.set_float32_matmul_precision: 'high' lets float32 matmuls use TF32 on Ampere+ GPUs.",
+        )
+        parser.add_argument(
+            "--test_after_fit",
+            type=bool,
+            default=True,
+            help="After fit, test the best checkpoint and write test_metrics.json into the run folder.",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config.get(self.subcommand, self.config)
+        if config.get("float32_matmul_precision"):
+            torch.set_float32_matmul_precision(config["float32_matmul_precision"])
+        loggers = config.get("trainer", {}).get("logger")
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            save_dir = getattr(getattr(logger, "init_args", None), "save_dir", None)
+            if save_dir:
+                # wandb looks for a git repository from its save folder, and warns if it is missing.
+                Path(save_dir).mkdir(parents=True, exist_ok=True)
+        if not wandb_is_configured():
+            # No credentials and no chosen mode: log offline (sync later with `wandb sync`)
+            # instead of stopping at a login prompt.
+            os.environ["WANDB_MODE"] = "offline"
+
+    def before_fit(self) -> None:
+        profiler = self.trainer.profiler
+        if profiler is not None and getattr(profiler, "filename", None) and profiler.dirpath is None:
+            # Profilers write to trainer.log_dir, which for wandb is the shared save folder.
+            profiler.dirpath = run_dir(self.trainer) if self.trainer.is_global_zero else self.trainer.log_dir
+
+    def after_fit(self) -> None:
+        trainer = self.trainer
+        if not self.config.fit.test_after_fit or trainer.interrupted:
+            return
+        # The first ModelCheckpoint tracks the best model. fast_dev_run and runs without a
+        # ModelCheckpoint have none: then test the weights in memory.
+        checkpoint = trainer.checkpoint_callback
+        ckpt_path = checkpoint.best_model_path if checkpoint is not None and checkpoint.best_model_path else None
+        results = trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path, weights_only=True)
+        if trainer.is_global_zero and results:
+            summary = {
+                "checkpoint": ckpt_path,
+                "global_step": trainer.global_step,
+                "world_size": trainer.world_size,
+                "metrics": results[0],
+            }
+            path = run_dir(trainer) / "test_metrics.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(summary, indent=2) + "\n")
+            rank_zero_info(f"Test metrics written to {path}")
+
+
+def main(args: list[str] | None = None, run: bool = True) -> CLI:
+    """Run the CLI on ``args`` (default: ``sys.argv[1:]``) and return it.
+
+    With ``run=False`` there is no subcommand: the CLI only parses ``args`` and builds the
+    Trainer, model and DataModule (``cli.trainer``, ``cli.model``, ``cli.datamodule``).
+    """
+    return CLI(
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        save_config_callback=SaveConfigToRunDir,
+        # A mistyped option must fail, not silently match a longer one (--trainer.max_epoch).
+        parser_kwargs={"allow_abbrev": False},
+        args=args,
+        run=run,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Image classification: cross-entropy, torchmetrics, AdamW with linear warm-up and cosine decay."""
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
+from torch import nn
+from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+try:  # set while LightningCLI instantiates the model: the net then arrives with its config
+    from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
+except ImportError:  # pragma: no cover - older or newer Lightning without it
+    _given_hyperparameters = None
+
+
+class ImageClassifier(L.LightningModule):
+    """Trains any ``net`` mapping images (B, C, H, W) to logits (B, num_classes).
+
+    Logs ``{train,val,test}/loss`` and, per epoch, ``{train,val,test}/acc`` (micro accuracy) and
+    ``{train,val,test}/f1`` (macro F1) from torchmetrics. Metrics are updated on the device each
+    step and computed once per epoch, so logging costs no host-device synchronisation per step.
+
+    Optimisation: AdamW (Loshchilov & Hutter, 2019, "Decoupled Weight Decay Regularization"),
+    weight decay on weight matrices and conv kernels only, a learning rate rising linearly for
+    ``warmup_ratio`` of the run (Goyal et al., 2017) then following a cosine to
+    ``lr * min_lr_ratio`` (Loshchilov & Hutter, 2017, SGDR), stepped every optimizer step.
+
+    Built by LightningCLI, the checkpoint records the net's ``class_path`` and ``init_args``, so
+    ``ImageClassifier.load_from_checkpoint(path)`` rebuilds it. Built in Python, pass the net
+    again: ``ImageClassifier.load_from_checkpoint(path, net=MLP())``.
+
+    Args:
+        net: the network (see ``nets``); its output width must equal ``num_classes``.
+        num_classes: number of classes (linked from the DataModule by the CLI).
+        lr: peak learning rate.
+        weight_decay: AdamW decoupled weight decay.
+        warmup_ratio: share of all optimizer steps spent warming up, in [0, 1).
+        min_lr_ratio: final learning rate as a share of ``lr``, in [0, 1].
+        label_smoothing: cross-entropy label smoothing (Szegedy et al., 2016), in [0, 1).
+        compile: compile the net with ``torch.compile`` when training starts. It compiles the
+            net in place (``nn.Module.compile``), so checkpoint keys carry no ``_orig_mod.``.
+        compile_mode: ``torch.compile`` mode: None (default), "reduce-overhead" (CUDA graphs,
+            for small batches on GPU) or "max-autotune" (longer compile, faster kernels).
+
+    Raises:
+        ValueError: if a hyperparameter is out of range.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        num_classes: int = 10,
+        lr: float = 3e-3,
+        weight_decay: float = 0.05,
+        warmup_ratio: float = 0.05,
+        min_lr_ratio: float = 0.01,
+        label_smoothing: float = 0.0,
+        compile: bool = False,
+        compile_mode: str | None = None,
+    ) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ValueError(f"model.num_classes must be at least 2, got {num_classes}")
+        if lr <= 0:
+            raise ValueError(f"model.lr must be positive, got {lr}")
+        if not 0.0 <= warmup_ratio < 1.0:
+            raise ValueError(f"model.warmup_ratio must be in [0, 1), got {warmup_ratio}")
+        if not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"model.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"model.label_smoothing must be in [0, 1), got {label_smoothing}")
+        # Through LightningCLI the hyperparameters hold the net's config (plain data); built in
+        # Python they would hold the module itself, which the state_dict already carries.
+        built_from_config = _given_hyperparameters is not None and _given_hyperparameters.get() is not None
+        self.save_hyperparameters(ignore=None if built_from_config else ["net"])
+        self.net = net
+
+        metrics = MetricCollection(
+            {
+                "acc": MulticlassAccuracy(num_classes, average="micro"),
+                "f1": MulticlassF1Score(num_classes, average="macro"),
+            }
+        )
+        self.train_metrics = metrics.clone(prefix="train/")
+        self.val_metrics = metrics.clone(prefix="val/")
+        self.test_metrics = metrics.clone(prefix="test/")
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> logits (B, num_classes)."""
+        return self.net(images)
+
+    def setup(self, stage: str) -> None:
+        if self.hparams.compile and stage == "fit":
+            # In place, unlike torch.compile(net): parameter names and checkpoint keys stay
+            # the same as eager. https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.compile
+            self.net.compile(mode=self.hparams.compile_mode)
+
+    def _shared_step(self, batch: tuple[torch.Tensor, torch.Tensor], metrics: MetricCollection) -> torch.Tensor:
+        images, labels = batch  # (B, C, H, W), (B,)
+        logits = self(images)  # (B, num_classes)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        metrics.update(logits.detach(), labels)
+        return loss
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._shared_step(batch, self.train_metrics)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        loss = self._shared_step(batch, self.val_metrics)
+        self.log("val/loss", loss, prog_bar=True)
+        self.log_dict(self.val_metrics, prog_bar=True)
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        loss = self._shared_step(batch, self.test_metrics)
+        self.log("test/loss", loss)
+        self.log_dict(self.test_metrics)
+
+    def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        """Class probabilities (B, num_classes) for the images of ``batch``."""
+        return self(batch[0]).softmax(dim=-1)
+
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
+        hp = self.hparams
+        # Decay weight matrices and conv kernels; leave biases and norm scales alone (1-D).
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": hp.weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr)
+        total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup_steps = int(hp.warmup_ratio * total_steps)
+        cosine = CosineAnnealingLR(optimizer, T_max=max(1, total_steps - warmup_steps), eta_min=hp.lr * hp.min_lr_ratio)
+        scheduler: LRScheduler = cosine
+        if warmup_steps > 0:
+            warmup = LinearLR(optimizer, start_factor=1.0 / warmup_steps, total_iters=warmup_steps)
+            scheduler = SequentialLR(optimizer, [warmup, cosine], milestones=[warmup_steps])
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,43 @@
+"""One shrunk config for every test: the real configs/default.yaml, on CPU, written under tmp_path."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+
+def shrunk_args(tmp_path: Path) -> list[str]:
+    """CLI arguments of a quick CPU run of the default config whose every file lands in tmp_path.
+
+    Tests add the subcommand in front and their own overrides after (later arguments win).
+    The logger is a CSVLogger so that no test starts a wandb or TensorBoard writer.
+    """
+    return [
+        f"--config={CONFIGS / 'default.yaml'}",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.max_epochs=1",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+        "--trainer.logger.init_args.name=test",
+        "--trainer.enable_model_summary=false",
+        "--model.init_args.compile=false",
+    ]
+
+
+@pytest.fixture
+def cli_args(tmp_path: Path) -> list[str]:
+    """The shrunk arguments for this test's own tmp_path."""
+    return shrunk_args(tmp_path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_pytest_argv():
+    # LightningCLI warns when it gets both `args` and command-line arguments (pytest's own).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", sys.argv[:1])
+        yield

@@ -1,0 +1,40 @@
+"""Distributed data parallel on 2 CPU processes (gloo), launched the way `make train` runs."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CONFIGS, ROOT, shrunk_args
+
+from {{ cookiecutter.package_name }}.data import DigitsDataModule
+
+
+@pytest.mark.slow
+def test_ddp_on_two_cpu_processes_reaches_world_size_two(tmp_path: Path) -> None:
+    batch_size = 64
+    args = [
+        *shrunk_args(tmp_path),
+        f"--config={CONFIGS / 'presets' / 'ddp.yaml'}",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        f"--data.init_args.batch_size={batch_size}",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(next((tmp_path / "logs").rglob("test_metrics.json")).read_text())
+    assert summary["world_size"] == 2
+
+    # Each process sees half the training set (DistributedSampler), so one epoch is half the steps.
+    datamodule = DigitsDataModule(batch_size=batch_size)
+    datamodule.setup("fit")
+    per_process = math.ceil(len(datamodule.train_set) / 2)
+    assert summary["global_step"] == math.ceil(per_process / batch_size)

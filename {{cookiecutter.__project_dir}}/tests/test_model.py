@@ -1,0 +1,80 @@
+"""The LightningModule: a smoke fit, overfitting one batch, the schedule and compile."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.models import ImageClassifier
+from {{ cookiecutter.package_name }}.nets import CNN, MLP
+
+
+def test_fast_dev_run_fits_validates_and_tests(cli_args: list[str]) -> None:
+    cli = main(["fit", *cli_args, "--trainer.fast_dev_run=2"])
+    assert cli.trainer.state.finished
+    assert cli.trainer.global_step == 2
+    assert torch.isfinite(cli.trainer.callback_metrics["test/loss"])
+
+
+# Lightning turns off train shuffling itself for overfit_batches, and says so with a UserWarning.
+@pytest.mark.filterwarnings("ignore:You requested to overfit but enabled train dataloader shuffling")
+def test_overfits_one_batch(cli_args: list[str]) -> None:
+    cli = main(
+        [
+            "fit",
+            *cli_args,
+            "--trainer.overfit_batches=1",
+            "--trainer.max_epochs=40",
+            "--trainer.log_every_n_steps=1",
+            "--model.init_args.net.init_args.dropout=0.0",
+            "--test_after_fit=false",
+        ]
+    )
+    assert cli.trainer.callback_metrics["train/acc"] >= 0.99
+    assert cli.trainer.callback_metrics["train/loss"] < 0.05
+
+
+def _with_steps(model: ImageClassifier, total_steps: int) -> ImageClassifier:
+    # configure_optimizers reads only trainer.estimated_stepping_batches.
+    model.trainer = SimpleNamespace(estimated_stepping_batches=total_steps)
+    return model
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
+    model = _with_steps(ImageClassifier(net=MLP(hidden_sizes=(8,)), lr=1e-2, warmup_ratio=0.25), total_steps=40)
+    config = model.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert config["lr_scheduler"]["interval"] == "step"
+    lrs = []
+    for _ in range(40):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    warmup = 10
+    assert lrs[0] == pytest.approx(1e-2 / warmup)
+    assert lrs[warmup] == pytest.approx(1e-2)
+    assert all(a < b for a, b in zip(lrs[:warmup], lrs[1 : warmup + 1]))  # rising
+    assert all(a > b for a, b in zip(lrs[warmup:], lrs[warmup + 1 :]))  # falling
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * model.hparams.min_lr_ratio)  # after the last step
+
+
+def test_weight_decay_skips_biases_and_norms() -> None:
+    model = _with_steps(ImageClassifier(net=CNN(channels=(4,))), total_steps=10)
+    groups = model.configure_optimizers()["optimizer"].param_groups
+    decayed = {id(p) for p in groups[0]["params"]}
+    assert groups[0]["weight_decay"] > 0 and groups[1]["weight_decay"] == 0
+    for name, param in model.named_parameters():
+        is_matrix_or_kernel = name.endswith("weight") and "norm" not in name
+        assert (id(param) in decayed) == is_matrix_or_kernel, name
+
+
+@pytest.mark.slow
+def test_compile_keeps_checkpoint_keys_of_eager(cli_args: list[str]) -> None:
+    eager_keys = set(ImageClassifier(net=MLP()).state_dict())
+    cli = main(["fit", *cli_args, "--model.init_args.compile=true", "--trainer.limit_train_batches=3", "--trainer.log_every_n_steps=1",
+                "--trainer.limit_val_batches=1", "--test_after_fit=false"])
+    checkpoint = torch.load(Path(cli.trainer.checkpoint_callback.dirpath) / "last.ckpt", weights_only=True)
+    assert set(checkpoint["state_dict"]) == eager_keys
+    assert not any("_orig_mod" in key for key in checkpoint["state_dict"])

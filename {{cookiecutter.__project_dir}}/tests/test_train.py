@@ -1,0 +1,58 @@
+"""A short real training run: accuracy, the run folder and the checkpoint."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import shrunk_args
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.models import ImageClassifier
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory):
+    """Fit the default model for 8 epochs on the full data, then test the best checkpoint."""
+    cli = main(["fit", *shrunk_args(tmp_path_factory.mktemp("train")), "--trainer.max_epochs=8"])
+    return cli, Path(cli.trainer.checkpoint_callback.dirpath).parent
+
+
+@pytest.mark.slow
+def test_short_training_reaches_90_percent_test_accuracy(trained) -> None:
+    _, run = trained
+    summary = json.loads((run / "test_metrics.json").read_text())
+    assert summary["metrics"]["test/acc"] >= 0.90
+    assert summary["world_size"] == 1
+
+
+@pytest.mark.slow
+def test_run_folder_holds_config_checkpoints_and_metrics(trained) -> None:
+    cli, run = trained
+    assert run == Path(cli.trainer.logger.log_dir)
+    checkpoints = {p.name for p in (run / "checkpoints").iterdir()}
+    assert "last.ckpt" in checkpoints
+    assert len(checkpoints) == 2  # last + the best by val/acc
+    assert {"config.yaml", "test_metrics.json", "metrics.csv", "hparams.yaml"} <= {p.name for p in run.iterdir()}
+    summary = json.loads((run / "test_metrics.json").read_text())
+    assert Path(summary["checkpoint"]).name in checkpoints - {"last.ckpt"}
+
+
+@pytest.mark.slow
+def test_checkpoint_loads_with_weights_only_and_restores_the_model(trained) -> None:
+    cli, run = trained
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
+    assert not any(key.startswith(("_orig_mod", "module.")) for key in last["state_dict"])
+    assert last["global_step"] == cli.trainer.global_step
+
+    # After fit, the model was tested with the best checkpoint's weights, which it still holds.
+    # The checkpoint rebuilds its own net from the saved config: no net is passed here.
+    best = json.loads((run / "test_metrics.json").read_text())["checkpoint"]
+    restored = ImageClassifier.load_from_checkpoint(best, map_location="cpu", weights_only=True).eval()
+    model = cli.model.eval()
+    images = next(iter(cli.datamodule.test_dataloader()))[0]
+    with torch.no_grad():
+        assert torch.equal(restored(images), model(images))
+    for key, value in model.state_dict().items():
+        assert torch.equal(restored.state_dict()[key], value), key
