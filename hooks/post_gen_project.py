@@ -22,6 +22,7 @@ def prune() -> None:
     """Delete the files of options that were not chosen, then any folder left empty."""
     if ANSWERS["include_slurm"] != "yes":
         shutil.rmtree(PROJECT / "scripts" / "slurm")
+        (PROJECT / "tests" / "test_slurm_script.py").unlink()
     for folder in sorted((p for p in PROJECT.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
         if not any(folder.iterdir()):
             folder.rmdir()

@@ -64,7 +64,7 @@ def test_batches_have_documented_shapes_and_types(digits: DigitsDataModule) -> N
         assert images.dtype == torch.float32
         assert labels.shape == (32,)
         assert labels.dtype == torch.int64
-        assert 0 <= labels.min() and labels.max() < digits.num_classes
+        assert labels.min() >= 0 and labels.max() < digits.num_classes
 
 
 def test_normalisation_statistics_travel_in_the_state_dict(digits: DigitsDataModule) -> None:

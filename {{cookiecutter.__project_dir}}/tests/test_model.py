@@ -1,5 +1,6 @@
 """The LightningModule: a smoke fit, overfitting one batch, the schedule and compile."""
 
+from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -55,8 +56,8 @@ def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
     warmup = 10
     assert lrs[0] == pytest.approx(1e-2 / warmup)
     assert lrs[warmup] == pytest.approx(1e-2)
-    assert all(a < b for a, b in zip(lrs[:warmup], lrs[1 : warmup + 1]))  # rising
-    assert all(a > b for a, b in zip(lrs[warmup:], lrs[warmup + 1 :]))  # falling
+    assert all(a < b for a, b in pairwise(lrs[: warmup + 1]))  # rising
+    assert all(a > b for a, b in pairwise(lrs[warmup:]))  # falling
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * model.hparams.min_lr_ratio)  # after the last step
 
 
@@ -73,8 +74,17 @@ def test_weight_decay_skips_biases_and_norms() -> None:
 @pytest.mark.slow
 def test_compile_keeps_checkpoint_keys_of_eager(cli_args: list[str]) -> None:
     eager_keys = set(ImageClassifier(net=MLP()).state_dict())
-    cli = main(["fit", *cli_args, "--model.init_args.compile=true", "--trainer.limit_train_batches=3", "--trainer.log_every_n_steps=1",
-                "--trainer.limit_val_batches=1", "--test_after_fit=false"])
+    cli = main(
+        [
+            "fit",
+            *cli_args,
+            "--model.init_args.compile=true",
+            "--trainer.limit_train_batches=3",
+            "--trainer.log_every_n_steps=1",
+            "--trainer.limit_val_batches=1",
+            "--test_after_fit=false",
+        ]
+    )
     checkpoint = torch.load(Path(cli.trainer.checkpoint_callback.dirpath) / "last.ckpt", weights_only=True)
     assert set(checkpoint["state_dict"]) == eager_keys
     assert not any("_orig_mod" in key for key in checkpoint["state_dict"])

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import shrunk_args
 
 from {{ cookiecutter.package_name }}.cli import main

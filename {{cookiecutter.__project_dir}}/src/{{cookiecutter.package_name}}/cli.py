@@ -64,7 +64,11 @@ class SaveConfigToRunDir(SaveConfigCallback):
         folder = run_dir(trainer)
         folder.mkdir(parents=True, exist_ok=True)
         self.parser.save(
-            self.config, folder / self.config_filename, skip_unset=False, overwrite=self.overwrite, multifile=self.multifile
+            self.config,
+            folder / self.config_filename,
+            skip_unset=False,
+            overwrite=self.overwrite,
+            multifile=self.multifile,
         )
 
 

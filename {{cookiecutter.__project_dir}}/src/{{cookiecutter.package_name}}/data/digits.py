@@ -91,16 +91,18 @@ class DigitsDataModule(L.LightningDataModule):
         # Two stratified cuts: first the test set, then validation out of the rest, so every
         # split keeps the class proportions of the whole set.
         indices = torch.arange(len(labels)).numpy()
-        rest, test = train_test_split(
-            indices, test_size=hp.test_fraction, stratify=labels, random_state=hp.split_seed
-        )
+        rest, test = train_test_split(indices, test_size=hp.test_fraction, stratify=labels, random_state=hp.split_seed)
         train, val = train_test_split(
             rest,
             test_size=hp.val_fraction / (1.0 - hp.test_fraction),
             stratify=labels[rest],
             random_state=hp.split_seed,
         )
-        self.split_indices = {name: torch.as_tensor(idx) for name, idx in (("train", train), ("val", val), ("test", test))}
+        self.split_indices = {
+            "train": torch.as_tensor(train),
+            "val": torch.as_tensor(val),
+            "test": torch.as_tensor(test),
+        }
         train_images = images[train]
         self.mean = train_images.mean().item()
         self.std = train_images.std().item()

@@ -1,6 +1,7 @@
 """A small convolutional network for low-resolution images (8x8 digits up to 32x32)."""
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -57,7 +58,7 @@ class CNN(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"CNN dropout must be in [0, 1), got {dropout}")
         widths = [in_channels, *channels]
-        self.blocks = nn.Sequential(*(ConvBlock(c_in, c_out) for c_in, c_out in zip(widths, widths[1:])))
+        self.blocks = nn.Sequential(*(ConvBlock(c_in, c_out) for c_in, c_out in pairwise(widths)))
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(widths[-1], num_classes)
 
