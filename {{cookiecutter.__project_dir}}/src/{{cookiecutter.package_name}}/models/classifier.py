@@ -140,4 +140,5 @@ class ImageClassifier(L.LightningModule):
         if warmup_steps > 0:
             warmup = LinearLR(optimizer, start_factor=1.0 / warmup_steps, total_iters=warmup_steps)
             scheduler = SequentialLR(optimizer, [warmup, cosine], milestones=[warmup_steps])
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        scheduler_config = {"scheduler": scheduler, "interval": "step"}
+        return {"optimizer": optimizer, "lr_scheduler": scheduler_config}
