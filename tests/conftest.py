@@ -1,0 +1,120 @@
+"""Shared helpers: bake with pytest-cookies, the exact expected file set, and running a bake.
+
+Every bake installs into this one environment with `pip install --no-deps`, so no test
+re-resolves dependencies; `requirements_met` then proves the environment satisfies the bake's
+own pyproject.toml.
+"""
+
+import contextlib
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE_SYNTAX = re.compile(r"\{\{|\}\}|\{%|%\}")
+PRESETS = ("ddp", "debug", "fsdp", "gpu", "profile")
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No user config leaks in: cookiecutter's replay and user config, git identity, wandb login.
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "NETRC", "COOKIECUTTER_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def bake(cookies, **answers: str) -> Path:
+    """Bake with ``answers`` (the rest default) and return the project folder; fail on any error."""
+    result = cookies.bake(extra_context=answers)
+    assert result.exit_code == 0, f"bake failed: {result.exception!r}"
+    assert result.exception is None
+    return Path(result.project_path)
+
+
+def files_of(project: Path) -> set[str]:
+    """Every file of a bake, as POSIX paths relative to it, .git excluded."""
+    return {p.relative_to(project).as_posix() for p in project.rglob("*") if p.is_file() and ".git" not in p.parts}
+
+
+def expected_files(slug: str, package: str, include_slurm: bool) -> set[str]:
+    """The exact file set of a bake: nothing missing, nothing extra."""
+    files = {
+        ".gitignore", "AGENTS.md", "CLAUDE.md", f".claude/agents/{slug}.md", "LICENSE", "Makefile",
+        "README.md", "pyproject.toml", "configs/default.yaml",
+        *(f"configs/presets/{name}.yaml" for name in PRESETS),
+        *(
+            f"src/{package}/{name}"
+            for name in (
+                "__init__.py", "__main__.py", "cli.py", "data/__init__.py", "data/digits.py",
+                "models/__init__.py", "models/classifier.py", "nets/__init__.py", "nets/cnn.py", "nets/mlp.py",
+            )
+        ),
+        *(f"tests/{name}" for name in (
+            "conftest.py", "test_cli.py", "test_data.py", "test_ddp.py", "test_model.py", "test_nets.py", "test_train.py",
+        )),
+    }  # fmt: skip
+    if include_slurm:
+        files |= {"scripts/slurm/train.sbatch", "tests/test_slurm_script.py"}
+    return files
+
+
+def leftover_template_syntax(project: Path, allowed: str = "") -> list[str]:
+    """Lines of the bake (outside .git) that still hold ``{{``, ``}}``, ``{%`` or ``%}``.
+
+    ``allowed`` is text the answers themselves put there, which must stay literal.
+    """
+    found = []
+    for path in sorted(project.rglob("*")):
+        if not path.is_file() or ".git" in path.parts:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if TEMPLATE_SYNTAX.search(line.replace(allowed, "") if allowed else line):
+                found.append(f"{path.relative_to(project)}:{number}: {line.strip()}")
+    return found
+
+
+def requirements_met(distribution: str) -> list[str]:
+    """Requirements of an installed distribution (no extras) that this environment does not satisfy."""
+    unmet = []
+    for text in importlib.metadata.requires(distribution) or []:
+        requirement = Requirement(text)
+        if requirement.marker and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            version = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            unmet.append(f"{text} (not installed)")
+            continue
+        if not requirement.specifier.contains(version, prereleases=True):
+            unmet.append(f"{text} (have {version})")
+    return unmet
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args], check=True)
+
+
+@contextlib.contextmanager
+def installed(project: Path, slug: str) -> Iterator[None]:
+    """Install a bake editable into this environment without resolving dependencies; remove it after."""
+    pip("install", "--no-deps", "--no-build-isolation", "-e", str(project))
+    try:
+        yield
+    finally:
+        pip("uninstall", "-y", slug)
+
+
+def run(command: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run a command in a bake as a user would, with this environment's Python first on PATH."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYTEST_ADDOPTS", None)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,129 @@
+"""Bakes: the default and a matrix over every choice; exact files, valid syntax, ruff-clean, filled guides."""
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from itertools import product
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, bake, expected_files, files_of, leftover_template_syntax
+
+QUESTIONS = json.loads((ROOT / "cookiecutter.json").read_text())
+LOGGERS, PRECISIONS = QUESTIONS["logger"], QUESTIONS["precision"]
+LICENSE_FIRST_LINE = {
+    "MIT": "MIT License",
+    "Apache-2.0": "Apache License",
+    "BSD-3-Clause": "BSD 3-Clause License",
+    "Proprietary": "All rights reserved.",
+}
+# Every logger x precision pair once; compile, include_slurm, license and python_version cycle
+# through their choices along the way, so every answer of every question is baked.
+MATRIX = [
+    {
+        "logger": logger,
+        "precision": precision,
+        "compile": ("yes", "no")[i % 2],
+        "include_slurm": ("no", "yes")[i % 2],
+        "license": QUESTIONS["license"][i % 4],
+        "python_version": QUESTIONS["python_version"][i % 4],
+        "project_name": f"Bake {i}",
+    }
+    for i, (logger, precision) in enumerate(product(LOGGERS, PRECISIONS))
+]
+
+
+def check_bake(project: Path, answers: dict) -> None:
+    slug, package = project.name, project.name.replace("-", "_")
+    assert files_of(project) == expected_files(slug, package, answers["include_slurm"] == "yes")
+    assert leftover_template_syntax(project) == []
+
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())
+    dependencies = pyproject["project"]["dependencies"]
+    assert any(dep.startswith("torch>=") for dep in dependencies)  # a range, never a pin
+    assert not any(dep.startswith("torch==") for dep in dependencies)
+    logger_packages = {"wandb": "wandb", "tensorboard": "tensorboard", "csv": None}
+    for logger, dist in logger_packages.items():
+        if dist:
+            assert any(dep.startswith(dist) for dep in dependencies) == (answers["logger"] == logger)
+    assert pyproject["project"]["requires-python"] == f">={answers['python_version']}"
+
+    for config in project.glob("configs/**/*.yaml"):
+        yaml.safe_load(config.read_text())
+    default = yaml.safe_load((project / "configs" / "default.yaml").read_text())
+    assert default["trainer"]["precision"] == "32-true"
+    assert default["trainer"]["logger"]["class_path"].lower().endswith(f"{answers['logger']}logger")
+    assert default["model"]["init_args"]["compile"] is (answers["compile"] == "yes")
+    gpu = yaml.safe_load((project / "configs" / "presets" / "gpu.yaml").read_text())
+    assert gpu["trainer"]["precision"] == answers["precision"]
+
+    assert LICENSE_FIRST_LINE[answers["license"]] in (project / "LICENSE").read_text().splitlines()[0]
+
+    for command in (["ruff", "check", "."], ["ruff", "format", "--check", "."]):
+        done = subprocess.run([sys.executable, "-m", *command], cwd=project, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_default_bake(cookies) -> None:
+    project = bake(cookies)
+    assert project.name == "digits-classifier"
+    answers = {key: value[0] if isinstance(value, list) else value for key, value in QUESTIONS.items()}
+    check_bake(project, answers)
+
+
+@pytest.mark.parametrize("answers", MATRIX, ids=lambda a: f"{a['logger']}-{a['precision']}-compile_{a['compile']}")
+def test_matrix_bake(cookies, answers: dict) -> None:
+    check_bake(bake(cookies, **answers), answers)
+
+
+def test_agent_guides_name_the_real_torch_version_and_real_commands(cookies) -> None:
+    import lightning
+    import torch
+
+    project = bake(cookies)
+    agents = (project / "AGENTS.md").read_text()
+    assert f"**PyTorch version:** {torch.__version__}" in agents
+    assert f"Lightning {lightning.__version__}" in agents
+    cuda = "yes" if torch.cuda.is_available() else "no"
+    assert f"**CUDA available:** {cuda}" in agents
+    # Every make target the guides name exists in the Makefile; none is invented (no export yet).
+    makefile = (project / "Makefile").read_text()
+    for guide in (agents, (project / ".claude" / "agents" / f"{project.name}.md").read_text()):
+        assert "{{" not in guide
+        for target in set(re.findall(r"`make (\w[\w-]*)", guide)):
+            assert f"\n{target}:" in makefile, target
+    assert "export" not in agents.lower().split("## commands")[1].split("##")[0]
+
+
+def test_agent_guides_fall_back_to_the_required_range_without_torch(cookies, tmp_path: Path) -> None:
+    # A Python without torch runs the hooks: the guides say so instead of inventing a version.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    done = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import sys; sys.path[:0] = sys.argv[2:]; from cookiecutter.main import cookiecutter; "
+            "cookiecutter(sys.argv[1], no_input=True, output_dir=sys.argv[2])",
+            str(ROOT),
+            str(tmp_path),
+            *[p for p in sys.path if p.endswith("site-packages")],
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    agents = (tmp_path / "digits-classifier" / "AGENTS.md").read_text()
+    assert "**PyTorch version:** >=" in agents and "torch was not importable" in agents
+    assert "**CUDA available:** unknown" in agents
+
+
+def test_first_commit_holds_every_file(cookies) -> None:
+    project = bake(cookies)
+    tracked = subprocess.run(["git", "ls-files"], cwd=project, capture_output=True, text=True, check=True).stdout
+    assert set(tracked.split()) == files_of(project)
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=project, capture_output=True, text=True, check=True)
+    assert status.stdout == ""
