@@ -118,8 +118,16 @@ def first_commit() -> None:
     steps = [
         [git, "init", "--quiet"],
         [git, "add", "--all"],
-        [git, *([] if has_identity.returncode == 0 else identity), "commit", "--quiet", "--no-verify", "--no-gpg-sign",
-         "-m", "Initial commit from torch-template"],
+        [
+            git,
+            *([] if has_identity.returncode == 0 else identity),
+            "commit",
+            "--quiet",
+            "--no-verify",
+            "--no-gpg-sign",
+            "-m",
+            "Initial commit from torch-template",
+        ],
     ]
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env)
@@ -133,7 +141,7 @@ def main() -> None:
     fill_agent_guides()
     first_commit()
     print(
-        f"\nCreated {PROJECT}\nNext:\n  cd {PROJECT.name}\n  make install   # TORCH=\"...\" to choose the torch build\n"
+        f'\nCreated {PROJECT}\nNext:\n  cd {PROJECT.name}\n  make install   # TORCH="..." to choose the torch build\n'
         "  make train\n  make test\n"
     )
 

@@ -45,39 +45,37 @@ def files_of(project: Path) -> set[str]:
     return {p.relative_to(project).as_posix() for p in project.rglob("*") if p.is_file() and ".git" not in p.parts}
 
 
+PROJECT_FILES = [".gitignore", "AGENTS.md", "CLAUDE.md", "LICENSE", "Makefile", "README.md", "pyproject.toml"]
+PACKAGE_FILES = ["__init__.py", "__main__.py", "cli.py", "data/__init__.py", "data/digits.py"]
+PACKAGE_FILES += ["models/__init__.py", "models/classifier.py", "nets/__init__.py", "nets/cnn.py", "nets/mlp.py"]
+TEST_FILES = ["conftest.py", "test_cli.py", "test_data.py", "test_ddp.py", "test_model.py", "test_nets.py"]
+TEST_FILES += ["test_train.py"]
+
+
 def expected_files(slug: str, package: str, include_slurm: bool) -> set[str]:
     """The exact file set of a bake: nothing missing, nothing extra."""
-    files = {
-        ".gitignore", "AGENTS.md", "CLAUDE.md", f".claude/agents/{slug}.md", "LICENSE", "Makefile",
-        "README.md", "pyproject.toml", "configs/default.yaml",
-        *(f"configs/presets/{name}.yaml" for name in PRESETS),
-        *(
-            f"src/{package}/{name}"
-            for name in (
-                "__init__.py", "__main__.py", "cli.py", "data/__init__.py", "data/digits.py",
-                "models/__init__.py", "models/classifier.py", "nets/__init__.py", "nets/cnn.py", "nets/mlp.py",
-            )
-        ),
-        *(f"tests/{name}" for name in (
-            "conftest.py", "test_cli.py", "test_data.py", "test_ddp.py", "test_model.py", "test_nets.py", "test_train.py",
-        )),
-    }  # fmt: skip
+    files = {*PROJECT_FILES, f".claude/agents/{slug}.md", "configs/default.yaml"}
+    files |= {f"configs/presets/{name}.yaml" for name in PRESETS}
+    files |= {f"src/{package}/{name}" for name in PACKAGE_FILES}
+    files |= {f"tests/{name}" for name in TEST_FILES}
     if include_slurm:
         files |= {"scripts/slurm/train.sbatch", "tests/test_slurm_script.py"}
     return files
 
 
-def leftover_template_syntax(project: Path, allowed: str = "") -> list[str]:
+def leftover_template_syntax(project: Path, allowed: tuple[str, ...] = ()) -> list[str]:
     """Lines of the bake (outside .git) that still hold ``{{``, ``}}``, ``{%`` or ``%}``.
 
-    ``allowed`` is text the answers themselves put there, which must stay literal.
+    ``allowed`` are texts the answers themselves put there, which must stay literal.
     """
     found = []
     for path in sorted(project.rglob("*")):
         if not path.is_file() or ".git" in path.parts:
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if TEMPLATE_SYNTAX.search(line.replace(allowed, "") if allowed else line):
+            for literal in allowed:
+                line = line.replace(literal, "")
+            if TEMPLATE_SYNTAX.search(line):
                 found.append(f"{path.relative_to(project)}:{number}: {line.strip()}")
     return found
 
