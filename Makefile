@@ -1,0 +1,46 @@
+# torch-template: `make help` lists the targets.
+# Extra pytest arguments pass through ARGS, e.g. make test ARGS="-k hooks"
+
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+# The torch build of this repository's own environment, installed before anything else so
+# that nothing pulls a different one. The default is the CPU build our CI machines keep on
+# local disk; elsewhere pick yours, e.g. TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
+TORCH ?= torch==2.13.0
+DEMO_DIR ?= build/demo
+DEMO_PROJECT := $(DEMO_DIR)/digits-classifier
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help venv test lint demo clean
+
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-6s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+venv: $(STAMP) ## Create .venv with torch ($(TORCH)) and the dev tools
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet $(TORCH)
+	$(PYTHON) -m pip install --quiet --group dev
+	touch $(STAMP)
+
+test: $(STAMP) ## Run the template's tests: bakes, hooks, and the baked projects' own tests
+	$(PYTHON) -m pytest $(ARGS)
+
+lint: $(STAMP) ## ruff on the hooks and tests (bakes are linted by the tests)
+	$(PYTHON) -m ruff check hooks tests
+	$(PYTHON) -m ruff format --check hooks tests
+
+demo: $(STAMP) ## Bake with default answers, install the bake, train on digits, print the test metrics
+	rm -rf $(DEMO_DIR)
+	$(PYTHON) -m cookiecutter --no-input --output-dir $(DEMO_DIR) .
+	$(MAKE) -C $(DEMO_PROJECT) install TORCH="$(TORCH)"
+	$(MAKE) -C $(DEMO_PROJECT) train
+	@echo "Test metrics of the best checkpoint:"
+	@cat $$(find $(DEMO_PROJECT)/logs -name test_metrics.json)
+
+clean: ## Remove the demo bake and caches (keeps .venv)
+	rm -rf build .pytest_cache .ruff_cache

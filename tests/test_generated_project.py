@@ -1,0 +1,55 @@
+"""Run what a bake ships, as its README tells a user to: make test, make lint, make train."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import bake, installed, requirements_met, run
+
+SECOND = {
+    "project_name": "Second Bake",
+    "logger": "tensorboard",
+    "precision": "16-mixed",
+    "compile": "yes",
+    "include_slurm": "no",
+    "license": "Apache-2.0",
+}
+
+
+def make(project: Path, *targets: str, args: str = "") -> None:
+    command = ["make", *targets, f"PYTHON={sys.executable}"] + ([f"ARGS={args}"] if args else [])
+    done = run(command, cwd=project, timeout=900)
+    assert done.returncode == 0, f"make {' '.join(targets)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done
+
+
+@pytest.mark.slow
+def test_default_bake_passes_its_own_tests_and_trains(cookies) -> None:
+    project = bake(cookies)
+    with installed(project, project.name):
+        assert requirements_met(project.name) == []
+        make(project, "lint")
+        make(project, "test")
+
+        # `make train` as written in the README: wandb offline (no login), no terminal.
+        make(project, "train", args="--trainer.max_epochs=3")
+        (summary_path,) = (project / "logs").rglob("test_metrics.json")
+        summary = json.loads(summary_path.read_text())
+        assert summary["metrics"]["test/acc"] > 0.8  # 3 epochs; the full run is measured by `make demo`
+        run_dir = summary_path.parent
+        assert {p.name for p in (run_dir / "checkpoints").iterdir()} >= {"last.ckpt", Path(summary["checkpoint"]).name}
+        assert (run_dir / "config.yaml").exists()
+        assert list((project / "logs" / "wandb").glob("offline-run-*")), "wandb did not log offline"
+
+
+@pytest.mark.slow
+def test_second_bake_passes_its_own_tests(cookies) -> None:
+    project = bake(cookies, **SECOND)
+    with installed(project, project.name):
+        assert requirements_met(project.name) == []
+        make(project, "test")
+        make(project, "profile", args="--trainer.max_epochs=1")
+        (report,) = (project / "logs").rglob("fit-profile.txt")
+        assert report.parent.parent.name == "digits"  # logs/digits/version_0/fit-profile.txt
+        assert "Profiler Report" in report.read_text()
