@@ -42,6 +42,11 @@ def test_default_bake_passes_its_own_tests_and_trains(cookies) -> None:
         assert (run_dir / "config.yaml").exists()
         assert list((project / "logs" / "wandb").glob("offline-run-*")), "wandb did not log offline"
 
+        # The profiler's report lands in the run folder, beside that run's config.
+        make(project, "profile", args="--trainer.max_epochs=1")
+        (report,) = (project / "logs").rglob("fit-profile.txt")
+        assert (report.parent / "config.yaml").exists() and (report.parent / "checkpoints").is_dir()
+
 
 @pytest.mark.slow
 def test_second_bake_passes_its_own_tests(cookies) -> None:

@@ -6,17 +6,21 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import CONFIGS
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.models import ImageClassifier
 from {{ cookiecutter.package_name }}.nets import CNN, MLP
 
 
-def test_fast_dev_run_fits_validates_and_tests(cli_args: list[str]) -> None:
-    cli = main(["fit", *cli_args, "--trainer.fast_dev_run=2"])
+def test_debug_preset_fits_validates_and_tests_a_few_batches_and_writes_nothing(
+    cli_args: list[str], tmp_path: Path
+) -> None:
+    cli = main(["fit", *cli_args, f"--config={CONFIGS / 'presets' / 'debug.yaml'}"])
     assert cli.trainer.state.finished
-    assert cli.trainer.global_step == 2
+    assert cli.trainer.global_step == 5
     assert torch.isfinite(cli.trainer.callback_metrics["test/loss"])
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
 # Lightning turns off train shuffling itself for overfit_batches, and says so with a UserWarning.

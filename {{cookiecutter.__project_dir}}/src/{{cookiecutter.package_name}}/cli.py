@@ -30,6 +30,8 @@ def run_dir(trainer: L.Trainer) -> Path:
     if not trainer.loggers:
         return Path(trainer.default_root_dir)
     logger = trainer.loggers[0]
+    if logger.version is None:
+        logger.experiment  # noqa: B018 - wandb knows its run id only once the run has started
     version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
     return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version)
 
@@ -61,6 +63,8 @@ class SaveConfigToRunDir(SaveConfigCallback):
         super().__init__(*args, **kwargs)
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if trainer.fast_dev_run:  # a smoke test writes nothing, as Lightning intends for fast_dev_run
+            return
         folder = run_dir(trainer)
         folder.mkdir(parents=True, exist_ok=True)
         self.parser.save(
@@ -122,7 +126,7 @@ class CLI(LightningCLI):
         checkpoint = trainer.checkpoint_callback
         ckpt_path = checkpoint.best_model_path if checkpoint is not None and checkpoint.best_model_path else None
         results = trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path, weights_only=True)
-        if trainer.is_global_zero and results:
+        if trainer.is_global_zero and results and not trainer.fast_dev_run:
             summary = {
                 "checkpoint": ckpt_path,
                 "global_step": trainer.global_step,
