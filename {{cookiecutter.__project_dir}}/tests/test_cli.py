@@ -59,6 +59,7 @@ def test_gpu_preset_uses_the_chosen_precision_and_tf32() -> None:
         ("--data.init_args.batch_size=many", "batch_size"),
         ("--model.init_args.lr=fast", "lr"),
         ("--float32_matmul_precision=low", "float32_matmul_precision"),
+        ("--model.init_args.compile_mode=fastest", "compile_mode"),
     ],
 )
 def test_bad_config_fails_before_training(

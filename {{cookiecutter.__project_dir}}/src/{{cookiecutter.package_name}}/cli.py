@@ -106,16 +106,17 @@ class CLI(LightningCLI):
             if save_dir:
                 # wandb looks for a git repository from its save folder, and warns if it is missing.
                 Path(save_dir).mkdir(parents=True, exist_ok=True)
-        if not wandb_is_configured():
-            # No credentials and no chosen mode: log offline (sync later with `wandb sync`)
-            # instead of stopping at a login prompt.
-            os.environ["WANDB_MODE"] = "offline"
+            if "WandbLogger" in str(getattr(logger, "class_path", "")) and not wandb_is_configured():
+                # No credentials and no chosen mode: log offline (sync later with `wandb sync`)
+                # instead of stopping at a login prompt.
+                os.environ["WANDB_MODE"] = "offline"
 
     def before_fit(self) -> None:
         profiler = self.trainer.profiler
-        if profiler is not None and getattr(profiler, "filename", None) and profiler.dirpath is None:
+        if self.trainer.is_global_zero and getattr(profiler, "filename", None) and profiler.dirpath is None:
             # Profilers write to trainer.log_dir, which for wandb is the shared save folder.
-            profiler.dirpath = run_dir(self.trainer) if self.trainer.is_global_zero else self.trainer.log_dir
+            # Other ranks keep that default: each writes its own rank-suffixed report.
+            profiler.dirpath = run_dir(self.trainer)
 
     def after_fit(self) -> None:
         trainer = self.trainer

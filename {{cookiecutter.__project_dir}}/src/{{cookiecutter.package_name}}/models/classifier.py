@@ -1,5 +1,7 @@
 """Image classification: cross-entropy, torchmetrics, AdamW with linear warm-up and cosine decay."""
 
+from typing import Literal
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -58,7 +60,7 @@ class ImageClassifier(L.LightningModule):
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.0,
         compile: bool = False,
-        compile_mode: str | None = None,
+        compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 2:
