@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import CONFIGS
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
 from {{ cookiecutter.package_name }}.cli import main, wandb_is_configured
 
@@ -28,6 +29,19 @@ def test_print_config_round_trips(capsys: pytest.CaptureFixture, tmp_path: Path)
     # Linked from the data, so not settable (and not printed) for the model or its net.
     assert "num_classes" not in config["model"]["init_args"]
     assert "num_classes" not in config["model"]["init_args"]["net"]["init_args"]
+
+
+def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> None:
+    trainer = main(cli_args, run=False).trainer
+    assert isinstance(trainer.progress_bar_callback, RichProgressBar)
+    best, last = (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint))
+    assert (best.monitor, best.mode, best.save_top_k) == ("val/acc", "max", 1)
+    assert (last.monitor, last.filename) == (None, "last")
+    assert trainer.checkpoint_callback is best  # what the after-fit test loads
+    assert any(isinstance(c, LearningRateMonitor) for c in trainer.callbacks)
+    assert trainer.gradient_clip_val == 1.0
+    quiet = main([*cli_args, "--trainer.enable_progress_bar=false"], run=False).trainer
+    assert quiet.progress_bar_callback is None
 
 
 def test_every_preset_is_in_the_suite() -> None:
