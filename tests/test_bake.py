@@ -4,11 +4,11 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from itertools import product
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from conftest import ROOT, bake, expected_files, files_of, leftover_template_syntax
 

@@ -5,10 +5,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from conftest import ROOT, bake, leftover_template_syntax
 
