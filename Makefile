@@ -18,7 +18,7 @@ ARGS ?=
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-6s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-venv: $(STAMP) ## Create .venv with torch ($(TORCH)) and the dev tools
+venv: $(STAMP) ## Create .venv: torch first (TORCH=..., default torch==2.13.0), then the dev tools
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
