@@ -134,6 +134,11 @@ def first_commit() -> None:
         if done.returncode != 0:
             print(f"torch-template: `{' '.join(step[1:3])}` failed ({done.stderr.strip()}); the files are all there.")
             return
+        if step[1] == "init":
+            # git's inactive *.sample hooks hold Jinja-like braces that template-leftover scans
+            # flag; hooks a user's init.templateDir installs are kept.
+            for sample in (PROJECT / ".git" / "hooks").glob("*.sample"):
+                sample.unlink()
 
 
 def main() -> None:

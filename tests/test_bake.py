@@ -127,3 +127,4 @@ def test_first_commit_holds_every_file(cookies) -> None:
     assert set(tracked.split()) == files_of(project)
     status = subprocess.run(["git", "status", "--porcelain"], cwd=project, capture_output=True, text=True, check=True)
     assert status.stdout == ""
+    assert not list((project / ".git" / "hooks").glob("*.sample"))  # git's inert samples are not kept
