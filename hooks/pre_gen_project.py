@@ -23,41 +23,11 @@ CHOICES = {
 # Import names the generated project or its users rely on: a package with one of these names
 # would be imported instead of (or break) the real one.
 SHADOWED = {
-    "torch",
-    "torchvision",
-    "torchaudio",
-    "torchtext",
-    "torchmetrics",
-    "lightning",
-    "pytorch_lightning",
-    "lightning_fabric",
-    "lightning_utilities",
-    "numpy",
-    "scipy",
-    "sklearn",
-    "pandas",
-    "matplotlib",
-    "wandb",
-    "tensorboard",
-    "jsonargparse",
-    "rich",
-    "yaml",
-    "pytest",
-    "ruff",
-    "setuptools",
-    "pip",
-    "hatchling",
-    "cookiecutter",
-    "transformers",
-    "datasets",
-    "accelerate",
-    "onnx",
-    "onnxruntime",
-    "triton",
-    "tests",
-    "test",
-    "src",
-}
+    "torch", "torchvision", "torchaudio", "torchtext", "torchmetrics", "lightning", "pytorch_lightning",
+    "lightning_fabric", "lightning_utilities", "numpy", "scipy", "sklearn", "pandas", "matplotlib", "wandb",
+    "tensorboard", "jsonargparse", "rich", "yaml", "pytest", "ruff", "setuptools", "pip", "hatchling",
+    "cookiecutter", "transformers", "datasets", "accelerate", "onnx", "onnxruntime", "triton", "tests", "test", "src",
+}  # fmt: skip
 SLUG = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
 PACKAGE = re.compile(r"[a-z][a-z0-9_]*")
 EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s.]+")

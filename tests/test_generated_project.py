@@ -21,7 +21,6 @@ def make(project: Path, *targets: str, args: str = "") -> None:
     command = ["make", *targets, f"PYTHON={sys.executable}"] + ([f"ARGS={args}"] if args else [])
     done = run(command, cwd=project, timeout=900)
     assert done.returncode == 0, f"make {' '.join(targets)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    return done
 
 
 @pytest.mark.slow
