@@ -7,6 +7,7 @@ import yaml
 from conftest import CONFIGS
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
+from {{ cookiecutter.package_name }}.callbacks import PreemptionCheckpoint
 from {{ cookiecutter.package_name }}.cli import main, wandb_is_configured
 
 PRESETS = sorted(path.stem for path in (CONFIGS / "presets").glob("*.yaml"))
@@ -39,6 +40,7 @@ def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> No
     assert (last.monitor, last.filename) == (None, "last")
     assert trainer.checkpoint_callback is best  # what the after-fit test loads
     assert any(isinstance(c, LearningRateMonitor) for c in trainer.callbacks)
+    assert any(isinstance(c, PreemptionCheckpoint) for c in trainer.callbacks)
     assert trainer.gradient_clip_val == 1.0
     quiet = main([*cli_args, "--trainer.enable_progress_bar=false"], run=False).trainer
     assert quiet.progress_bar_callback is None

@@ -18,22 +18,8 @@ import torch
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 
-
-def run_dir(trainer: L.Trainer) -> Path:
-    """The folder of this run: ``<save_dir>/<name>/<version>`` of the first logger.
-
-    It is the folder in which ModelCheckpoint puts ``checkpoints/`` by default (same rule as
-    Lightning's ``ModelCheckpoint``), for every logger, wandb included. Without a logger it is
-    ``trainer.default_root_dir``. Call it on global rank zero only: asking a logger for its
-    version may start its run.
-    """
-    if not trainer.loggers:
-        return Path(trainer.default_root_dir)
-    logger = trainer.loggers[0]
-    if logger.version is None:
-        logger.experiment  # noqa: B018 - wandb knows its run id only once the run has started
-    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
-    return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version)
+from {{ cookiecutter.package_name }}.launch import check_world_size, slurm_job_id
+from {{ cookiecutter.package_name }}.runs import latest_checkpoint, name_run_after_slurm_job, run_dir
 
 
 def wandb_is_configured() -> bool:
@@ -67,13 +53,19 @@ class SaveConfigToRunDir(SaveConfigCallback):
             return
         folder = run_dir(trainer)
         folder.mkdir(parents=True, exist_ok=True)
-        self.parser.save(
-            self.config,
-            folder / self.config_filename,
-            skip_unset=False,
-            overwrite=self.overwrite,
-            multifile=self.multifile,
-        )
+        path = folder / self.config_filename
+        if path.exists():
+            # A resumed run (requeued SLURM job, --ckpt_path) continues in the same folder: keep
+            # its first config, and add this one beside it only when it differs.
+            path = folder / f"{path.stem}.new{path.suffix}"
+        self.parser.save(self.config, path, skip_unset=False, overwrite=True, multifile=self.multifile)
+        if path.name != self.config_filename:
+            first = folder / self.config_filename
+            if path.read_bytes() == first.read_bytes():
+                path.unlink()
+                return
+            number = 1 + len(list(folder.glob(f"{first.stem}-resumed-*{first.suffix}")))
+            path.rename(folder / f"{first.stem}-resumed-{number}{first.suffix}")
 
 
 class CLI(LightningCLI):
@@ -110,8 +102,21 @@ class CLI(LightningCLI):
                 # No credentials and no chosen mode: log offline (sync later with `wandb sync`)
                 # instead of stopping at a login prompt.
                 os.environ["WANDB_MODE"] = "offline"
+        job_id = slurm_job_id()
+        if job_id and "trainer" in config:
+            name_run_after_slurm_job(config["trainer"], job_id)
+
+    def after_instantiate_classes(self) -> None:
+        # Before any process group is set up: a mismatch fails here instead of hanging later.
+        check_world_size(self.trainer)
 
     def before_fit(self) -> None:
+        if slurm_job_id() and self.config_init.fit.ckpt_path is None:
+            # A requeued job resumes from the newest state its run folder holds.
+            resume_from = latest_checkpoint(Path(self.trainer.default_root_dir))
+            if resume_from is not None:
+                rank_zero_info(f"SLURM job restarted: resuming from {resume_from}")
+                self.config_init.fit.ckpt_path = str(resume_from)
         profiler = self.trainer.profiler
         if self.trainer.is_global_zero and getattr(profiler, "filename", None) and profiler.dirpath is None:
             # Profilers write to trainer.log_dir, which for wandb is the shared save folder.

@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, TensorDataset
 
 _PIXEL_MAX = 16.0  # digits pixels are integer counts in [0, 16]
@@ -128,19 +129,28 @@ class DigitsDataModule(L.LightningDataModule):
         return self._loader(self.val_set)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set)
+        return self._loader(self.test_set, every_sample_once=True)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set)
+        return self._loader(self.test_set, every_sample_once=True)
 
-    def _loader(self, dataset: TensorDataset | None, shuffle: bool = False) -> DataLoader:
+    def _loader(self, dataset: TensorDataset | None, shuffle: bool = False, every_sample_once: bool = False) -> DataLoader:
         if dataset is None:
             raise RuntimeError("DigitsDataModule: call setup() before asking for a DataLoader")
         hp = self.hparams
+        sampler = None
+        if every_sample_once and self.trainer is not None and self.trainer.world_size > 1:
+            # Lightning's default DistributedSampler pads the last batches with repeated samples so
+            # every process gets as many; test metrics would count those twice. This sampler gives
+            # each process a disjoint share instead (sizes may differ by one sample).
+            sampler = UnrepeatedDistributedSampler(
+                dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
+            )
         return DataLoader(
             dataset,
             batch_size=hp.batch_size,
             shuffle=shuffle,
+            sampler=sampler,
             num_workers=hp.num_workers,
             pin_memory=hp.pin_memory,
             persistent_workers=hp.persistent_workers and hp.num_workers > 0,

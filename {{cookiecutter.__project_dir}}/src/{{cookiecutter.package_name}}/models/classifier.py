@@ -114,12 +114,13 @@ class ImageClassifier(L.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss = self._shared_step(batch, self.val_metrics)
-        self.log("val/loss", loss, prog_bar=True)
+        # Epoch-level values are averaged over the processes (one all-reduce per epoch under DDP).
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         self.log_dict(self.val_metrics, prog_bar=True)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss = self._shared_step(batch, self.test_metrics)
-        self.log("test/loss", loss)
+        self.log("test/loss", loss, sync_dist=True)
         self.log_dict(self.test_metrics)
 
     def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:

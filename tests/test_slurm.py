@@ -1,0 +1,185 @@
+"""The baked project's SLURM batch script, submitted with sbatch to a real single-node SLURM cluster.
+
+The script runs unchanged: only sbatch options (no GPUs, 2 tasks of 1 CPU, small memory) and CLI
+arguments (CPU accelerator, DDP preset) are overridden, as the script's header documents for
+CPU-only clusters. The cluster is started once for this module (see slurm_cluster.py); without
+root or apt the tests skip with the reason, and with REQUIRE_SLURM=1 (CI) they fail instead.
+"""
+
+import json
+import math
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import installed
+from slurm_cluster import Cluster, ClusterUnavailable
+
+pytestmark = pytest.mark.slurm
+
+SLUG, PACKAGE = "digits-classifier", "digits_classifier"
+CPU_JOB = ["--gpus-per-node=0", "--ntasks-per-node=2", "--cpus-per-task=1", "--mem=2G"]
+CPU_ARGS = ["--trainer.accelerator=cpu"]
+# Records, per process, the global step at which training (re)started and the SLURM restart count.
+STEP_RECORDER = '''
+import json, os
+from pathlib import Path
+import lightning as L
+
+class RecordStart(L.Callback):
+    def on_train_start(self, trainer, pl_module):
+        with Path(os.environ["RECORD_FILE"]).open("a") as file:
+            file.write(json.dumps({"restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
+                                   "rank": trainer.global_rank, "global_step": trainer.global_step}) + "\\n")
+'''
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    try:
+        started = Cluster.start(tmp_path_factory.mktemp("slurm"))
+    except ClusterUnavailable as reason:
+        if os.environ.get("REQUIRE_SLURM") == "1":
+            pytest.fail(f"REQUIRE_SLURM=1 but no SLURM cluster can run here: {reason}")
+        pytest.skip(f"no SLURM cluster on this machine: {reason}")
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def project(cookies_session, cluster: Cluster) -> Iterator[Path]:
+    result = cookies_session.bake(extra_context={"project_name": "Digits Classifier"})
+    assert result.exit_code == 0, result.exception
+    path = Path(result.project_path)
+    (path / "logs" / "slurm").mkdir(parents=True)  # what `make slurm` does before sbatch
+    (path / "record_start.py").write_text(STEP_RECORDER)
+    with installed(path, SLUG):
+        yield path
+
+
+def submit(cluster: Cluster, project: Path, *args: str, record: Path) -> int:
+    env = {
+        "PYTHON": sys.executable,
+        "PRESETS": "--config configs/presets/ddp.yaml",
+        "PYTHONPATH": str(project),  # record_start.py
+        "RECORD_FILE": str(record),
+    }
+    callbacks = ["--trainer.callbacks+=record_start.RecordStart"]
+    return cluster.sbatch(*CPU_JOB, "scripts/slurm/train.sbatch", *CPU_ARGS, *callbacks, *args, cwd=project, env=env)
+
+
+def output(project: Path, job_id: int) -> str:
+    return (project / "logs" / "slurm" / f"{SLUG}-{job_id}.out").read_text()
+
+
+def steps_per_epoch(world_size: int) -> int:
+    from digits_classifier.data import DigitsDataModule
+
+    data = DigitsDataModule()
+    data.setup("fit")
+    return math.ceil(math.ceil(len(data.train_set) / world_size) / data.hparams.batch_size)
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_sbatch_trains_on_two_tasks_with_world_size_two(cluster: Cluster, project: Path, tmp_path: Path) -> None:
+    record = tmp_path / "starts.jsonl"
+    job_id = submit(cluster, project, "--trainer.max_epochs=2", record=record)
+    job = cluster.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, timeout=300)
+    log = output(project, job_id)
+    assert job["JobState"] == "COMPLETED", f"{job}\n{log[-4000:]}"
+    assert job["ExitCode"] == "0:0"
+
+    # Both ranks trained, in one run folder named after the job.
+    assert sorted(r["rank"] for r in records(record)) == [0, 1]
+    run = project / "logs" / SLUG / f"slurm-{job_id}"
+    summary = json.loads((run / "test_metrics.json").read_text())
+    assert summary["world_size"] == 2
+    assert summary["global_step"] == 2 * steps_per_epoch(2)
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    assert (project / summary["checkpoint"]).is_file()
+    assert summary["metrics"]["test/acc"] > 0.5  # two epochs; accuracy itself is tested elsewhere
+    assert f"job {job_id} (restart 0): 1 node(s) x 2 task(s)" in log
+    assert "srun exited with status 0" in log
+
+
+def test_preempted_job_saves_requeues_and_resumes(cluster: Cluster, project: Path, tmp_path: Path) -> None:
+    import torch
+
+    epochs = 40
+    record = tmp_path / "starts.jsonl"
+    job_id = submit(cluster, project, f"--trainer.max_epochs={epochs}", record=record)
+    run = project / "logs" / SLUG / f"slurm-{job_id}"
+
+    # Pre-empt once training is under way (the first epoch's last.ckpt exists), as SLURM does
+    # before a time limit with --signal=SIGUSR1@<seconds>.
+    deadline = time.monotonic() + 180
+    while not (run / "checkpoints" / "last.ckpt").exists():
+        assert time.monotonic() < deadline, f"training did not start:\n{output(project, job_id)[-4000:]}"
+        assert cluster.job(job_id)["JobState"] in {"PENDING", "RUNNING"}, output(project, job_id)[-4000:]
+        time.sleep(0.2)
+    cluster.command("scancel", f"--signal={signal.SIGUSR1.name.removeprefix('SIG')}", str(job_id))
+
+    job = cluster.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, timeout=300)
+    log = output(project, job_id)
+    assert job["JobState"] == "COMPLETED", f"{job}\n{log[-4000:]}"
+    assert job["Restarts"] == "1"
+
+    # Saved at a step boundary, on the signal, in the run folder.
+    saved = torch.load(run / "hpc_ckpt_1.ckpt", map_location="cpu", weights_only=True)
+    total = epochs * steps_per_epoch(2)
+    assert 0 < saved["global_step"] < total, "the signal arrived after training ended: nothing was pre-empted"
+    assert re.search(rf"SIGUSR1 received: saved \S*hpc_ckpt_1.ckpt at global step {saved['global_step']}", log)
+    assert f"Requeued SLURM job {job_id}" in log
+
+    # The requeued job restarted from that step on both ranks, not from zero.
+    starts = records(record)
+    assert sorted((r["restart"], r["rank"]) for r in starts) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert {r["global_step"] for r in starts if r["restart"] == 1} == {saved["global_step"]}
+    assert "Restored all states from the checkpoint" in log
+
+    # It finished the same number of steps as an uninterrupted run, with the LR schedule continued
+    # (a scheduler restarted from zero would have counted only the steps after the resume).
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["global_step"] == total
+    assert last["lr_schedulers"][0]["last_epoch"] == total
+    assert json.loads((run / "test_metrics.json").read_text())["global_step"] == total
+
+    # Same run folder, same logger run: one folder for the job, and every wandb run has its id.
+    assert [p.name for p in (project / "logs" / SLUG).iterdir() if p.name.endswith(str(job_id))] == [run.name]
+    wandb_runs = sorted((project / "logs" / "wandb").glob(f"offline-run-*-slurm-{job_id}"))
+    assert len(wandb_runs) == 2  # the first run and its continuation, synced to one id
+
+
+def test_task_count_that_disagrees_with_devices_is_refused(cluster: Cluster, project: Path, tmp_path: Path) -> None:
+    # One task launched while the Trainer asks for two devices: Lightning alone would train
+    # with world size 1 without a word.
+    done = cluster.command(
+        "srun",
+        "--nodes=1",
+        "--ntasks=1",
+        sys.executable,
+        "-m",
+        PACKAGE,
+        "fit",
+        "--config=configs/default.yaml",
+        "--trainer.accelerator=cpu",
+        "--trainer.strategy=ddp",
+        "--trainer.devices=2",
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        check=False,
+        cwd=project,
+    )
+    assert done.returncode != 0
+    assert "trainer.num_nodes=1 x trainer.devices=2 asks for 2 processes, but srun (SLURM_NTASKS) started 1" in (
+        done.stderr + done.stdout
+    )
+    assert not list(tmp_path.rglob("*.ckpt"))
