@@ -83,7 +83,8 @@ def install() -> None:
     if not shutil.which("apt-get"):
         raise ClusterUnavailable("SLURM is not installed and there is no apt-get to install it")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]):
+    install_packages = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]
+    for command in (["apt-get", "update", "-qq"], install_packages):
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise ClusterUnavailable(f"{' '.join(command)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")

@@ -26,7 +26,7 @@ SLUG, PACKAGE = "digits-classifier", "digits_classifier"
 CPU_JOB = ["--gpus-per-node=0", "--ntasks-per-node=2", "--cpus-per-task=1", "--mem=2G"]
 CPU_ARGS = ["--trainer.accelerator=cpu"]
 # Records, per process, the global step at which training (re)started and the SLURM restart count.
-STEP_RECORDER = '''
+STEP_RECORDER = """
 import json, os
 from pathlib import Path
 import lightning as L
@@ -36,7 +36,7 @@ class RecordStart(L.Callback):
         with Path(os.environ["RECORD_FILE"]).open("a") as file:
             file.write(json.dumps({"restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
                                    "rank": trainer.global_rank, "global_step": trainer.global_step}) + "\\n")
-'''
+"""
 
 
 @pytest.fixture(scope="module")
