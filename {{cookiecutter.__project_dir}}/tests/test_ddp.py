@@ -1,4 +1,4 @@
-"""Distributed data parallel on 2 CPU processes (gloo), launched the way `make train` runs."""
+"""Distributed data parallel on 2 CPU processes (gloo): started by Lightning itself, and by torchrun."""
 
 import json
 import math
@@ -38,3 +38,20 @@ def test_ddp_on_two_cpu_processes_reaches_world_size_two(tmp_path: Path) -> None
     datamodule.setup("fit")
     per_process = math.ceil(len(datamodule.train_set) / 2)
     assert summary["global_step"] == math.ceil(per_process / batch_size)
+
+
+@pytest.mark.slow
+def test_torchrun_on_two_cpu_processes_reaches_world_size_two(tmp_path: Path) -> None:
+    # `make train-ddp NPROC=2` with the shrunk overrides; the Makefile passes the config and devices.
+    args = [arg for arg in shrunk_args(tmp_path) if not arg.startswith(("--config=", "--trainer.devices="))]
+    done = subprocess.run(
+        ["make", "train-ddp", "NPROC=2", f"PYTHON={sys.executable}", "ARGS=" + " ".join(args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(next((tmp_path / "logs").rglob("test_metrics.json")).read_text())
+    assert summary["world_size"] == 2
+    assert summary["metrics"]["test/acc"] > 0.5  # one epoch

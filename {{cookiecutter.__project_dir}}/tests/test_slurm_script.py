@@ -1,8 +1,10 @@
 """The SLURM batch script: consistent resources, pre-emption settings, and a command line that parses."""
 
+import os
 import re
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -33,7 +35,7 @@ def test_the_command_it_runs_parses(capsys: pytest.CaptureFixture) -> None:
     """The srun command line, with the allocation's variables filled in, is a valid config."""
     script = SCRIPT.read_text().replace("\\\n", " ")  # join continued lines
     presets = re.search(r'PRESETS="\$\{PRESETS:-(.*)\}"', script).group(1)
-    command = re.search(r"^srun .*? fit (.*) \"\$@\"$", script, flags=re.MULTILINE)
+    command = re.search(r"^srun .*? fit (.*) \"\$@\" \|\| status=\$\?$", script, flags=re.MULTILINE)
     assert command, "srun ... fit line not found"
     text = command.group(1).replace("$PRESETS", presets)
     text = text.replace('"$SLURM_JOB_NUM_NODES"', "2").replace('"$SLURM_NTASKS_PER_NODE"', "4")
@@ -46,3 +48,49 @@ def test_the_command_it_runs_parses(capsys: pytest.CaptureFixture) -> None:
     assert str(trainer["devices"]) == "4"  # Lightning accepts the count as int or str
     assert trainer["strategy"] == "ddp"
     assert trainer["accelerator"] == "gpu"
+
+
+def run_script(tmp_path: Path, srun_status: int = 0, args: tuple[str, ...] = (), **env: str):
+    """Run the batch script as slurmd would, with a fake srun that records its arguments."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/srun-args\nexit {srun_status}\n')
+    (fake / "srun").chmod(0o755)
+    allocation = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "4"}
+    allocation |= {"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_SUBMIT_DIR": str(ROOT)}
+    environment = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", **allocation, **env}
+    environment = {key: value for key, value in environment.items() if value != "unset"}
+    done = subprocess.run(["bash", str(SCRIPT), *args], env=environment, capture_output=True, text=True)
+    srun_args = (tmp_path / "srun-args").read_text().splitlines() if (tmp_path / "srun-args").exists() else None
+    return done, srun_args
+
+
+def test_script_passes_arguments_through_and_sizes_the_trainer_from_the_allocation(tmp_path: Path) -> None:
+    done, srun_args = run_script(tmp_path, args=("--trainer.max_epochs=3", "--seed_everything=7"))
+    assert done.returncode == 0, done.stderr
+    assert srun_args[-4:] == [
+        "--trainer.num_nodes=2",
+        "--trainer.devices=4",
+        "--trainer.max_epochs=3",
+        "--seed_everything=7",
+    ]
+    assert "srun exited with status 0" in done.stdout
+
+
+def test_script_exits_with_the_status_of_srun(tmp_path: Path) -> None:
+    # Otherwise a failed training would read COMPLETED in sacct.
+    done, _ = run_script(tmp_path, srun_status=3)
+    assert done.returncode == 3
+    assert "srun exited with status 3" in done.stdout
+
+
+def test_script_refuses_ntasks_without_ntasks_per_node(tmp_path: Path) -> None:
+    done, srun_args = run_script(tmp_path, SLURM_NTASKS_PER_NODE="unset")
+    assert done.returncode != 0 and srun_args is None
+    assert "set --ntasks-per-node (one task per GPU), not --ntasks" in done.stderr
+
+
+def test_script_refuses_a_task_count_unequal_to_the_gpu_count(tmp_path: Path) -> None:
+    done, srun_args = run_script(tmp_path, SLURM_GPUS_ON_NODE="8")
+    assert done.returncode == 2 and srun_args is None
+    assert "--gpus-per-node=8 but --ntasks-per-node=4" in done.stderr

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import lightning as L
 import torch
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from {{ cookiecutter.package_name }}.launch import check_world_size, slurm_job_id
@@ -35,6 +36,20 @@ def wandb_is_configured() -> bool:
         return netrc.netrc(path).authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
         return False
+
+
+def keep_csv_metrics(trainer: L.Trainer) -> None:
+    """Move a CSVLogger's existing ``metrics.csv`` aside (``metrics-<n>.csv``) before a resumed run writes.
+
+    Lightning's CSVLogger deletes ``metrics.csv`` when it finds one in its folder, so a run resumed
+    into its own folder (a requeued SLURM job) would lose everything logged before the resume.
+    """
+    for logger in trainer.loggers:
+        if trainer.is_global_zero and isinstance(logger, CSVLogger):
+            metrics = Path(logger.log_dir, "metrics.csv")
+            if metrics.is_file():
+                number = 1 + len(list(metrics.parent.glob("metrics-*.csv")))
+                metrics.rename(metrics.with_name(f"metrics-{number}.csv"))
 
 
 class SaveConfigToRunDir(SaveConfigCallback):
@@ -111,6 +126,7 @@ class CLI(LightningCLI):
         check_world_size(self.trainer)
 
     def before_fit(self) -> None:
+        keep_csv_metrics(self.trainer)
         if slurm_job_id() and self.config_init.fit.ckpt_path is None:
             # A requeued job resumes from the newest state its run folder holds.
             resume_from = latest_checkpoint(Path(self.trainer.default_root_dir))

@@ -47,7 +47,9 @@ class PreemptionCheckpoint(L.Callback):
 
     def __init__(self, signal_name: str = "SIGUSR1", requeue: bool = True) -> None:
         if not hasattr(signal, signal_name) or not signal_name.startswith("SIG"):
-            raise ValueError(f"PreemptionCheckpoint.signal_name: {signal_name!r} is not a signal name; use e.g. SIGUSR1")
+            raise ValueError(
+                f"PreemptionCheckpoint.signal_name: {signal_name!r} is not a signal name; use e.g. SIGUSR1"
+            )
         self.signal = signal.Signals[signal_name]
         self.requeue = requeue
         self.received = False
@@ -78,8 +80,14 @@ class PreemptionCheckpoint(L.Callback):
         if not self.received:
             return
         folder = Path(trainer.strategy.broadcast(str(run_dir(trainer)) if trainer.is_global_zero else None))
-        numbers = [int(m.group(1)) for p in folder.glob("hpc_ckpt_*.ckpt") if (m := re.fullmatch(r"hpc_ckpt_(\d+)\.ckpt", p.name))]
+        numbers = [
+            int(m.group(1))
+            for p in folder.glob("hpc_ckpt_*.ckpt")
+            if (m := re.fullmatch(r"hpc_ckpt_(\d+)\.ckpt", p.name))
+        ]
         path = folder / f"hpc_ckpt_{max(numbers, default=0) + 1}.ckpt"
+        for logger in trainer.loggers:
+            logger.save()  # buffered metrics (CSVLogger flushes every 100 steps) would be lost
         trainer.save_checkpoint(path)  # every process takes part (sharded strategies need it)
         self.saved_path = path
         rank_zero_info(f"{self.signal.name} received: saved {path} at global step {trainer.global_step}")

@@ -9,10 +9,11 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 _PIXEL_MAX = 16.0  # digits pixels are integer counts in [0, 16]
 
@@ -122,19 +123,21 @@ class DigitsDataModule(L.LightningDataModule):
             raise RuntimeError("DigitsDataModule.normalize needs the train statistics: call setup() first")
         return (images - self.mean) / self.std
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> StatefulDataLoader:
         return self._loader(self.train_set, shuffle=True)
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> StatefulDataLoader:
         return self._loader(self.val_set)
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> StatefulDataLoader:
         return self._loader(self.test_set, every_sample_once=True)
 
-    def predict_dataloader(self) -> DataLoader:
+    def predict_dataloader(self) -> StatefulDataLoader:
         return self._loader(self.test_set, every_sample_once=True)
 
-    def _loader(self, dataset: TensorDataset | None, shuffle: bool = False, every_sample_once: bool = False) -> DataLoader:
+    def _loader(
+        self, dataset: TensorDataset | None, shuffle: bool = False, every_sample_once: bool = False
+    ) -> StatefulDataLoader:
         if dataset is None:
             raise RuntimeError("DigitsDataModule: call setup() before asking for a DataLoader")
         hp = self.hparams
@@ -146,7 +149,9 @@ class DigitsDataModule(L.LightningDataModule):
             sampler = UnrepeatedDistributedSampler(
                 dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
             )
-        return DataLoader(
+        # StatefulDataLoader (torchdata) is a DataLoader whose position and shuffle order are saved
+        # in checkpoints, so a run stopped mid-epoch (pre-emption) resumes with the very next batch.
+        return StatefulDataLoader(
             dataset,
             batch_size=hp.batch_size,
             shuffle=shuffle,

@@ -1,0 +1,81 @@
+"""Pre-emption: SIGUSR1 saves a full checkpoint at the next step, stops the run, and the run resumes from it."""
+
+import csv
+import os
+import signal
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.callbacks import PreemptionCheckpoint
+from {{ cookiecutter.package_name }}.callbacks.preemption import Preempted
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.runs import latest_checkpoint, run_dir
+
+
+class SignalAtStep(L.Callback):
+    """Sends SIGUSR1 to this process after the given optimizer step, as SLURM would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+# Lightning 2.6's CSVLogger warns that it deletes the metrics.csv of a resumed run's folder; the CLI
+# moves that file aside first (keep_csv_metrics), and the test checks that nothing is lost.
+@pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
+# Lightning's ModelCheckpoint warns about any non-empty folder, resumed runs included.
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_sigusr1_saves_at_the_next_step_stops_and_resumes(cli_args: list[str]) -> None:
+    args = [*cli_args, "--trainer.max_epochs=3"]
+    cli = main(args, run=False)
+    cli.trainer.callbacks.append(SignalAtStep(step=25))
+    with pytest.raises(Preempted) as stopped:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert stopped.value.code == 0  # a pre-emption is not a failure
+
+    folder = run_dir(cli.trainer)
+    path = folder / "hpc_ckpt_1.ckpt"
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    # The handler only records the signal; the save happens at the following batch boundary.
+    assert saved["global_step"] == 26
+    assert saved["optimizer_states"] and saved["lr_schedulers"]
+    assert latest_checkpoint(folder) == path  # newer than the epoch's last.ckpt
+
+    # Into the same run folder (as a requeued SLURM job does, its version being the job id).
+    resumed = main(["fit", *args, f"--ckpt_path={path}", f"--trainer.logger.init_args.version={folder.name}"])
+    assert run_dir(resumed.trainer) == folder
+    steps_per_epoch = resumed.trainer.num_training_batches
+    assert resumed.trainer.global_step == 3 * steps_per_epoch
+    last = torch.load(run_dir(resumed.trainer) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["lr_schedulers"][0]["last_epoch"] == 3 * steps_per_epoch  # the schedule continued
+    # The first config is kept; the resumed run's differs (ckpt_path, version) and is saved beside it.
+    assert {p.name for p in folder.glob("config*.yaml")} == {"config.yaml", "config-resumed-1.yaml"}
+    # Lightning's CSVLogger deletes an existing metrics.csv; the part before the pre-emption is kept aside.
+    steps = {}
+    for name in ("metrics-1.csv", "metrics.csv"):
+        with (folder / name).open() as file:
+            steps[name] = [int(row["step"]) for row in csv.DictReader(file)]
+    assert max(steps["metrics-1.csv"]) < 26 <= min(steps["metrics.csv"])
+
+
+def test_latest_checkpoint_prefers_the_newest_file(tmp_path: Path) -> None:
+    assert latest_checkpoint(tmp_path) is None
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    last.parent.mkdir()
+    for age, path in enumerate([tmp_path / "hpc_ckpt_2.ckpt", last, tmp_path / "hpc_ckpt_1.ckpt"]):
+        path.write_bytes(b"")
+        os.utime(path, (1000 - age, 1000 - age))
+    assert latest_checkpoint(tmp_path) == tmp_path / "hpc_ckpt_2.ckpt"
+    os.utime(last, (2000, 2000))  # a later epoch ended after the pre-emption checkpoint
+    assert latest_checkpoint(tmp_path) == last
+
+
+def test_signal_name_is_checked() -> None:
+    with pytest.raises(ValueError, match="signal_name: 'USR1' is not a signal name"):
+        PreemptionCheckpoint(signal_name="USR1")
