@@ -56,21 +56,37 @@ def project(cookies_session, cluster: Cluster) -> Iterator[Path]:
     result = cookies_session.bake(extra_context={"project_name": "Digits Classifier"})
     assert result.exit_code == 0, result.exception
     path = Path(result.project_path)
-    (path / "logs" / "slurm").mkdir(parents=True)  # what `make slurm` does before sbatch
+    (path / "logs" / "slurm").mkdir(parents=True)  # what `make slurm` does before sbatch (tests call both)
     (path / "record_start.py").write_text(STEP_RECORDER)
     with installed(path, SLUG):
-        yield path
+        # The editable install is seen by new processes; this one imports the bake from its src/.
+        sys.path.insert(0, str(path / "src"))
+        try:
+            yield path
+        finally:
+            sys.path.remove(str(path / "src"))
+            for name in [name for name in sys.modules if name.split(".")[0] == PACKAGE]:
+                del sys.modules[name]
 
 
-def submit(cluster: Cluster, project: Path, *args: str, record: Path) -> int:
-    env = {
+def job_env(project: Path, record: Path) -> dict[str, str]:
+    return {
         "PYTHON": sys.executable,
         "PRESETS": "--config configs/presets/ddp.yaml",
         "PYTHONPATH": str(project),  # record_start.py
         "RECORD_FILE": str(record),
     }
-    callbacks = ["--trainer.callbacks+=record_start.RecordStart"]
-    return cluster.sbatch(*CPU_JOB, "scripts/slurm/train.sbatch", *CPU_ARGS, *callbacks, *args, cwd=project, env=env)
+
+
+RECORD_CALLBACK = "--trainer.callbacks+=record_start.RecordStart"
+
+
+def submit(cluster: Cluster, project: Path, *args: str, record: Path) -> int:
+    """``sbatch`` the script directly, with the CPU overrides."""
+    script_args = [*CPU_ARGS, RECORD_CALLBACK, *args]
+    return cluster.sbatch(
+        *CPU_JOB, "scripts/slurm/train.sbatch", *script_args, cwd=project, env=job_env(project, record)
+    )
 
 
 def output(project: Path, job_id: int) -> str:
@@ -90,8 +106,17 @@ def records(path: Path) -> list[dict]:
 
 
 def test_sbatch_trains_on_two_tasks_with_world_size_two(cluster: Cluster, project: Path, tmp_path: Path) -> None:
+    # Submitted as the README shows: `make slurm` with sbatch options and CLI arguments.
     record = tmp_path / "starts.jsonl"
-    job_id = submit(cluster, project, "--trainer.max_epochs=2", record=record)
+    make = cluster.command(
+        "make",
+        "slurm",
+        f"SBATCH_ARGS={' '.join(CPU_JOB)}",
+        f"ARGS={' '.join([*CPU_ARGS, RECORD_CALLBACK, '--trainer.max_epochs=2'])}",
+        cwd=project,
+        env={**cluster.env, **job_env(project, record)},
+    )
+    job_id = int(re.search(r"Submitted batch job (\d+)", make.stdout).group(1))
     job = cluster.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, timeout=300)
     log = output(project, job_id)
     assert job["JobState"] == "COMPLETED", f"{job}\n{log[-4000:]}"

@@ -19,6 +19,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from {{ cookiecutter.package_name }}.launch import slurm_job_id
@@ -65,6 +66,9 @@ class PreemptionCheckpoint(L.Callback):
         if stage == "fit":
             self.received = False
             self._previous_handler = signal.signal(self.signal, self._on_signal)
+            environment = getattr(trainer.strategy, "cluster_environment", None)
+            if isinstance(environment, SLURMEnvironment):
+                environment.auto_requeue = False  # this callback requeues; Lightning's handlers stay off
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and self._previous_handler is not None:
