@@ -37,10 +37,10 @@ def test_sigusr1_saves_at_the_next_step_stops_and_resumes(cli_args: list[str]) -
     cli.trainer.callbacks.append(SignalAtStep(step=25))
     with pytest.raises(Preempted) as stopped:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    assert stopped.value.code == 0  # a pre-emption is not a failure
+    assert stopped.value.code == 128 + signal.SIGUSR1  # not requeued (no SLURM): stopped by the signal
 
     folder = run_dir(cli.trainer)
-    path = folder / "hpc_ckpt_1.ckpt"
+    path = folder / "checkpoints" / "interrupted-step26.ckpt"
     saved = torch.load(path, map_location="cpu", weights_only=True)
     # The handler only records the signal; the save happens at the following batch boundary.
     assert saved["global_step"] == 26
@@ -68,14 +68,15 @@ def test_latest_checkpoint_prefers_the_newest_file(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) is None
     last = tmp_path / "checkpoints" / "last.ckpt"
     last.parent.mkdir()
-    for age, path in enumerate([tmp_path / "hpc_ckpt_2.ckpt", last, tmp_path / "hpc_ckpt_1.ckpt"]):
+    first, second = last.with_name("interrupted-step10.ckpt"), last.with_name("interrupted-step30.ckpt")
+    for age, path in enumerate([second, last, first]):
         path.write_bytes(b"")
         os.utime(path, (1000 - age, 1000 - age))
-    assert latest_checkpoint(tmp_path) == tmp_path / "hpc_ckpt_2.ckpt"
+    assert latest_checkpoint(tmp_path) == second
     os.utime(last, (2000, 2000))  # a later epoch ended after the pre-emption checkpoint
     assert latest_checkpoint(tmp_path) == last
 
 
 def test_signal_name_is_checked() -> None:
-    with pytest.raises(ValueError, match="signal_name: 'USR1' is not a signal name"):
-        PreemptionCheckpoint(signal_name="USR1")
+    with pytest.raises(ValueError, match="requeue_signal: 'USR1' is not a signal name"):
+        PreemptionCheckpoint(requeue_signal="USR1")

@@ -20,7 +20,16 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from {{ cookiecutter.package_name }}.launch import check_world_size, slurm_job_id
-from {{ cookiecutter.package_name }}.runs import latest_checkpoint, name_run_after_slurm_job, run_dir
+from {{ cookiecutter.package_name }}.runs import (
+    experiment_dir,
+    latest_checkpoint,
+    latest_run,
+    name_run_after_slurm_job,
+    run_dir,
+    run_of_checkpoint,
+    run_version,
+    set_run_version,
+)
 
 
 def wandb_is_configured() -> bool:
@@ -36,6 +45,49 @@ def wandb_is_configured() -> bool:
         return netrc.netrc(path).authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
         return False
+
+
+def choose_run(config, fit: bool = True) -> None:
+    """Decide, in a parsed config, which run folder to log into and (for fit) which checkpoint to resume.
+
+    - Under SLURM the run is ``slurm-<job id>``; a requeued job's fit resumes from that run's
+      newest checkpoint.
+    - ``--resume=true`` continues the latest run of the experiment from its newest checkpoint.
+    - ``--ckpt_path`` inside a run folder of the experiment continues in that folder.
+    - Otherwise the logger starts a new run.
+
+    Raises:
+        ValueError: ``--resume`` together with ``--ckpt_path``, or nothing to resume.
+    """
+    trainer = config.trainer
+    if config.get("resume") and config.get("ckpt_path"):
+        raise ValueError("--resume and --ckpt_path: give only one (--resume picks the latest run's newest checkpoint)")
+    if job_id := slurm_job_id():
+        name_run_after_slurm_job(trainer, job_id)
+        run = Path(trainer.default_root_dir)
+    elif fit and config.get("resume"):
+        run = _run_to_resume(trainer)
+        set_run_version(trainer, run.name)
+    else:
+        if fit and config.get("ckpt_path") and run_version(trainer) is None:
+            if (run := run_of_checkpoint(trainer, config.ckpt_path)) is not None:
+                set_run_version(trainer, run.name)
+        return
+    if fit and config.get("ckpt_path") is None and (checkpoint := latest_checkpoint(run)) is not None:
+        rank_zero_info(f"Resuming run {run} from {checkpoint}")
+        config.ckpt_path = str(checkpoint)
+
+
+def _run_to_resume(trainer_config) -> Path:
+    version = run_version(trainer_config)  # a run the user named, else the latest
+    if version is not None:
+        run = experiment_dir(trainer_config) / (version if isinstance(version, str) else f"version_{version}")
+    else:
+        run = latest_run(trainer_config)
+    if run is None or latest_checkpoint(run) is None:
+        where = run or experiment_dir(trainer_config)
+        raise ValueError(f"--resume: no run with a checkpoint in {where}; start one with `make train`")
+    return run
 
 
 def keep_csv_metrics(trainer: L.Trainer) -> None:
@@ -102,6 +154,13 @@ class CLI(LightningCLI):
             default=True,
             help="After fit, test the best checkpoint and write test_metrics.json into the run folder.",
         )
+        parser.add_argument(
+            "--resume",
+            type=bool,
+            default=False,
+            help="fit: continue the latest run of this experiment (its run folder and logger run) from its "
+            "newest checkpoint (last.ckpt or an interrupted-step*.ckpt). `make resume` sets it.",
+        )
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config)
@@ -117,9 +176,8 @@ class CLI(LightningCLI):
                 # No credentials and no chosen mode: log offline (sync later with `wandb sync`)
                 # instead of stopping at a login prompt.
                 os.environ["WANDB_MODE"] = "offline"
-        job_id = slurm_job_id()
-        if job_id and "trainer" in config:
-            name_run_after_slurm_job(config["trainer"], job_id)
+        if "trainer" in config:
+            choose_run(config, fit=self.subcommand == "fit")
 
     def after_instantiate_classes(self) -> None:
         # Before any process group is set up: a mismatch fails here instead of hanging later.
@@ -127,12 +185,6 @@ class CLI(LightningCLI):
 
     def before_fit(self) -> None:
         keep_csv_metrics(self.trainer)
-        if slurm_job_id() and self.config_init.fit.ckpt_path is None:
-            # A requeued job resumes from the newest state its run folder holds.
-            resume_from = latest_checkpoint(Path(self.trainer.default_root_dir))
-            if resume_from is not None:
-                rank_zero_info(f"SLURM job restarted: resuming from {resume_from}")
-                self.config_init.fit.ckpt_path = str(resume_from)
         profiler = self.trainer.profiler
         if self.trainer.is_global_zero and getattr(profiler, "filename", None) and profiler.dirpath is None:
             # Profilers write to trainer.log_dir, which for wandb is the shared save folder.

@@ -1,16 +1,16 @@
-"""Save a resumable checkpoint when the scheduler warns of pre-emption or the time limit, then requeue.
+"""Save a resumable checkpoint when a run is pre-empted, cancelled or interrupted, then stop (and requeue).
 
 SLURM sends SIGUSR1 to every task some time before it stops a job (``#SBATCH
---signal=SIGUSR1@120``). Lightning's own auto-requeue handler saves the checkpoint inside the
-signal handler, that is at whatever point each process happens to be. Under DDP that deadlocks:
-one process enters the checkpoint's barrier while another waits in the training loop's per-step
-broadcast, and both wait forever (seen with Lightning 2.6 and gloo). This callback only records
-the signal in the handler; the processes then agree at the next batch boundary (one all-reduce)
-and all save the same step. See https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html
-for Lightning's SLURM requeue, which this replaces.
+--signal=SIGUSR1@120``), SIGTERM when it cancels one, and Ctrl-C sends SIGINT. Lightning's own
+SLURM auto-requeue saves the checkpoint inside the signal handler, that is at whatever point each
+process happens to be. Under DDP that deadlocks: one process enters the checkpoint's barrier while
+another waits in the training loop's per-step broadcast, and both wait forever (seen with
+Lightning 2.6 and gloo). This callback only records the signal in the handler; the processes
+then agree at the next batch boundary (one all-reduce) and all save the same, complete step.
+See https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html for Lightning's SLURM
+requeue, which this replaces.
 """
 
-import re
 import signal
 import subprocess
 from pathlib import Path
@@ -27,85 +27,121 @@ from {{ cookiecutter.package_name }}.runs import run_dir
 
 
 class Preempted(SystemExit):
-    """Raised on every process once the pre-emption checkpoint is saved: ends fit, skips the test."""
+    """Raised on every process once the checkpoint is saved: ends fit and skips the after-fit test.
+
+    Its exit status is 0 when the job was requeued (SLURM runs it again), else 128 + the signal
+    number, as for a process the signal had stopped (130 for Ctrl-C, 143 for SIGTERM).
+    """
+
+
+def _signal(name: str, field: str) -> signal.Signals:
+    if not name.startswith("SIG") or not hasattr(signal, name):
+        raise ValueError(f"PreemptionCheckpoint.{field}: {name!r} is not a signal name; use e.g. SIGUSR1 or SIGTERM")
+    return signal.Signals[name]
 
 
 class PreemptionCheckpoint(L.Callback):
-    """On ``signal_name``, save ``hpc_ckpt_<n>.ckpt`` in the run folder at the next batch boundary, requeue, stop.
+    """On a signal, save ``checkpoints/interrupted-step<N>.ckpt`` at the next batch boundary, then stop.
 
-    The checkpoint holds the full training state (weights, optimizer, LR scheduler, loops), and
-    the CLI resumes a requeued SLURM job from it (``runs.latest_checkpoint``). Outside SLURM the
-    run stops after saving and prints the ``--ckpt_path`` to resume with.
+    The checkpoint holds the full training state (weights, optimizer, LR scheduler, loops and the
+    train loader's position). ``make resume`` (``--resume=true``) continues from it, and a requeued
+    SLURM job does so by itself (``runs.latest_checkpoint``). A second Ctrl-C stops at once.
 
     Args:
-        signal_name: the warning signal, as SLURM's ``--signal`` names it (``SIGUSR1``).
-        requeue: under SLURM, requeue the job with ``scontrol requeue`` once the checkpoint is saved.
+        requeue_signal: the scheduler's warning before a time limit or pre-emption
+            (SLURM's ``--signal``); under SLURM the job is requeued after saving.
+        stop_signals: signals that save and stop without requeueing: SLURM's ``scancel`` and
+            most schedulers send SIGTERM, Ctrl-C sends SIGINT.
+        requeue: set to false to save and stop on ``requeue_signal`` without requeueing.
 
     Raises:
-        ValueError: ``signal_name`` is not a signal of this platform.
-        Preempted: (a ``SystemExit`` with status 0) on every process after the checkpoint is saved.
+        ValueError: a name is not a signal of this platform.
+        Preempted: (a ``SystemExit``) on every process once the checkpoint is saved.
     """
 
-    def __init__(self, signal_name: str = "SIGUSR1", requeue: bool = True) -> None:
-        if not hasattr(signal, signal_name) or not signal_name.startswith("SIG"):
-            raise ValueError(
-                f"PreemptionCheckpoint.signal_name: {signal_name!r} is not a signal name; use e.g. SIGUSR1"
-            )
-        self.signal = signal.Signals[signal_name]
+    def __init__(
+        self,
+        requeue_signal: str = "SIGUSR1",
+        stop_signals: list[str] | None = None,
+        requeue: bool = True,
+    ) -> None:
+        self.requeue_signal = _signal(requeue_signal, "requeue_signal")
+        names = ["SIGTERM", "SIGINT"] if stop_signals is None else stop_signals
+        self.stop_signals = [_signal(name, "stop_signals") for name in names]
         self.requeue = requeue
-        self.received = False
+        self.received: int = 0  # number of the signal to act on, 0 for none
         self.saved_path: Path | None = None
-        self._previous_handler: Any = None
+        self._previous: dict[signal.Signals, Any] = {}
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.received = True  # acted on at the next batch boundary, never inside the handler
+        self.received = signum  # acted on at the next batch boundary, never inside the handler
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once
+            print("\nCtrl-C: saving a checkpoint after this step (Ctrl-C again to stop at once)", flush=True)
+
+    def _install(self, signums: list[signal.Signals]) -> None:
+        for signum in signums:
+            self._previous.setdefault(signum, signal.signal(signum, self._on_signal))
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # Installed before the Trainer registers its own signal handlers (it runs callbacks'
-        # setup first), so Lightning's in-handler auto-requeue sees a handler and stays off.
-        if stage == "fit":
-            self.received = False
-            self._previous_handler = signal.signal(self.signal, self._on_signal)
-            environment = getattr(trainer.strategy, "cluster_environment", None)
-            if isinstance(environment, SLURMEnvironment):
-                environment.auto_requeue = False  # this callback requeues; Lightning's handlers stay off
+        if stage != "fit":
+            return
+        self.received = 0
+        # Before the Trainer registers its handlers (it runs callbacks' setup first): Lightning
+        # then sees a SIGUSR1 handler and does not add its in-handler auto-requeue.
+        self._install([self.requeue_signal])
+        environment = getattr(trainer.strategy, "cluster_environment", None)
+        if isinstance(environment, SLURMEnvironment):
+            environment.auto_requeue = False  # this callback requeues
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After the Trainer registered its SIGTERM handler, which broadcasts from inside the
+        # handler under DDP; ours replaces it while training runs, and the Trainer restores the
+        # original handlers when fit ends.
+        self._install(self.stop_signals)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and self._previous_handler is not None:
-            signal.signal(self.signal, self._previous_handler)
-            self._previous_handler = None
+        if stage == "fit":
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
+            self._previous.clear()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if trainer.world_size > 1:
             # Signals reach the processes at slightly different times: any process that got
-            # it decides for all, so every process saves the same step.
+            # one decides for all, so every process saves the same step.
             flag = torch.tensor(float(self.received), device=pl_module.device)
-            self.received = bool(trainer.strategy.reduce(flag, reduce_op="max") > 0)
-        if not self.received:
-            return
+            self.received = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        if self.received:
+            self._save_and_stop(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A signal after the last training step: last.ckpt already holds the final state.
+        if self.received:
+            rank_zero_info(f"{signal.Signals(self.received).name} received after training: stopping before the test")
+            raise Preempted(128 + self.received)
+
+    def _save_and_stop(self, trainer: L.Trainer) -> None:
+        received = signal.Signals(self.received)
         folder = Path(trainer.strategy.broadcast(str(run_dir(trainer)) if trainer.is_global_zero else None))
-        numbers = [
-            int(m.group(1))
-            for p in folder.glob("hpc_ckpt_*.ckpt")
-            if (m := re.fullmatch(r"hpc_ckpt_(\d+)\.ckpt", p.name))
-        ]
-        path = folder / f"hpc_ckpt_{max(numbers, default=0) + 1}.ckpt"
+        path = folder / "checkpoints" / f"interrupted-step{trainer.global_step}.ckpt"
         for logger in trainer.loggers:
             logger.save()  # buffered metrics (CSVLogger flushes every 100 steps) would be lost
         trainer.save_checkpoint(path)  # every process takes part (sharded strategies need it)
         self.saved_path = path
-        rank_zero_info(f"{self.signal.name} received: saved {path} at global step {trainer.global_step}")
+        rank_zero_info(f"{received.name} received: saved {path} at global step {trainer.global_step}")
         trainer.strategy.barrier("PreemptionCheckpoint")  # all saved before the requeue stops the job
+
         job_id = slurm_job_id()
-        if job_id and self.requeue:
-            # The requeue stops this job with SIGTERM right away; Lightning's SIGTERM handler
-            # would then start collectives on half-stopped processes. Exit through Preempted instead.
+        if received == self.requeue_signal and self.requeue and job_id:
+            # The requeue stops this job with SIGTERM right away; the processes exit through
+            # Preempted instead of being stopped halfway through their teardown.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if trainer.is_global_zero and job_id and self.requeue:
-            self._requeue(job_id)
-        elif not job_id:
-            rank_zero_info(f"Resume with --ckpt_path={path}")
-        raise Preempted(0)
+            if trainer.is_global_zero:
+                self._requeue(job_id)
+            raise Preempted(0)
+        rank_zero_info("Continue this run with `make resume` (python -m ... fit --resume=true)")
+        raise Preempted(128 + received)
 
     @staticmethod
     def _requeue(job_id: str) -> None:

@@ -5,6 +5,7 @@ of the UCI "Optical Recognition of Handwritten Digits" data (Alpaydin & Kaynak, 
 inside scikit-learn, so training works offline with nothing to download.
 """
 
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
@@ -12,10 +13,50 @@ import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
-from torch.utils.data import TensorDataset
-from torchdata.stateful_dataloader import StatefulDataLoader
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 _PIXEL_MAX = 16.0  # digits pixels are integer counts in [0, 16]
+
+
+class EpochShuffle(Sampler[int]):
+    """A random order of ``range(size)`` that depends on ``(seed, epoch)`` only, like DistributedSampler's.
+
+    Lightning calls ``set_epoch`` before each epoch. A resumed run, though, makes the iterator of
+    the epoch it resumes in before that call, and Lightning then runs only that epoch's remaining
+    batches: so the DataModule passes the epoch to resume in and ``skip``, the samples of that
+    epoch already trained on (dropped from the first iterator only). A run resumed mid-epoch or at
+    an epoch boundary thus sees the same batches as an uninterrupted one.
+    """
+
+    def __init__(self, size: int, seed: int = 0, epoch: int = 0, skip: int = 0) -> None:
+        self.size, self.seed, self.epoch, self.skip = size, seed, epoch, skip
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        skip, self.skip = self.skip, 0
+        return iter(order[skip:])
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader that tells Lightning it can resume mid-epoch: its position lives in the sampler.
+
+    The DataModule saves the epoch and the batches already trained on in every checkpoint and
+    builds an :class:`EpochShuffle` that starts there, so this loader has no state of its own.
+    (Lightning warns before resuming mid-epoch with a loader lacking ``state_dict``.)
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
 
 
 class DigitsDataModule(L.LightningDataModule):
@@ -80,6 +121,7 @@ class DigitsDataModule(L.LightningDataModule):
         self.val_set: TensorDataset | None = None
         self.test_set: TensorDataset | None = None
         self.split_indices: dict[str, torch.Tensor] = {}
+        self._resume_at = (0, 0)  # (epoch, batches of it done), from a checkpoint
 
     def setup(self, stage: str | None = None) -> None:
         """Load, split and normalise the data (every process, every stage; idempotent)."""
@@ -123,21 +165,21 @@ class DigitsDataModule(L.LightningDataModule):
             raise RuntimeError("DigitsDataModule.normalize needs the train statistics: call setup() first")
         return (images - self.mean) / self.std
 
-    def train_dataloader(self) -> StatefulDataLoader:
+    def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)
 
-    def val_dataloader(self) -> StatefulDataLoader:
+    def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set)
 
-    def test_dataloader(self) -> StatefulDataLoader:
+    def test_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, every_sample_once=True)
 
-    def predict_dataloader(self) -> StatefulDataLoader:
+    def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, every_sample_once=True)
 
     def _loader(
         self, dataset: TensorDataset | None, shuffle: bool = False, every_sample_once: bool = False
-    ) -> StatefulDataLoader:
+    ) -> DataLoader:
         if dataset is None:
             raise RuntimeError("DigitsDataModule: call setup() before asking for a DataLoader")
         hp = self.hparams
@@ -149,22 +191,39 @@ class DigitsDataModule(L.LightningDataModule):
             sampler = UnrepeatedDistributedSampler(
                 dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
             )
-        # StatefulDataLoader (torchdata) is a DataLoader whose position and shuffle order are saved
-        # in checkpoints, so a run stopped mid-epoch (pre-emption) resumes with the very next batch.
-        return StatefulDataLoader(
+        if shuffle and (self.trainer is None or self.trainer.world_size == 1):
+            # Under DDP Lightning shuffles with a DistributedSampler, whose order is also a
+            # function of (seed, epoch) alone.
+            epoch, batches_done = self._resume_at
+            sampler = EpochShuffle(len(dataset), torch.initial_seed(), epoch, skip=batches_done * hp.batch_size)
+            shuffle = False
+        return ResumableDataLoader(
             dataset,
             batch_size=hp.batch_size,
             shuffle=shuffle,
             sampler=sampler,
+            # A generator of its own: creating an iterator then never draws from the global RNG,
+            # which is left to the model (dropout) and restored on resume.
+            generator=torch.Generator().manual_seed(torch.initial_seed()),
             num_workers=hp.num_workers,
             pin_memory=hp.pin_memory,
             persistent_workers=hp.persistent_workers and hp.num_workers > 0,
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Normalisation statistics, saved in every checkpoint for inference."""
-        return {"mean": self.mean, "std": self.std}
+        """Normalisation statistics (for inference) and where a resumed run's training data starts."""
+        epoch = batches = 0
+        if self.trainer is not None:
+            loop = self.trainer.fit_loop
+            # The epoch of the iterator a resume builds first (epochs the fit loop has finished),
+            # and the batches of it already trained on (none once that epoch has ended).
+            epoch = loop.epoch_progress.current.processed
+            batches = loop.epoch_loop.batch_progress.current.ready
+            if batches >= self.trainer.num_training_batches:
+                batches = 0
+        return {"mean": self.mean, "std": self.std, "epoch": epoch, "batches_done": batches}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.mean = state_dict["mean"]
         self.std = state_dict["std"]
+        self._resume_at = (state_dict.get("epoch", 0), state_dict.get("batches_done", 0))

@@ -1,0 +1,83 @@
+"""Exact resume: a run stopped mid-epoch or at an epoch boundary and resumed ends identical to an uninterrupted run."""
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from conftest import shrunk_args
+from test_preemption import SignalAtStep
+
+from {{ cookiecutter.package_name }}.callbacks.preemption import Preempted
+from {{ cookiecutter.package_name }}.cli import CLI, main
+from {{ cookiecutter.package_name }}.runs import run_dir
+
+# Three epochs of 20 steps, deterministic algorithms; the test after fit is not part of the comparison.
+EXACT = ["--trainer.max_epochs=3", "--trainer.deterministic=true", "--test_after_fit=false"]
+
+
+class StopAfterEpoch(L.Callback):
+    """Ends fit after the given epoch, as a run whose job ended there would (last.ckpt is saved first)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.current_epoch == self.epoch:
+            trainer.should_stop = True
+
+
+def assert_same_end_state(reference: CLI, resumed: CLI) -> None:
+    assert resumed.trainer.global_step == reference.trainer.global_step
+    expected, actual = reference.model.state_dict(), resumed.model.state_dict()
+    assert expected.keys() == actual.keys()
+    for key in expected:
+        assert torch.equal(expected[key], actual[key]), f"weights differ: {key}"
+    expected_opt, actual_opt = reference.trainer.optimizers[0].state_dict(), resumed.trainer.optimizers[0].state_dict()
+    assert expected_opt["state"].keys() == actual_opt["state"].keys()
+    for index, state in expected_opt["state"].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(actual_opt["state"][index][name])), (index, name)
+    scheduler = reference.trainer.lr_scheduler_configs[0].scheduler
+    assert resumed.trainer.lr_scheduler_configs[0].scheduler.state_dict()["last_epoch"] == scheduler.last_epoch
+    metrics = reference.trainer.callback_metrics
+    assert metrics.keys() == resumed.trainer.callback_metrics.keys()
+    for name, value in metrics.items():
+        assert torch.equal(value, resumed.trainer.callback_metrics[name]), f"metric differs: {name}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> CLI:
+    return main(["fit", *shrunk_args(tmp_path_factory.mktemp("reference")), *EXACT])
+
+
+# Lightning warns when a resumed run's checkpoint or CSV folder is not empty; the CLI keeps the
+# earlier metrics.csv aside (see test_preemption), and the checkpoints are meant to be there.
+@pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_mid_epoch_interruption_resumes_exactly(reference: CLI, tmp_path: Path) -> None:
+    args = [*shrunk_args(tmp_path), *EXACT]
+    interrupted = main(args, run=False)
+    interrupted.trainer.callbacks.append(SignalAtStep(step=25))  # mid epoch 1 (20 steps per epoch)
+    with pytest.raises(Preempted):
+        interrupted.trainer.fit(interrupted.model, datamodule=interrupted.datamodule)
+    assert interrupted.trainer.global_step == 26
+
+    resumed = main(["fit", *args, "--resume=true"])  # `make resume`: no path given
+    assert run_dir(resumed.trainer) == run_dir(interrupted.trainer)
+    assert_same_end_state(reference, resumed)
+
+
+@pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_stop_at_an_epoch_boundary_resumes_exactly(reference: CLI, tmp_path: Path) -> None:
+    args = [*shrunk_args(tmp_path), *EXACT]
+    stopped = main(args, run=False)
+    stopped.trainer.callbacks.append(StopAfterEpoch(epoch=0))
+    stopped.trainer.fit(stopped.model, datamodule=stopped.datamodule)
+    assert stopped.trainer.global_step == 20
+    last = run_dir(stopped.trainer) / "checkpoints" / "last.ckpt"
+
+    resumed = main(["fit", *args, f"--ckpt_path={last}"])  # an explicit path works too
+    assert run_dir(resumed.trainer) == run_dir(stopped.trainer)
+    assert_same_end_state(reference, resumed)
