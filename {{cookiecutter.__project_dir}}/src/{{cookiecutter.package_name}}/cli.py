@@ -69,9 +69,9 @@ def choose_run(config, fit: bool = True) -> None:
         run = _run_to_resume(trainer)
         set_run_version(trainer, run.name)
     else:
-        if fit and config.get("ckpt_path") and run_version(trainer) is None:
-            if (run := run_of_checkpoint(trainer, config.ckpt_path)) is not None:
-                set_run_version(trainer, run.name)
+        explicit = fit and config.get("ckpt_path") and run_version(trainer) is None
+        if explicit and (run := run_of_checkpoint(trainer, config.ckpt_path)) is not None:
+            set_run_version(trainer, run.name)
         return
     if fit and config.get("ckpt_path") is None and (checkpoint := latest_checkpoint(run)) is not None:
         rank_zero_info(f"Resuming run {run} from {checkpoint}")
