@@ -46,10 +46,12 @@ def files_of(project: Path) -> set[str]:
 
 
 PROJECT_FILES = [".gitignore", "AGENTS.md", "CLAUDE.md", "LICENSE", "Makefile", "README.md", "pyproject.toml"]
-PACKAGE_FILES = ["__init__.py", "__main__.py", "cli.py", "launch.py", "runs.py", "data/__init__.py", "data/digits.py"]
-PACKAGE_FILES += ["callbacks/__init__.py", "callbacks/preemption.py", "callbacks/random_state.py"]
+PACKAGE_FILES = ["__init__.py", "__main__.py", "checkpoints.py", "cli.py", "launch.py", "runs.py"]
+PACKAGE_FILES += ["data/__init__.py", "data/digits.py"]
+PACKAGE_FILES += ["callbacks/__init__.py", "callbacks/finite.py", "callbacks/preemption.py", "callbacks/random_state.py"]
 PACKAGE_FILES += ["models/__init__.py", "models/classifier.py", "nets/__init__.py", "nets/cnn.py", "nets/mlp.py"]
-TEST_FILES = ["conftest.py", "test_cli.py", "test_data.py", "test_ddp.py", "test_fsdp.py", "test_launch.py"]
+TEST_FILES = ["conftest.py", "test_cli.py", "test_data.py", "test_ddp.py", "test_faults.py", "test_fsdp.py"]
+TEST_FILES += ["test_launch.py"]
 TEST_FILES += ["test_model.py", "test_nets.py", "test_preemption.py", "test_resume.py", "test_train.py"]
 
 

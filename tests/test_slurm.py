@@ -158,10 +158,12 @@ def test_preempted_job_saves_requeues_and_resumes(cluster: Cluster, project: Pat
     assert job["Restarts"] == "1"
 
     # Saved at a step boundary, on the signal, in the run folder.
-    saved = torch.load(run / "hpc_ckpt_1.ckpt", map_location="cpu", weights_only=True)
+    (saved_path,) = (run / "checkpoints").glob("interrupted-step*.ckpt")
+    saved = torch.load(saved_path, map_location="cpu", weights_only=True)
     total = epochs * steps_per_epoch(2)
     assert 0 < saved["global_step"] < total, "the signal arrived after training ended: nothing was pre-empted"
-    assert re.search(rf"SIGUSR1 received: saved \S*hpc_ckpt_1.ckpt at global step {saved['global_step']}", log)
+    assert saved_path.name == f"interrupted-step{saved['global_step']}.ckpt"
+    assert f"SIGUSR1 received: saved {saved_path.relative_to(project)} at global step {saved['global_step']}" in log
     assert f"Requeued SLURM job {job_id}" in log
 
     # The requeued job restarted from that step on both ranks, not from zero.

@@ -19,6 +19,7 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
+from {{ cookiecutter.package_name }}.checkpoints import check_fits, read_checkpoint
 from {{ cookiecutter.package_name }}.launch import check_world_size, slurm_job_id
 from {{ cookiecutter.package_name }}.runs import (
     experiment_dir,
@@ -57,11 +58,9 @@ def choose_run(config, fit: bool = True) -> None:
     - Otherwise the logger starts a new run.
 
     Raises:
-        ValueError: ``--resume`` together with ``--ckpt_path``, or nothing to resume.
+        ValueError: ``--resume`` and nothing to resume.
     """
     trainer = config.trainer
-    if config.get("resume") and config.get("ckpt_path"):
-        raise ValueError("--resume and --ckpt_path: give only one (--resume picks the latest run's newest checkpoint)")
     if job_id := slurm_job_id():
         name_run_after_slurm_job(trainer, job_id)
         run = Path(trainer.default_root_dir)
@@ -183,7 +182,36 @@ class CLI(LightningCLI):
         # Before any process group is set up: a mismatch fails here instead of hanging later.
         check_world_size(self.trainer)
 
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads the checkpoint's hyperparameters right after parsing (they override
+        # the model config): read it first, so a missing, truncated or corrupt file is named.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and self.config[subcommand].get("resume"):
+            raise ValueError(
+                "--resume and --ckpt_path: give only one (--resume picks the latest run's newest checkpoint)"
+            )
+        if ckpt_path and ckpt_path not in ("best", "last", "hpc", "registry") and not Path(ckpt_path).is_dir():
+            read_checkpoint(ckpt_path)
+
+    def _check_ckpt_path(self) -> None:
+        # A checkpoint that does not fit the model fails here with what differs, before anything runs.
+        ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
+        if ckpt_path and ckpt_path not in ("best", "last", "hpc", "registry") and not Path(ckpt_path).is_dir():
+            check_fits(read_checkpoint(ckpt_path), self.model, ckpt_path)
+
+    def before_validate(self) -> None:
+        self._check_ckpt_path()
+
+    def before_test(self) -> None:
+        self._check_ckpt_path()
+
+    def before_predict(self) -> None:
+        self._check_ckpt_path()
+
     def before_fit(self) -> None:
+        self._check_ckpt_path()
         keep_csv_metrics(self.trainer)
         profiler = self.trainer.profiler
         if self.trainer.is_global_zero and getattr(profiler, "filename", None) and profiler.dirpath is None:

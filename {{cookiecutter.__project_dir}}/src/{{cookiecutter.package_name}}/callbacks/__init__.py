@@ -1,6 +1,7 @@
 """Callbacks of this project; Lightning's own (ModelCheckpoint, LearningRateMonitor, ...) are used as they are."""
 
+from .finite import NonFiniteError, StopOnNonFinite
 from .preemption import PreemptionCheckpoint
 from .random_state import RandomStateCheckpoint
 
-__all__ = ["PreemptionCheckpoint", "RandomStateCheckpoint"]
+__all__ = ["NonFiniteError", "PreemptionCheckpoint", "RandomStateCheckpoint", "StopOnNonFinite"]

@@ -154,6 +154,11 @@ class DigitsDataModule(L.LightningDataModule):
         self.train_set, self.val_set, self.test_set = (
             TensorDataset(self.normalize(images[idx]), labels[idx]) for idx in self.split_indices.values()
         )
+        if hp.batch_size > len(self.train_set):
+            raise ValueError(
+                f"data.batch_size={hp.batch_size} is larger than the training split ({len(self.train_set)} samples): "
+                f"every epoch would be one short batch. Use at most {len(self.train_set)}."
+            )
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """Standardise images (B, 1, 8, 8) scaled to [0, 1] with the training split's statistics.

@@ -1,0 +1,100 @@
+"""Checkpoint files: written atomically, and read with errors that name the file and what is wrong.
+
+Lightning's TorchCheckpointIO opens the target file for writing and then streams into it, so a
+crash, a kill or a full disk during a save leaves a truncated ``last.ckpt`` where the previous
+good one was. :class:`AtomicCheckpointIO` writes a temporary file in the same folder, flushes it
+to disk and renames it over the target (``os.replace`` is atomic on POSIX and Windows), so the
+target is always either the previous checkpoint or the new one, whole.
+"""
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read or does not fit the model; the message names the file and the fix."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """TorchCheckpointIO whose saves replace the target only once the new file is complete on disk."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        if "://" in str(path):  # remote storage (s3://, gs://): its own semantics
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        try:
+            with partial.open("wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+
+
+def read_checkpoint(path: _PATH) -> dict[str, Any]:
+    """Load a checkpoint on CPU with ``torch.load(weights_only=True)``.
+
+    Raises:
+        CheckpointError: the file is missing, truncated, corrupt, not a checkpoint, or holds
+            Python objects that weights-only loading refuses; the message names the file.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint. `ls {path.parent}` shows the ones there are.")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "Unsupported global" not in str(error):  # garbage where the pickle should be
+            raise CheckpointError(
+                f"{path}: not a readable checkpoint: corrupt ({str(error).splitlines()[-1]})"
+            ) from error
+        raise CheckpointError(
+            f"{path}: holds Python objects that torch.load(weights_only=True) refuses to unpickle ({error}). "
+            "Only load checkpoints you trust; this project's checkpoints never need that."
+        ) from error
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as error:
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint: truncated (a save that was interrupted) or corrupt ({error}). "
+            "Use another one, e.g. the run's checkpoints/last.ckpt or a best epoch*.ckpt."
+        ) from error
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path}: not a Lightning checkpoint (no 'state_dict' in it)")
+    return checkpoint
+
+
+def check_fits(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH) -> None:
+    """Compare a checkpoint's ``state_dict`` with ``model``'s: same keys, same shapes.
+
+    Raises:
+        CheckpointError: naming the missing and unexpected keys and the shape mismatches (first
+            five of each), e.g. a checkpoint of another net or another number of classes.
+    """
+    saved, expected = checkpoint["state_dict"], model.state_dict()
+    missing = sorted(expected.keys() - saved.keys())
+    unexpected = sorted(saved.keys() - expected.keys())
+    shapes = [
+        f"{key}: checkpoint {tuple(saved[key].shape)} vs model {tuple(expected[key].shape)}"
+        for key in sorted(expected.keys() & saved.keys())
+        if tuple(saved[key].shape) != tuple(expected[key].shape)
+    ]
+    problems = [
+        f"{label} ({len(items)}): {', '.join(items[:5])}{' ...' if len(items) > 5 else ''}"
+        for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes))
+        if items
+    ]
+    if problems:
+        raise CheckpointError(
+            f"{path} does not fit the configured model: " + "; ".join(problems) + ". Use the config the checkpoint "
+            "was trained with (config.yaml in its run folder: --config <run>/config.yaml)."
+        )

@@ -1,0 +1,201 @@
+"""Faults injected on purpose: a crash mid-save, a NaN, broken checkpoints, SIGTERM, bad input, secrets."""
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from conftest import ROOT, shrunk_args
+
+from {{ cookiecutter.package_name }} import checkpoints
+from {{ cookiecutter.package_name }}.callbacks import NonFiniteError
+from {{ cookiecutter.package_name }}.checkpoints import CheckpointError
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.models import ImageClassifier
+from {{ cookiecutter.package_name }}.nets import CNN, MLP
+from {{ cookiecutter.package_name }}.runs import run_dir
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory):
+    """One epoch of the shrunk default run: its CLI and its last.ckpt."""
+    folder = tmp_path_factory.mktemp("trained")
+    cli = main(["fit", *shrunk_args(folder), "--test_after_fit=false"])
+    return cli, run_dir(cli.trainer) / "checkpoints" / "last.ckpt"
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_crash_during_a_save_leaves_the_previous_checkpoint_intact(trained, monkeypatch) -> None:
+    cli, last = trained
+    before = digest(last)
+
+    def save_half_then_crash(obj, file, *args, **kwargs) -> None:
+        file.write(b"PK\x03\x04 half a zip archive")  # what a kill or a full disk leaves
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoints.torch, "save", save_half_then_crash)
+    with pytest.raises(OSError, match="No space left"):
+        cli.trainer.save_checkpoint(last)
+    monkeypatch.undo()
+
+    assert digest(last) == before
+    assert checkpoints.read_checkpoint(last)["global_step"] == cli.trainer.global_step
+    assert sorted(p.name for p in last.parent.iterdir() if p.name.startswith(".")) == []  # no partial file left
+
+
+def test_a_non_finite_loss_stops_at_that_step_and_keeps_the_last_good_checkpoint(cli_args: list[str]) -> None:
+    class NaNBatchAt(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if trainer.global_step == 25:
+                batch[0].fill_(float("nan"))
+
+    cli = main([*cli_args, "--trainer.max_epochs=3"], run=False)
+    cli.trainer.callbacks.append(NaNBatchAt())
+    with pytest.raises(NonFiniteError, match=r"Non-finite loss \(nan\) at global step 25 \(epoch 1\)"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert all(torch.isfinite(p).all() for p in cli.model.parameters())  # the step never happened
+    last = checkpoints.read_checkpoint(run_dir(cli.trainer) / "checkpoints" / "last.ckpt")
+    assert last["global_step"] == 20  # end of epoch 0: the last good state
+    assert all(torch.isfinite(t).all() for t in last["state_dict"].values())
+
+
+def test_a_non_finite_gradient_is_named(cli_args: list[str]) -> None:
+    class InfGradAt(L.Callback):
+        def on_after_backward(self, trainer, pl_module) -> None:
+            if trainer.global_step == 3:
+                pl_module.net.layers[1].weight.grad[0, 0] = float("inf")
+
+    cli = main(cli_args, run=False)
+    cli.trainer.callbacks.append(InfGradAt())
+    with pytest.raises(NonFiniteError, match=r"Non-finite gradient of net\.layers\.1\.weight at global step 3"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda data: data[: len(data) // 2], "not a readable checkpoint: truncated"),
+        (lambda data: b"\x00" * 64 + data[64:], "not a readable checkpoint"),
+        (lambda data: b"", "not a readable checkpoint"),
+    ],
+    ids=["truncated", "corrupt", "empty"],
+)
+def test_a_broken_checkpoint_is_refused_with_its_name(trained, tmp_path: Path, damage, message: str) -> None:
+    _, last = trained
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(damage(last.read_bytes()))
+    with pytest.raises(CheckpointError, match=rf"{broken}: {message}"):
+        main(["test", *shrunk_args(tmp_path), f"--ckpt_path={broken}"])
+
+
+def test_a_checkpoint_of_another_model_names_the_mismatch(trained) -> None:
+    _, last = trained
+    checkpoint = checkpoints.read_checkpoint(last)
+    narrower = ImageClassifier(net=MLP(hidden_sizes=(64, 128)))
+    with pytest.raises(
+        CheckpointError, match=r"shape mismatches \(3\): net\.layers\.1\.bias: checkpoint \(256,\) vs model \(64,\)"
+    ):
+        checkpoints.check_fits(checkpoint, narrower, last)
+    with pytest.raises(CheckpointError, match=r"missing keys \(\d+\): net\.blocks.*unexpected keys \(6\): net\.layers"):
+        checkpoints.check_fits(checkpoint, ImageClassifier(net=CNN()), last)
+
+
+# Lightning warns that the checkpoint's ModelCheckpoint state came from another run folder.
+@pytest.mark.filterwarnings("ignore:The dirpath has changed from")
+def test_the_cli_rebuilds_the_checkpoints_own_model(trained, tmp_path: Path) -> None:
+    # LightningCLI applies the checkpoint's hyperparameters over the config: another net in the
+    # config cannot make `test --ckpt_path` load weights into the wrong model.
+    _, last = trained
+    cli = main(
+        ["test", *shrunk_args(tmp_path), f"--ckpt_path={last}", "--model.init_args.net={{ cookiecutter.package_name }}.nets.CNN"]
+    )
+    assert isinstance(cli.model.net, MLP)
+    assert cli.trainer.callback_metrics["test/acc"] > 0.5
+
+
+def test_a_missing_checkpoint_is_named(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match=r"nowhere\.ckpt: no such checkpoint"):
+        main(["test", *shrunk_args(tmp_path), f"--ckpt_path={tmp_path / 'nowhere.ckpt'}"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--data.init_args.batch_size=5000"],
+            r"data\.batch_size=5000 is larger than the training split \(1257 samples\)",
+        ),
+        (["--resume=true"], "--resume: no run with a checkpoint in"),
+        (["--resume=true", "--ckpt_path=x.ckpt"], "--resume and --ckpt_path: give only one"),
+    ],
+    ids=["batch-larger-than-data", "nothing-to-resume", "resume-and-ckpt-path"],
+)
+def test_bad_input_fails_before_training(tmp_path: Path, args: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        main(["fit", *shrunk_args(tmp_path), *args])
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_make_resume_finishes_the_run(tmp_path: Path) -> None:
+    args = [*shrunk_args(tmp_path), "--trainer.max_epochs=200", "--test_after_fit=false"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.rglob("last.ckpt")):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0][-3000:]
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+    (saved,) = tmp_path.rglob("interrupted-step*.ckpt")
+    step = checkpoints.read_checkpoint(saved)["global_step"]
+    assert f"SIGTERM received: saved {saved}" in output
+    assert 0 < step < 200 * 20
+
+    # `make resume`, with the same arguments and only two more epochs to go.
+    run = subprocess.run(
+        [
+            "make",
+            "resume",
+            f"PYTHON={sys.executable}",
+            "ARGS=" + " ".join([*args[1:], f"--trainer.max_steps={step + 40}"]),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"Resuming run {saved.parent.parent} from {saved}" in run.stdout + run.stderr
+    last = checkpoints.read_checkpoint(saved.parent / "last.ckpt")
+    assert last["global_step"] == step + 40
+    assert len(list(tmp_path.rglob("config.yaml"))) == 1  # one run folder, continued
+
+
+def test_secrets_from_the_environment_never_reach_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "wandb-key-" + os.urandom(8).hex()
+    monkeypatch.setenv("WANDB_API_KEY", secret)
+    main(["fit", *shrunk_args(tmp_path)])
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "config.yaml" for p in written) and any(p.suffix == ".ckpt" for p in written)
+    assert not [p for p in written if secret.encode() in p.read_bytes()]
+
+
+def test_gitignore_keeps_data_runs_and_secrets_out_of_git() -> None:
+    ignored = set((ROOT / ".gitignore").read_text().split())
+    assert {"/data/", "logs/", "wandb/", "checkpoints/", "*.ckpt", ".env", ".env.*", ".netrc"} <= ignored
