@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import CONFIGS, ROOT, shrunk_args
 
+from {{ cookiecutter.package_name }}.checkpoints import check_fits, read_checkpoint
 from {{ cookiecutter.package_name }}.data import DigitsDataModule
+from {{ cookiecutter.package_name }}.models import ImageClassifier
 
 
 @pytest.mark.slow
@@ -38,6 +40,11 @@ def test_ddp_on_two_cpu_processes_reaches_world_size_two(tmp_path: Path) -> None
     datamodule.setup("fit")
     per_process = math.ceil(len(datamodule.train_set) / 2)
     assert summary["global_step"] == math.ceil(per_process / batch_size)
+
+    # Its checkpoint loads into a plain single-process model: no DDP "module." prefixes.
+    last = next((tmp_path / "logs").rglob("last.ckpt"))
+    model = ImageClassifier.load_from_checkpoint(last, map_location="cpu", weights_only=True)
+    check_fits(read_checkpoint(last), model, last)
 
 
 @pytest.mark.slow

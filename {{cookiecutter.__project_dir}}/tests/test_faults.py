@@ -115,9 +115,8 @@ def test_the_cli_rebuilds_the_checkpoints_own_model(trained, tmp_path: Path) -> 
     # LightningCLI applies the checkpoint's hyperparameters over the config: another net in the
     # config cannot make `test --ckpt_path` load weights into the wrong model.
     _, last = trained
-    cli = main(
-        ["test", *shrunk_args(tmp_path), f"--ckpt_path={last}", "--model.init_args.net={{ cookiecutter.package_name }}.nets.CNN"]
-    )
+    other_net = "--model.init_args.net={{ cookiecutter.package_name }}.nets.CNN"
+    cli = main(["test", *shrunk_args(tmp_path), f"--ckpt_path={last}", other_net])
     assert isinstance(cli.model.net, MLP)
     assert cli.trainer.callback_metrics["test/acc"] > 0.5
 

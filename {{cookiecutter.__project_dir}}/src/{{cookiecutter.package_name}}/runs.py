@@ -31,9 +31,8 @@ def latest_checkpoint(folder: Path) -> Path | None:
     """The newest resumable checkpoint of a run folder, or None.
 
     Candidates are ``checkpoints/last.ckpt`` (rewritten after every epoch) and the
-    ``checkpoints/interrupted-step<N>.ckpt`` that
-    :class:`~{{ cookiecutter.package_name }}.callbacks.PreemptionCheckpoint` saves on a signal. The
-    newest file wins, so a job pre-empted twice resumes from its latest state, not from its first
+    ``checkpoints/interrupted-step<N>.ckpt`` that ``callbacks.PreemptionCheckpoint`` saves on a
+    signal. The newest file wins, so a job pre-empted twice resumes from its latest state, not from its first
     pre-emption. A sharded (FSDP) checkpoint is a folder and counts too.
     """
     candidates = [folder / "checkpoints" / "last.ckpt", *folder.glob("checkpoints/interrupted-step*.ckpt")]
