@@ -46,7 +46,7 @@ def files_of(project: Path) -> set[str]:
 
 
 PROJECT_FILES = [".gitignore", "AGENTS.md", "CLAUDE.md", "LICENSE", "Makefile", "README.md", "pyproject.toml"]
-PACKAGE_FILES = ["__init__.py", "__main__.py", "checkpoints.py", "cli.py", "launch.py", "runs.py"]
+PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "checkpoints.py", "cli.py", "launch.py", "runs.py"]
 PACKAGE_FILES += ["data/__init__.py", "data/digits.py"]
 PACKAGE_FILES += ["callbacks/__init__.py", "callbacks/finite.py", "callbacks/preemption.py"]
 PACKAGE_FILES += ["callbacks/random_state.py"]

@@ -1,6 +1,7 @@
 """Run what a bake ships, as its README tells a user to: make test, make lint, make train."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -17,10 +18,11 @@ SECOND = {
 }
 
 
-def make(project: Path, *targets: str, args: str = "") -> None:
+def make(project: Path, *targets: str, args: str = "") -> str:
     command = ["make", *targets, f"PYTHON={sys.executable}"] + ([f"ARGS={args}"] if args else [])
     done = run(command, cwd=project, timeout=900)
     assert done.returncode == 0, f"make {' '.join(targets)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done.stdout
 
 
 @pytest.mark.slow
@@ -40,6 +42,14 @@ def test_default_bake_passes_its_own_tests_and_trains(cookies) -> None:
         assert {p.name for p in (run_dir / "checkpoints").iterdir()} >= {"last.ckpt", Path(summary["checkpoint"]).name}
         assert (run_dir / "config.yaml").exists()
         assert list((project / "logs" / "wandb").glob("offline-run-*")), "wandb did not log offline"
+
+        # `make bench` (shortened): a JSON summary, then overhead_ratio=<float> as its last line.
+        output = make(project, "bench", args="--steps 40 --repeats 1").strip().splitlines()
+        assert re.fullmatch(r"overhead_ratio=\d+\.\d{3}", output[-1]), output[-1]
+        summary = json.loads("\n".join(output[output.index("{") : -1]))
+        assert summary["steps"] == 40 and summary["repeats"] == 1
+        assert summary["project_step_ms"] > 0 and summary["plain_step_ms"] > 0 and summary["first_step_s"] > 0
+        assert abs(summary["overhead_ratio"] - summary["project_step_ms"] / summary["plain_step_ms"]) < 1e-9
 
         # The profiler's report lands in the run folder, beside that run's config.
         make(project, "profile", args="--trainer.max_epochs=1")

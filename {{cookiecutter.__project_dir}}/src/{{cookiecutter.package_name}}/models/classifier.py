@@ -108,20 +108,37 @@ class ImageClassifier(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._shared_step(batch, self.train_metrics)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        # Only on the steps the logger writes (log_every_n_steps): each self.log costs Lightning
+        # about as much as a small model's step (make bench).
+        if (batch_idx + 1) % self.trainer.log_every_n_steps == 0:
+            self.log("train/loss", loss, prog_bar=True)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss = self._shared_step(batch, self.val_metrics)
         # Epoch-level values are averaged over the processes (one all-reduce per epoch under DDP).
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
-        self.log_dict(self.val_metrics, prog_bar=True)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss = self._shared_step(batch, self.test_metrics)
         self.log("test/loss", loss, sync_dist=True)
-        self.log_dict(self.test_metrics)
+
+    # The metrics are updated in every step (on device, no host sync) and computed once per epoch
+    # here. Logging the Metric objects from the steps instead (self.log_dict(metrics)) made
+    # Lightning move each metric's state every step: 3.3 ms of a 6 ms step on CPU (make bench).
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch_metrics(self.train_metrics)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch_metrics(self.val_metrics, prog_bar=True)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch_metrics(self.test_metrics)
+
+    def _log_epoch_metrics(self, metrics: MetricCollection, prog_bar: bool = False) -> None:
+        # compute() already gathers the states of every process; sync_dist only quiets Lightning.
+        self.log_dict(metrics.compute(), prog_bar=prog_bar, sync_dist=True)
+        metrics.reset()
 
     def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
         """Class probabilities (B, num_classes) for the images of ``batch``."""
