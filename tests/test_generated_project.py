@@ -19,7 +19,9 @@ SECOND = {
 
 
 def make(project: Path, *targets: str, args: str = "") -> str:
-    command = ["make", *targets, f"PYTHON={sys.executable}"] + ([f"ARGS={args}"] if args else [])
+    # --no-print-directory: under a parent make (CI runs `make test`) make would add its own lines.
+    command = ["make", "--no-print-directory", *targets, f"PYTHON={sys.executable}"]
+    command += [f"ARGS={args}"] if args else []
     done = run(command, cwd=project, timeout=900)
     assert done.returncode == 0, f"make {' '.join(targets)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     return done.stdout
