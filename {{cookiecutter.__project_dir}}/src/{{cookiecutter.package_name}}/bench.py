@@ -32,9 +32,9 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.models.classifier import adamw_warmup_cosine
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 
@@ -96,14 +96,7 @@ def run_plain(steps: int, extra: list[str]) -> list[float]:
     train_loader, val_loader = data.train_dataloader(), data.val_dataloader()
     net = model.net
     params = [p for p in net.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": hp.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=hp.lr)
-    warmup = int(hp.warmup_ratio * steps)
-    cosine = CosineAnnealingLR(optimizer, T_max=max(1, steps - warmup), eta_min=hp.lr * hp.min_lr_ratio)
-    scheduler = SequentialLR(optimizer, [LinearLR(optimizer, 1.0 / warmup, total_iters=warmup), cosine], [warmup])
+    optimizer, scheduler = adamw_warmup_cosine(params, hp.lr, hp.weight_decay, hp.warmup_ratio, hp.min_lr_ratio, steps)
     train_metrics, val_metrics = model.train_metrics, model.val_metrics
     logged: list[tuple[float, float]] = []
     ends: list[float] = []

@@ -1,5 +1,6 @@
 """Image classification: cross-entropy, torchmetrics, AdamW with linear warm-up and cosine decay."""
 
+from collections.abc import Iterable
 from typing import Literal
 
 import lightning as L
@@ -146,19 +147,37 @@ class ImageClassifier(L.LightningModule):
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         hp = self.hparams
-        # Decay weight matrices and conv kernels; leave biases and norm scales alone (1-D).
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": hp.weight_decay},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-        ]
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr)
         total_steps = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup_steps = int(hp.warmup_ratio * total_steps)
-        cosine = CosineAnnealingLR(optimizer, T_max=max(1, total_steps - warmup_steps), eta_min=hp.lr * hp.min_lr_ratio)
-        scheduler: LRScheduler = cosine
-        if warmup_steps > 0:
-            warmup = LinearLR(optimizer, start_factor=1.0 / warmup_steps, total_iters=warmup_steps)
-            scheduler = SequentialLR(optimizer, [warmup, cosine], milestones=[warmup_steps])
-        scheduler_config = {"scheduler": scheduler, "interval": "step"}
-        return {"optimizer": optimizer, "lr_scheduler": scheduler_config}
+        optimizer, scheduler = adamw_warmup_cosine(
+            self.parameters(), hp.lr, hp.weight_decay, hp.warmup_ratio, hp.min_lr_ratio, total_steps
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def adamw_warmup_cosine(
+    parameters: Iterable[nn.Parameter],
+    lr: float,
+    weight_decay: float,
+    warmup_ratio: float,
+    min_lr_ratio: float,
+    total_steps: int,
+) -> tuple[torch.optim.AdamW, LRScheduler]:
+    """AdamW with decoupled weight decay on weight matrices and kernels only, and its per-step schedule.
+
+    The learning rate rises linearly over the first ``warmup_ratio * total_steps`` steps, then
+    follows a cosine down to ``lr * min_lr_ratio`` (Loshchilov & Hutter, "Decoupled Weight Decay
+    Regularization", ICLR 2019; "SGDR", ICLR 2017). Biases and norm scales (1-D) are not decayed.
+    Step the scheduler once per optimizer step.
+    """
+    params = [p for p in parameters if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=lr)
+    warmup_steps = int(warmup_ratio * total_steps)
+    cosine = CosineAnnealingLR(optimizer, T_max=max(1, total_steps - warmup_steps), eta_min=lr * min_lr_ratio)
+    if warmup_steps == 0:
+        return optimizer, cosine
+    warmup = LinearLR(optimizer, start_factor=1.0 / warmup_steps, total_iters=warmup_steps)
+    return optimizer, SequentialLR(optimizer, [warmup, cosine], milestones=[warmup_steps])
