@@ -151,7 +151,8 @@ class ImageClassifier(L.LightningModule):
         optimizer, scheduler = adamw_warmup_cosine(
             self.parameters(), hp.lr, hp.weight_decay, hp.warmup_ratio, hp.min_lr_ratio, total_steps
         )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        scheduler_config = {"scheduler": scheduler, "interval": "step"}
+        return {"optimizer": optimizer, "lr_scheduler": scheduler_config}
 
 
 def adamw_warmup_cosine(
