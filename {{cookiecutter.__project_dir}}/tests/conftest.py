@@ -1,5 +1,6 @@
 """One shrunk config for every test: the real configs/default.yaml, on CPU, written under tmp_path."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +28,18 @@ def shrunk_args(tmp_path: Path) -> list[str]:
         "--trainer.enable_model_summary=false",
         "--model.init_args.compile=false",
     ]
+
+
+def fit_in_subprocess(args: list[str], timeout: int = 300) -> None:
+    """Run ``fit`` with ``args`` in a fresh process, as distributed runs need; fail the test on an error."""
+    done = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.fixture

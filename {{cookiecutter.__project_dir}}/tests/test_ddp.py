@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, ROOT, shrunk_args
+from conftest import CONFIGS, ROOT, fit_in_subprocess, shrunk_args
 
 from {{ cookiecutter.package_name }}.checkpoints import check_fits, read_checkpoint
 from {{ cookiecutter.package_name }}.data import DigitsDataModule
@@ -24,14 +24,7 @@ def test_ddp_on_two_cpu_processes_reaches_world_size_two(tmp_path: Path) -> None
         "--trainer.devices=2",
         f"--data.init_args.batch_size={batch_size}",
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    fit_in_subprocess(args)
     summary = json.loads(next((tmp_path / "logs").rglob("test_metrics.json")).read_text())
     assert summary["world_size"] == 2
 

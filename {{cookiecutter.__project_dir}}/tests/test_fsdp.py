@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS, ROOT, shrunk_args
+from conftest import CONFIGS, fit_in_subprocess, shrunk_args
 from jsonargparse import ArgumentParser
 from lightning.pytorch.strategies import FSDPStrategy
 
@@ -54,14 +54,7 @@ def test_fsdp_run_on_a_gpu_loads_back_into_one_process(tmp_path: Path) -> None:
         "--trainer.max_epochs=3",
         "--model.init_args.net={{ cookiecutter.package_name }}.nets.CNN",
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    fit_in_subprocess(args, timeout=600)
     (sharded,) = (tmp_path / "logs").rglob("last.ckpt")
     assert sharded.is_dir()  # one shard file per process, plus metadata
 
