@@ -16,7 +16,8 @@ class StopOnNonFinite(L.Callback):
     A NaN at hour six otherwise spreads into every weight, and the next checkpoints (``last.ckpt``
     included) hold a dead model. This raises :class:`NonFiniteError` instead: the optimizer step
     is skipped, nothing more is saved, and the run's latest checkpoint keeps the last good state.
-    The check costs one host-device synchronisation per step. With ``16-mixed`` precision,
+    The check is one fused norm and one host-device synchronisation per step (plus one small
+    all-reduce under DDP or FSDP, so that every process stops at the same step). With ``16-mixed`` precision,
     infinite gradients are expected now and then (the loss scaler skips those steps and lowers
     its scale), so only the loss is checked there. To find where a NaN comes from, rerun with
     ``--config configs/presets/debug.yaml`` (``torch.autograd`` anomaly detection).
@@ -29,22 +30,27 @@ class StopOnNonFinite(L.Callback):
         self._loss = loss.detach()
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
-        check_grads = trainer.precision not in ("16-mixed", "16")
-        grads = [p.grad for p in pl_module.parameters() if p.grad is not None] if check_grads else []
-        finite = torch.isfinite(self._loss).all() if self._loss is not None else torch.tensor(True)
-        if grads:
-            norms = torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads])
-            finite = finite & torch.isfinite(norms).all().to(finite.device)
-        if bool(finite):  # the one synchronisation
+        tensors = [] if self._loss is None else [self._loss]
+        if trainer.precision not in ("16-mixed", "16"):
+            tensors += [p.grad for p in pl_module.parameters() if p.grad is not None]
+        if not tensors:
+            return
+        # One fused norm over the loss and every gradient (torch's foreach kernels): a NaN or inf
+        # anywhere makes it non-finite. Checking each tensor on its own cost 0.3 ms a step (make bench).
+        finite = bool(torch.isfinite(torch.nn.utils.get_total_norm(tensors)))  # the one synchronisation
+        # Every process stops together: a NaN seen by one rank alone would leave the others waiting.
+        if trainer.strategy.reduce_boolean_decision(finite, all=True):
             return
         if self._loss is not None and not torch.isfinite(self._loss).all():
             what = f"loss ({self._loss.item()})"
         else:
-            names = [name for name, p in pl_module.named_parameters() if p.grad is not None]
-            bad = [
-                name for name, p in pl_module.named_parameters() if p.grad is not None and not p.grad.isfinite().all()
-            ]
-            what = f"gradient of {bad[0]}" + (f" (and {len(bad) - 1} more of {len(names)})" if len(bad) > 1 else "")
+            grads = {name: p.grad for name, p in pl_module.named_parameters() if p.grad is not None}
+            names = list(grads)
+            bad = [name for name, grad in grads.items() if not grad.isfinite().all()]
+            if bad:
+                what = f"gradient of {bad[0]}" + (f" (and {len(bad) - 1} more of {len(names)})" if len(bad) > 1 else "")
+            else:
+                what = f"loss or gradient on another process (this is rank {trainer.global_rank})"
         raise NonFiniteError(
             f"Non-finite {what} at global step {trainer.global_step} (epoch {trainer.current_epoch}): "
             "training stopped before the optimizer step; the run's checkpoints hold the last good state. "
