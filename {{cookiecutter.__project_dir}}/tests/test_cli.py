@@ -3,12 +3,14 @@
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import CONFIGS
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
 from {{ cookiecutter.package_name }}.callbacks import PreemptionCheckpoint
-from {{ cookiecutter.package_name }}.cli import main, wandb_is_configured
+from {{ cookiecutter.package_name }}.cli import fall_back_to_fp16_without_bf16, main, wandb_is_configured
 
 PRESETS = sorted(path.stem for path in (CONFIGS / "presets").glob("*.yaml"))
 
@@ -35,6 +37,7 @@ def test_print_config_round_trips(capsys: pytest.CaptureFixture, tmp_path: Path)
 def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> None:
     trainer = main(cli_args, run=False).trainer
     assert isinstance(trainer.progress_bar_callback, RichProgressBar)
+    assert trainer.progress_bar_callback.refresh_rate == 4  # redraws per second (make bench)
     best, last = (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint))
     assert (best.monitor, best.mode, best.save_top_k) == ("val/acc", "max", 1)
     assert (last.monitor, last.filename) == (None, "last")
@@ -112,3 +115,26 @@ def test_wandb_is_offline_unless_configured(monkeypatch: pytest.MonkeyPatch, tmp
     netrc.unlink()
     monkeypatch.setenv("WANDB_MODE", "online")
     assert wandb_is_configured()
+
+
+def test_gpu_preset_turns_on_channels_last() -> None:
+    gpu = yaml.safe_load((CONFIGS / "presets" / "gpu.yaml").read_text())
+    assert gpu["model"]["init_args"]["channels_last"] is True
+    assert gpu["data"]["init_args"]["pin_memory"] is True
+
+
+def test_bf16_falls_back_to_fp16_only_on_a_gpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Tesla V100")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    config = Namespace(accelerator="gpu", precision="bf16-mixed")
+    with pytest.warns(UserWarning, match="Tesla V100 has no bfloat16; using 16-mixed"):
+        fall_back_to_fp16_without_bf16(config)
+    assert config.precision == "16-mixed"
+    on_cpu = Namespace(accelerator="cpu", precision="bf16-mixed")
+    fall_back_to_fp16_without_bf16(on_cpu)
+    assert on_cpu.precision == "bf16-mixed"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    ampere = Namespace(accelerator="gpu", precision="bf16-mixed")
+    fall_back_to_fp16_without_bf16(ampere)
+    assert ampere.precision == "bf16-mixed"

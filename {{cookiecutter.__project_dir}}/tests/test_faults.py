@@ -72,11 +72,11 @@ def test_a_non_finite_gradient_is_named(cli_args: list[str]) -> None:
     class InfGradAt(L.Callback):
         def on_after_backward(self, trainer, pl_module) -> None:
             if trainer.global_step == 3:
-                pl_module.net.layers[1].weight.grad[0, 0] = float("inf")
+                pl_module.net.blocks[1].conv1.weight.grad[0, 0, 0, 0] = float("inf")
 
     cli = main(cli_args, run=False)
     cli.trainer.callbacks.append(InfGradAt())
-    with pytest.raises(NonFiniteError, match=r"Non-finite gradient of net\.layers\.1\.weight at global step 3"):
+    with pytest.raises(NonFiniteError, match=r"Non-finite gradient of net\.blocks\.1\.conv1\.weight at global step 3"):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 
 
@@ -100,13 +100,14 @@ def test_a_broken_checkpoint_is_refused_with_its_name(trained, tmp_path: Path, d
 def test_a_checkpoint_of_another_model_names_the_mismatch(trained) -> None:
     _, last = trained
     checkpoint = checkpoints.read_checkpoint(last)
-    narrower = ImageClassifier(net=MLP(hidden_sizes=(64, 128)))
+    narrower = ImageClassifier(net=CNN(channels=(16, 64)))
     with pytest.raises(
-        CheckpointError, match=r"shape mismatches \(3\): net\.layers\.1\.bias: checkpoint \(256,\) vs model \(64,\)"
+        CheckpointError,
+        match=r"shape mismatches \(\d+\): net\.blocks\.0\.conv1\.weight: checkpoint \(32, 1, 3, 3\) vs model \(16, 1,",
     ):
         checkpoints.check_fits(checkpoint, narrower, last)
-    with pytest.raises(CheckpointError, match=r"missing keys \(\d+\): net\.blocks.*unexpected keys \(6\): net\.layers"):
-        checkpoints.check_fits(checkpoint, ImageClassifier(net=CNN()), last)
+    with pytest.raises(CheckpointError, match=r"missing keys \(6\): net\.layers.*unexpected keys \(\d+\): net\.blocks"):
+        checkpoints.check_fits(checkpoint, ImageClassifier(net=MLP()), last)
 
 
 # Lightning warns that the checkpoint's ModelCheckpoint state came from another run folder.
@@ -115,9 +116,9 @@ def test_the_cli_rebuilds_the_checkpoints_own_model(trained, tmp_path: Path) -> 
     # LightningCLI applies the checkpoint's hyperparameters over the config: another net in the
     # config cannot make `test --ckpt_path` load weights into the wrong model.
     _, last = trained
-    other_net = "--model.init_args.net={{ cookiecutter.package_name }}.nets.CNN"
+    other_net = "--model.init_args.net={{ cookiecutter.package_name }}.nets.MLP"
     cli = main(["test", *shrunk_args(tmp_path), f"--ckpt_path={last}", other_net])
-    assert isinstance(cli.model.net, MLP)
+    assert isinstance(cli.model.net, CNN)
     assert cli.trainer.callback_metrics["test/acc"] > 0.5
 
 

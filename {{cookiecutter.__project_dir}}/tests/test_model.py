@@ -77,7 +77,7 @@ def test_weight_decay_skips_biases_and_norms() -> None:
 
 @pytest.mark.slow
 def test_compile_keeps_checkpoint_keys_of_eager(cli_args: list[str]) -> None:
-    eager_keys = set(ImageClassifier(net=MLP()).state_dict())
+    eager_keys = set(ImageClassifier(net=CNN()).state_dict())
     cli = main(
         [
             "fit",

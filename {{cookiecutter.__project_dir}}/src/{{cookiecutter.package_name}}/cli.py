@@ -6,6 +6,7 @@ hints, configs stack with repeated ``--config``, and an unknown key or a wrong t
 with jsonargparse's message before anything is built or trained.
 """
 
+import importlib
 import json
 import netrc
 import os
@@ -15,9 +16,10 @@ from urllib.parse import urlsplit
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from {{ cookiecutter.package_name }}.checkpoints import check_fits, read_checkpoint
 from {{ cookiecutter.package_name }}.launch import check_world_size, slurm_job_id
@@ -46,6 +48,44 @@ def wandb_is_configured() -> bool:
         return netrc.netrc(path).authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
         return False
+
+
+def drop_progress_bar_if_disabled(trainer_config) -> None:
+    """With ``trainer.enable_progress_bar`` false, remove progress bars from ``trainer.callbacks``.
+
+    The default config lists Lightning's RichProgressBar (to set its refresh rate), and Lightning
+    refuses a progress bar callback together with ``enable_progress_bar=False``: this keeps
+    ``--trainer.enable_progress_bar=false`` working as the one switch.
+    """
+    callbacks = trainer_config.get("callbacks")
+    if trainer_config.get("enable_progress_bar") is not False or not isinstance(callbacks, list):
+        return
+    trainer_config.callbacks = [c for c in callbacks if not _is_progress_bar(getattr(c, "class_path", ""))]
+
+
+def fall_back_to_fp16_without_bf16(trainer_config) -> None:
+    """Turn ``bf16-mixed`` into ``16-mixed`` (with loss scaling) on CUDA GPUs without bfloat16 (before Ampere).
+
+    Checked only when the run would use CUDA (accelerator ``gpu``, ``cuda`` or ``auto`` with a GPU).
+    """
+    accelerator = str(trainer_config.get("accelerator", "auto"))
+    if trainer_config.get("precision") != "bf16-mixed" or accelerator not in ("gpu", "cuda", "auto"):
+        return
+    if torch.cuda.is_available() and not torch.cuda.is_bf16_supported(including_emulation=False):
+        rank_zero_warn(
+            f"trainer.precision=bf16-mixed: {torch.cuda.get_device_name()} has no bfloat16; using 16-mixed "
+            "(float16 with loss scaling) instead. Set trainer.precision to silence this."
+        )
+        trainer_config.precision = "16-mixed"
+
+
+def _is_progress_bar(class_path: str) -> bool:
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, ProgressBar)
 
 
 def choose_run(config, fit: bool = True) -> None:
@@ -176,6 +216,8 @@ class CLI(LightningCLI):
                 # instead of stopping at a login prompt.
                 os.environ["WANDB_MODE"] = "offline"
         if "trainer" in config:
+            drop_progress_bar_if_disabled(config.trainer)
+            fall_back_to_fp16_without_bf16(config.trainer)
             choose_run(config, fit=self.subcommand == "fit")
 
     def after_instantiate_classes(self) -> None:
