@@ -51,8 +51,8 @@ PACKAGE_FILES += ["data/__init__.py", "data/digits.py"]
 PACKAGE_FILES += ["callbacks/__init__.py", "callbacks/finite.py", "callbacks/preemption.py"]
 PACKAGE_FILES += ["callbacks/random_state.py"]
 PACKAGE_FILES += ["models/__init__.py", "models/classifier.py", "nets/__init__.py", "nets/cnn.py", "nets/mlp.py"]
-TEST_FILES = ["conftest.py", "test_cli.py", "test_data.py", "test_ddp.py", "test_faults.py", "test_fsdp.py", "test_gpu.py"]
-TEST_FILES += ["test_launch.py"]
+TEST_FILES = ["conftest.py", "test_cli.py", "test_data.py", "test_ddp.py", "test_faults.py", "test_fsdp.py"]
+TEST_FILES += ["test_gpu.py", "test_launch.py"]
 TEST_FILES += ["test_model.py", "test_nets.py", "test_preemption.py", "test_resume.py", "test_train.py"]
 
 
