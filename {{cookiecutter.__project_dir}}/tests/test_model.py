@@ -92,3 +92,16 @@ def test_compile_keeps_checkpoint_keys_of_eager(cli_args: list[str]) -> None:
     checkpoint = torch.load(Path(cli.trainer.checkpoint_callback.dirpath) / "last.ckpt", weights_only=True)
     assert set(checkpoint["state_dict"]) == eager_keys
     assert not any("_orig_mod" in key for key in checkpoint["state_dict"])
+
+
+def test_channels_last_changes_the_memory_layout_not_the_outputs() -> None:
+    torch.manual_seed(0)
+    standard = ImageClassifier(net=CNN()).eval()
+    nhwc = ImageClassifier(net=CNN(), channels_last=True).eval()
+    nhwc.load_state_dict(standard.state_dict())
+    nhwc.setup("fit")
+    kernel = nhwc.net.blocks[1].conv1.weight  # (64, 32, 3, 3): the two layouts differ
+    assert kernel.is_contiguous(memory_format=torch.channels_last) and not kernel.is_contiguous()
+    images = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(nhwc(images), standard(images))

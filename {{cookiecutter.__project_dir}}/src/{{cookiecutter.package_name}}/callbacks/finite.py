@@ -45,10 +45,9 @@ class StopOnNonFinite(L.Callback):
             what = f"loss ({self._loss.item()})"
         else:
             grads = {name: p.grad for name, p in pl_module.named_parameters() if p.grad is not None}
-            names = list(grads)
             bad = [name for name, grad in grads.items() if not grad.isfinite().all()]
             if bad:
-                what = f"gradient of {bad[0]}" + (f" (and {len(bad) - 1} more of {len(names)})" if len(bad) > 1 else "")
+                what = f"gradient of {bad[0]}" + (f" (and {len(bad) - 1} more of {len(grads)})" if len(bad) > 1 else "")
             else:
                 what = f"loss or gradient on another process (this is rank {trainer.global_rank})"
         raise NonFiniteError(
