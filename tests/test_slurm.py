@@ -138,7 +138,7 @@ def test_sbatch_trains_on_two_tasks_with_world_size_two(cluster: Cluster, projec
 def test_preempted_job_saves_requeues_and_resumes(cluster: Cluster, project: Path, tmp_path: Path) -> None:
     import torch
 
-    epochs = 60  # long enough (600 CNN steps, several seconds) that the signal lands mid-training
+    epochs = 200  # long enough (2,000 CNN steps, tens of seconds) that the signal lands mid-training
     record = tmp_path / "starts.jsonl"
     job_id = submit(cluster, project, f"--trainer.max_epochs={epochs}", record=record)
     run = project / "logs" / SLUG / f"slurm-{job_id}"
