@@ -48,15 +48,10 @@ RESULT = "BENCH_RESULT="  # the line a fresh-process run reports on
 
 
 class StepTimes(L.Callback):
-    """Records ``time.perf_counter()`` at the end of every training step (and once at the first step's start)."""
+    """Records ``time.perf_counter()`` at the end of every training step."""
 
     def __init__(self) -> None:
         self.ends: list[float] = []
-        self.first_start: float | None = None
-
-    def on_train_batch_start(self, trainer: L.Trainer, *args) -> None:
-        if self.first_start is None:
-            self.first_start = time.perf_counter()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
         if pl_module.device.type == "cuda":
@@ -107,7 +102,7 @@ def run_plain(steps: int, extra: list[str]) -> list[float]:
     device = trainer.strategy.root_device
     net = model.net.to(device)
     # The project's own speed switches, so that the two paths do the same work.
-    if hp.get("channels_last"):
+    if hp.channels_last:
         net.to(memory_format=torch.channels_last)
     if hp.compile:
         net.compile(mode=hp.compile_mode)
@@ -130,7 +125,7 @@ def run_plain(steps: int, extra: list[str]) -> list[float]:
         for cpu_images, cpu_labels in train_loader:
             images = cpu_images.to(device, non_blocking=True)
             labels = cpu_labels.to(device, non_blocking=True)
-            if hp.get("channels_last"):
+            if hp.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
             with torch.autocast(device.type, dtype=half, enabled=half is not None):
                 logits = net(images)
