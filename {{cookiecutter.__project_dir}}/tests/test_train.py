@@ -1,5 +1,6 @@
 """A short real training run: accuracy, the run folder and the checkpoint."""
 
+import csv
 import json
 from pathlib import Path
 
@@ -13,8 +14,12 @@ from {{ cookiecutter.package_name }}.models import ImageClassifier
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory):
-    """Fit the default model for 8 epochs on the full data, then test the best checkpoint."""
-    cli = main(["fit", *shrunk_args(tmp_path_factory.mktemp("train")), "--trainer.max_epochs=8"])
+    """Fit the default model for 8 epochs on the full data, then test the best checkpoint.
+
+    Logged every 4 steps, not a divisor of the 10 steps per epoch: see the logging test.
+    """
+    args = shrunk_args(tmp_path_factory.mktemp("train"))
+    cli = main(["fit", *args, "--trainer.max_epochs=8", "--trainer.log_every_n_steps=4"])
     return cli, Path(cli.trainer.checkpoint_callback.dirpath).parent
 
 
@@ -36,6 +41,18 @@ def test_run_folder_holds_config_checkpoints_and_metrics(trained) -> None:
     assert {"config.yaml", "test_metrics.json", "metrics.csv", "hparams.yaml"} <= {p.name for p in run.iterdir()}
     summary = json.loads((run / "test_metrics.json").read_text())
     assert Path(summary["checkpoint"]).name in checkpoints - {"last.ckpt"}
+
+
+@pytest.mark.slow
+def test_train_loss_is_logged_every_log_every_n_steps_across_epochs(trained) -> None:
+    # Lightning writes on every log_every_n_steps-th optimizer step of the fit, whatever the
+    # epoch length (10 steps here, 4 between writes): train/loss must be logged on those steps.
+    cli, run = trained
+    every = cli.trainer.log_every_n_steps
+    with (run / "metrics.csv").open() as file:
+        steps = [int(row["step"]) for row in csv.DictReader(file) if row["train/loss"]]
+    assert steps == list(range(every - 1, cli.trainer.global_step, every))
+    assert len(steps) == 20  # 80 steps
 
 
 @pytest.mark.slow

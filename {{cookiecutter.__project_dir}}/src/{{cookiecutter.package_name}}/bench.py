@@ -139,7 +139,7 @@ def run_plain(steps: int, extra: list[str]) -> list[float]:
             scaler.update()
             scheduler.step()
             step += 1
-            if step % trainer.log_every_n_steps == 0:
+            if trainer.log_every_n_steps and step % trainer.log_every_n_steps == 0:
                 logged.append((loss.item(), scheduler.get_last_lr()[0]))
             if device.type == "cuda":
                 torch.cuda.synchronize()

@@ -118,9 +118,11 @@ class ImageClassifier(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._shared_step(batch, self.train_metrics)
-        # Only on the steps the logger writes (log_every_n_steps): each self.log costs Lightning
-        # about as much as a small model's step (make bench).
-        if (batch_idx + 1) % self.trainer.log_every_n_steps == 0:
+        # Only on the steps the logger writes: each self.log costs Lightning about as much as a small
+        # model's step (make bench). Lightning writes when its count of optimizer steps since the
+        # start of the fit, plus one, is a multiple of log_every_n_steps (0: never).
+        every = self.trainer.log_every_n_steps
+        if every and (self.trainer.global_step + 1) % every == 0:
             self.log("train/loss", loss, prog_bar=True)
         return loss
 
