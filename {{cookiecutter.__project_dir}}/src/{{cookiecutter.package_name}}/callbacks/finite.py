@@ -25,6 +25,12 @@ class StopOnNonFinite(L.Callback):
 
     def __init__(self) -> None:
         self._loss: torch.Tensor | None = None
+        self._params: list[torch.nn.Parameter] = []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Listed once, after the strategy has wrapped the model: walking ``pl_module.parameters()``
+        # every step (metric modules included) cost more than the check itself (make bench).
+        self._params = [p for p in pl_module.parameters() if p.requires_grad]
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         self._loss = loss.detach()
@@ -32,7 +38,7 @@ class StopOnNonFinite(L.Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         tensors = [] if self._loss is None else [self._loss]
         if trainer.precision not in ("16-mixed", "16"):
-            tensors += [p.grad for p in pl_module.parameters() if p.grad is not None]
+            tensors += [p.grad for p in self._params if p.grad is not None]
         if not tensors:
             return
         # One fused norm over the loss and every gradient (torch's foreach kernels): a NaN or inf
