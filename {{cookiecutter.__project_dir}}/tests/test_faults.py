@@ -24,9 +24,9 @@ from {{ cookiecutter.package_name }}.runs import run_dir
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory):
-    """One epoch of the shrunk default run: its CLI and its last.ckpt."""
+    """Two epochs (20 steps) of the shrunk default run: its CLI and its last.ckpt."""
     folder = tmp_path_factory.mktemp("trained")
-    cli = main(["fit", *shrunk_args(folder), "--test_after_fit=false"])
+    cli = main(["fit", *shrunk_args(folder), "--trainer.max_epochs=2", "--test_after_fit=false"])
     return cli, run_dir(cli.trainer) / "checkpoints" / "last.ckpt"
 
 
@@ -55,16 +55,16 @@ def test_a_crash_during_a_save_leaves_the_previous_checkpoint_intact(trained, mo
 def test_a_non_finite_loss_stops_at_that_step_and_keeps_the_last_good_checkpoint(cli_args: list[str]) -> None:
     class NaNBatchAt(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            if trainer.global_step == 25:
+            if trainer.global_step == 15:
                 batch[0].fill_(float("nan"))
 
     cli = main([*cli_args, "--trainer.max_epochs=3"], run=False)
     cli.trainer.callbacks.append(NaNBatchAt())
-    with pytest.raises(NonFiniteError, match=r"Non-finite loss \(nan\) at global step 25 \(epoch 1\)"):
+    with pytest.raises(NonFiniteError, match=r"Non-finite loss \(nan\) at global step 15 \(epoch 1\)"):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert all(torch.isfinite(p).all() for p in cli.model.parameters())  # the step never happened
     last = checkpoints.read_checkpoint(run_dir(cli.trainer) / "checkpoints" / "last.ckpt")
-    assert last["global_step"] == 20  # end of epoch 0: the last good state
+    assert last["global_step"] == 10  # end of epoch 0 (10 steps per epoch): the last good state
     assert all(torch.isfinite(t).all() for t in last["state_dict"].values())
 
 
@@ -165,15 +165,15 @@ def test_sigterm_saves_a_checkpoint_and_make_resume_finishes_the_run(tmp_path: P
     (saved,) = tmp_path.rglob("interrupted-step*.ckpt")
     step = checkpoints.read_checkpoint(saved)["global_step"]
     assert f"SIGTERM received: saved {saved}" in output
-    assert 0 < step < 200 * 20
+    assert 0 < step < 200 * 10  # 10 steps per epoch
 
-    # `make resume`, with the same arguments and only two more epochs to go.
+    # `make resume`, with the same arguments and only two more epochs (20 steps) to go.
     run = subprocess.run(
         [
             "make",
             "resume",
             f"PYTHON={sys.executable}",
-            "ARGS=" + " ".join([*args[1:], f"--trainer.max_steps={step + 40}"]),
+            "ARGS=" + " ".join([*args[1:], f"--trainer.max_steps={step + 20}"]),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -183,7 +183,7 @@ def test_sigterm_saves_a_checkpoint_and_make_resume_finishes_the_run(tmp_path: P
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert f"Resuming run {saved.parent.parent} from {saved}" in run.stdout + run.stderr
     last = checkpoints.read_checkpoint(saved.parent / "last.ckpt")
-    assert last["global_step"] == step + 40
+    assert last["global_step"] == step + 20
     assert len(list(tmp_path.rglob("config.yaml"))) == 1  # one run folder, continued
 
 

@@ -93,7 +93,7 @@ class DigitsDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        batch_size: int = 64,
+        batch_size: int = 128,
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         split_seed: int = 0,

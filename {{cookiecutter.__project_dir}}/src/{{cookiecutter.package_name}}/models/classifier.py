@@ -59,7 +59,7 @@ class ImageClassifier(L.LightningModule):
         self,
         net: nn.Module,
         num_classes: int = 10,
-        lr: float = 3e-3,
+        lr: float = 6e-3,
         weight_decay: float = 0.05,
         warmup_ratio: float = 0.05,
         min_lr_ratio: float = 0.01,
