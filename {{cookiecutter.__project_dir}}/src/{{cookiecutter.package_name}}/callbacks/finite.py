@@ -16,7 +16,7 @@ class StopOnNonFinite(L.Callback):
     A NaN at hour six otherwise spreads into every weight, and the next checkpoints (``last.ckpt``
     included) hold a dead model. This raises :class:`NonFiniteError` instead: the optimizer step
     is skipped, nothing more is saved, and the run's latest checkpoint keeps the last good state.
-    The check is one fused norm and one host-device synchronisation per step (plus one small
+    The check is one total norm and one host-device synchronisation per step (plus one small
     all-reduce under DDP or FSDP, so that every process stops at the same step). With ``16-mixed`` precision,
     infinite gradients are expected now and then (the loss scaler skips those steps and lowers
     its scale), so only the loss is checked there. To find where a NaN comes from, rerun with
@@ -41,8 +41,8 @@ class StopOnNonFinite(L.Callback):
             tensors += [p.grad for p in self._params if p.grad is not None]
         if not tensors:
             return
-        # One fused norm over the loss and every gradient (torch's foreach kernels): a NaN or inf
-        # anywhere makes it non-finite. Checking each tensor on its own cost 0.3 ms a step (make bench).
+        # One total norm over the loss and every gradient (foreach kernels on CUDA): a NaN or inf
+        # anywhere makes it non-finite. A check and a sync per tensor cost 0.3 ms a step (make bench).
         finite = bool(torch.isfinite(torch.nn.utils.get_total_norm(tensors)))  # the one synchronisation
         # Every process stops together: a NaN seen by one rank alone would leave the others waiting.
         if trainer.strategy.reduce_boolean_decision(finite, all=True):
