@@ -9,8 +9,10 @@ from conftest import CONFIGS
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
-from {{ cookiecutter.package_name }}.callbacks import PreemptionCheckpoint
-from {{ cookiecutter.package_name }}.cli import fall_back_to_fp16_without_bf16, main, wandb_is_configured
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.engine.callbacks import PreemptionCheckpoint
+from {{ cookiecutter.package_name }}.engine.config import wandb_is_configured
+from {{ cookiecutter.package_name }}.engine.precision import fall_back_to_fp16_without_bf16
 
 PRESETS = sorted(path.stem for path in (CONFIGS / "presets").glob("*.yaml"))
 
@@ -67,7 +69,7 @@ def test_presets_stack_on_the_default(capsys: pytest.CaptureFixture, preset: str
 
 def test_gpu_preset_uses_the_chosen_precision_and_tf32() -> None:
     gpu = yaml.safe_load((CONFIGS / "presets" / "gpu.yaml").read_text())
-    assert gpu["trainer"]["precision"] == "{{ cookiecutter.precision }}"
+    assert gpu["trainer"]["precision"] == "bf16-mixed"
     assert gpu["float32_matmul_precision"] == "high"
 
 
@@ -76,7 +78,8 @@ def test_gpu_preset_uses_the_chosen_precision_and_tf32() -> None:
     [
         ("--trainer.max_epoch=3", "max_epoch"),
         ("--data.init_args.batch_size=many", "batch_size"),
-        ("--model.init_args.lr=fast", "lr"),
+        ("--model.init_args.optimizer.init_args.lr=fast", "lr"),
+        ("--model.init_args.optimizer=torch.optim.NoSuchOptimizer", "optimizer"),
         ("--float32_matmul_precision=low", "float32_matmul_precision"),
         ("--model.init_args.compile_mode=fastest", "compile_mode"),
     ],

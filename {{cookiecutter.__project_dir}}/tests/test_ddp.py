@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import CONFIGS, ROOT, fit_in_subprocess, shrunk_args
 
-from {{ cookiecutter.package_name }}.checkpoints import check_fits, read_checkpoint
 from {{ cookiecutter.package_name }}.data import DigitsDataModule
+from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, read_checkpoint
 from {{ cookiecutter.package_name }}.models import ImageClassifier
 
 

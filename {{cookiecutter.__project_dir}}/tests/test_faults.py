@@ -13,13 +13,13 @@ import pytest
 import torch
 from conftest import ROOT, shrunk_args
 
-from {{ cookiecutter.package_name }} import checkpoints
-from {{ cookiecutter.package_name }}.callbacks import NonFiniteError
-from {{ cookiecutter.package_name }}.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.engine import checkpoints
+from {{ cookiecutter.package_name }}.engine.callbacks import NonFiniteError
+from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
+from {{ cookiecutter.package_name }}.engine.runs import run_dir
 from {{ cookiecutter.package_name }}.models import ImageClassifier
 from {{ cookiecutter.package_name }}.nets import CNN, MLP
-from {{ cookiecutter.package_name }}.runs import run_dir
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.launch import slurm_job_id
+from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
 
 
 def fake_slurm_task(monkeypatch: pytest.MonkeyPatch, ntasks: int, job_id: str = "4242") -> None:

@@ -1,5 +1,6 @@
 """The LightningModule: a smoke fit, overfitting one batch, the schedule and compile."""
 
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,6 +10,7 @@ import torch
 from conftest import CONFIGS
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.engine import WarmupCosine
 from {{ cookiecutter.package_name }}.models import ImageClassifier
 from {{ cookiecutter.package_name }}.nets import CNN, MLP
 
@@ -42,13 +44,18 @@ def test_overfits_one_batch(cli_args: list[str]) -> None:
 
 
 def _with_steps(model: ImageClassifier, total_steps: int) -> ImageClassifier:
-    # configure_optimizers reads only trainer.estimated_stepping_batches.
-    model.trainer = SimpleNamespace(estimated_stepping_batches=total_steps)
+    # configure_optimizers reads only trainer.estimated_stepping_batches and trainer.precision.
+    model.trainer = SimpleNamespace(estimated_stepping_batches=total_steps, precision="32-true")
     return model
 
 
 def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
-    model = _with_steps(ImageClassifier(net=MLP(hidden_sizes=(8,)), lr=1e-2, warmup_ratio=0.25), total_steps=40)
+    model = ImageClassifier(
+        net=MLP(hidden_sizes=(8,)),
+        optimizer=partial(torch.optim.AdamW, lr=1e-2),
+        lr_scheduler=partial(WarmupCosine, warmup_ratio=0.25, min_lr_ratio=0.01),
+    )
+    model = _with_steps(model, total_steps=40)
     config = model.configure_optimizers()
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
     assert config["lr_scheduler"]["interval"] == "step"
@@ -62,7 +69,7 @@ def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
     assert lrs[warmup] == pytest.approx(1e-2)
     assert all(a < b for a, b in pairwise(lrs[: warmup + 1]))  # rising
     assert all(a > b for a, b in pairwise(lrs[warmup:]))  # falling
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * model.hparams.min_lr_ratio)  # after the last step
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.01)  # after the last step
 
 
 def test_weight_decay_skips_biases_and_norms() -> None:

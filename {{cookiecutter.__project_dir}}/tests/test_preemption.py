@@ -9,10 +9,10 @@ import lightning as L
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.callbacks import PreemptionCheckpoint
-from {{ cookiecutter.package_name }}.callbacks.preemption import Preempted
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.runs import latest_checkpoint, run_dir
+from {{ cookiecutter.package_name }}.engine.callbacks import PreemptionCheckpoint
+from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
+from {{ cookiecutter.package_name }}.engine.runs import latest_checkpoint, run_dir
 
 
 class SignalAtStep(L.Callback):

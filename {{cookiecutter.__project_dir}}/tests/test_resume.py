@@ -8,9 +8,9 @@ import torch
 from conftest import shrunk_args
 from test_preemption import SignalAtStep
 
-from {{ cookiecutter.package_name }}.callbacks.preemption import Preempted
 from {{ cookiecutter.package_name }}.cli import CLI, main
-from {{ cookiecutter.package_name }}.runs import run_dir
+from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
+from {{ cookiecutter.package_name }}.engine.runs import run_dir
 
 # Three epochs of 10 steps, deterministic algorithms; the test after fit is not part of the comparison.
 EXACT = ["--trainer.max_epochs=3", "--trainer.deterministic=true", "--test_after_fit=false"]

@@ -4,25 +4,28 @@ Both paths train the default model on the default data for ``--steps`` optimizer
 
 - **project**: the LightningModule, DataModule, callbacks, logger and progress bar exactly as
   ``make train`` configures them (``configs/default.yaml`` through the project's CLI);
-- **plain**: a hand-written loop over the same net (same initial weights), the same loader (same
-  batches in the same order), AdamW with the same parameter groups, the same warm-up + cosine
-  schedule, gradient clipping, the same torchmetrics updated every step and computed every
-  epoch, validation every epoch, and the loss and learning rate read every
-  ``log_every_n_steps`` steps.
+- **plain**: a hand-written loop around the same task module without the Trainer: the task's own
+  ``shared_step`` (forward, loss, metric updates), ``setup`` (compile, channels-last) and
+  ``build_optimizer`` (the configured optimizer and schedule), the same loader (same batches in
+  the same order), gradient clipping, metrics computed every epoch, validation every epoch, and
+  the loss and learning rate read every ``log_every_n_steps`` steps. Only the loop is its own.
 
 Each run is a fresh process, as ``make train`` is, and the two paths alternate ``--repeats``
 times. A step's time is the interval between the ends of consecutive steps, so it covers data,
 forward, backward, optimizer, hooks, logging and the progress bar; a run's median drops the
 once-per-epoch validation and checkpoint intervals. ``overhead_ratio`` is the median, over the
 pairs of runs, of project / plain: a pair runs back to back, so a slow spell of the machine
-weighs on both sides of its ratio. It is the last line printed.
+weighs on both sides of its ratio. It is the last line printed; the line before it gives the
+spread of the pair ratios (min, median, max), and says so when the spread is wider than the
+overhead being measured (then add ``--repeats``).
 
 On a CUDA GPU both paths wait for the device at the end of every step (the times are the
 steps' own, not their launches'), and the report adds training samples/s through the project's
 path for float32, the gpu preset (configs/presets/gpu.yaml) and the gpu preset compiled
 (``--no-gpu`` skips them).
 
-Usage: ``python -m {{ cookiecutter.package_name }}.bench [--steps N] [--repeats R] [CLI arguments ...]``
+Usage: ``python -m {{ cookiecutter.package_name }}.bench [--config FILE] [--steps N] [--repeats R] [CLI arguments ...]``
+(``make bench`` passes the Makefile's ``CONFIG``; the config path is relative to the working folder.)
 """
 
 import argparse
@@ -38,12 +41,11 @@ from pathlib import Path
 
 import lightning as L
 import torch
-import torch.nn.functional as F
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.models.classifier import adamw_warmup_cosine
+from {{ cookiecutter.package_name }}.engine.precision import fused_optimizer_allowed
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 RESULT = "BENCH_RESULT="  # the line a fresh-process run reports on
 
 
@@ -67,9 +69,9 @@ class FirstStepTime(L.Callback):
         raise SystemExit(0)
 
 
-def project_args(folder: Path, steps: int, extra: list[str]) -> list[str]:
+def project_args(config: Path, folder: Path, steps: int, extra: list[str]) -> list[str]:
     return [
-        f"--config={CONFIG}",
+        f"--config={config}",
         f"--trainer.max_steps={steps}",
         "--trainer.max_epochs=-1",
         "--test_after_fit=false",
@@ -79,10 +81,10 @@ def project_args(folder: Path, steps: int, extra: list[str]) -> list[str]:
     ]
 
 
-def run_project(steps: int, extra: list[str]) -> tuple[list[float], int]:
+def run_project(config: Path, steps: int, extra: list[str]) -> tuple[list[float], int]:
     """Step intervals (s) of ``fit`` through the project's CLI, as ``make train`` runs it, and the batch size."""
     with tempfile.TemporaryDirectory() as folder:
-        cli = main(project_args(Path(folder), steps, extra), run=False)
+        cli = main(project_args(config, Path(folder), steps, extra), run=False)
         timer = StepTimes()
         cli.trainer.callbacks.append(timer)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -91,56 +93,45 @@ def run_project(steps: int, extra: list[str]) -> tuple[list[float], int]:
     return [b - a for a, b in pairwise(timer.ends)], cli.datamodule.hparams.batch_size
 
 
-def run_plain(steps: int, extra: list[str]) -> list[float]:
+def run_plain(config: Path, steps: int, extra: list[str]) -> list[float]:
     """Step intervals (s) of a plain PyTorch loop doing the project's work (see the module docstring)."""
     with tempfile.TemporaryDirectory() as folder:
-        cli = main([*project_args(Path(folder), steps, extra), "--trainer.logger=false"], run=False)
+        cli = main([*project_args(config, Path(folder), steps, extra), "--trainer.logger=false"], run=False)
     model, data, trainer = cli.model, cli.datamodule, cli.trainer
-    hp = model.hparams
     data.setup("fit")
     train_loader, val_loader = data.train_dataloader(), data.val_dataloader()
     device = trainer.strategy.root_device
-    net = model.net.to(device)
-    # The project's own speed switches, so that the two paths do the same work.
-    if hp.channels_last:
-        net.to(memory_format=torch.channels_last)
-    if hp.compile:
-        net.compile(mode=hp.compile_mode)
+    model.to(device)
+    model.setup("fit")  # the task's own speed switches: channels-last, compile
     precision = str(trainer.precision)
     half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
-    params = [p for p in net.parameters() if p.requires_grad]
-    fused = device.type == "cuda" and half is None  # as configure_optimizers chooses
-    optimizer, scheduler = adamw_warmup_cosine(
-        params, hp.lr, hp.weight_decay, hp.warmup_ratio, hp.min_lr_ratio, steps, fused=fused
-    )
-    train_metrics, val_metrics = model.train_metrics.to(device), model.val_metrics.to(device)
+    fused = fused_optimizer_allowed(model, precision)
+    optimizer, scheduler = model.build_optimizer(steps, fused=fused)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    train_metrics, val_metrics = model.train_metrics, model.val_metrics
     logged: list[tuple[float, float]] = []
     ends: list[float] = []
     step, epoch = 0, 0
     while step < steps:
-        net.train()
+        model.train()
         if hasattr(train_loader.sampler, "set_epoch"):
             train_loader.sampler.set_epoch(epoch)
-        for cpu_images, cpu_labels in train_loader:
-            images = cpu_images.to(device, non_blocking=True)
-            labels = cpu_labels.to(device, non_blocking=True)
-            if hp.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
+        for batch in train_loader:
+            batch = move_data_to_device(batch, device)
             with torch.autocast(device.type, dtype=half, enabled=half is not None):
-                logits = net(images)
-                loss = F.cross_entropy(logits, labels, label_smoothing=hp.label_smoothing)
-            train_metrics.update(logits.detach(), labels)
+                loss = model.shared_step(batch, train_metrics)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(params, trainer.gradient_clip_val)
             scaler.step(optimizer)
             scaler.update()
-            scheduler.step()
+            if scheduler is not None:
+                scheduler.step()
             step += 1
             if trainer.log_every_n_steps and step % trainer.log_every_n_steps == 0:
-                logged.append((loss.item(), scheduler.get_last_lr()[0]))
+                logged.append((loss.item(), optimizer.param_groups[0]["lr"]))
             if device.type == "cuda":
                 torch.cuda.synchronize()
             ends.append(time.perf_counter())
@@ -148,20 +139,20 @@ def run_plain(steps: int, extra: list[str]) -> list[float]:
                 break
         train_metrics.compute()
         train_metrics.reset()
-        net.eval()
+        model.eval()
         with torch.no_grad(), torch.autocast(device.type, dtype=half, enabled=half is not None):
-            for images, labels in val_loader:
-                val_metrics.update(net(images.to(device)), labels.to(device))
+            for batch in val_loader:
+                model.shared_step(move_data_to_device(batch, device), val_metrics)
         val_metrics.compute()
         val_metrics.reset()
         epoch += 1
     return [b - a for a, b in pairwise(ends)]
 
 
-def first_step_seconds(extra: list[str]) -> float:
+def first_step_seconds(config: Path, extra: list[str]) -> float:
     """Seconds from starting ``python -m <package> fit`` (what ``make train`` runs) to its first training step."""
     with tempfile.TemporaryDirectory() as folder:
-        command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *project_args(Path(folder), 10, extra)]
+        command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *project_args(config, Path(folder), 10, extra)]
         command.append("--trainer.callbacks+={{ cookiecutter.package_name }}.bench.FirstStepTime")
         # Its own wandb service: one inherited from this process would print into this terminal.
         env = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}
@@ -173,7 +164,7 @@ def first_step_seconds(extra: list[str]) -> float:
     return float(lines[-1].split("=")[1])
 
 
-def run_in_fresh_process(path: str, steps: int, extra: list[str]) -> dict[str, float]:
+def run_in_fresh_process(config: Path, path: str, steps: int, extra: list[str]) -> dict[str, float]:
     """Run ``path`` ("project" or "plain") for ``steps`` steps in a new Python process.
 
     Returns its median step time (ms) and batch size.
@@ -181,7 +172,15 @@ def run_in_fresh_process(path: str, steps: int, extra: list[str]) -> dict[str, f
     Raises:
         RuntimeError: the run failed; the message ends with its output.
     """
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.bench", f"--worker={path}", f"--steps={steps}", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "{{ cookiecutter.package_name }}.bench",
+        f"--worker={path}",
+        f"--config={config}",
+        f"--steps={steps}",
+        *extra,
+    ]
     # Its own wandb service: one inherited from this process would print into this terminal.
     env = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -191,22 +190,22 @@ def run_in_fresh_process(path: str, steps: int, extra: list[str]) -> dict[str, f
     return json.loads(lines[-1].removeprefix(RESULT))
 
 
-def worker(path: str, steps: int, extra: list[str]) -> None:
+def worker(config: Path, path: str, steps: int, extra: list[str]) -> None:
     """The body of one fresh-process run: prints ``RESULT`` and the run's figures as JSON."""
     if path == "project":
-        intervals, batch_size = run_project(steps, extra)
+        intervals, batch_size = run_project(config, steps, extra)
     else:
-        intervals, batch_size = run_plain(steps, extra), 0
+        intervals, batch_size = run_plain(config, steps, extra), 0
     print(RESULT + json.dumps({"step_ms": 1000 * statistics.median(intervals), "batch_size": batch_size}), flush=True)
 
 
-def gpu_throughput(steps: int, extra: list[str]) -> dict[str, float]:
+def gpu_throughput(config: Path, steps: int, extra: list[str]) -> dict[str, float]:
     """Training samples/s of the project's path on CUDA: float32 vs the gpu preset, eager vs compiled.
 
     Each variant runs ``steps`` steps in a fresh process; samples/s is the batch size over the
     median step time, which leaves out the first steps' cuDNN autotuning and compilation.
     """
-    preset = f"--config={CONFIG.parent / 'presets' / 'gpu.yaml'}"
+    preset = f"--config={config.parent / 'presets' / 'gpu.yaml'}"
     variants = {
         "fp32_eager": ["--trainer.accelerator=gpu", "--trainer.precision=32-true"],
         "gpu_preset_eager": [preset],
@@ -214,7 +213,7 @@ def gpu_throughput(steps: int, extra: list[str]) -> dict[str, float]:
     }
     result = {}
     for name, args in variants.items():
-        run = run_in_fresh_process("project", steps, [*args, *extra])
+        run = run_in_fresh_process(config, "project", steps, [*args, *extra])
         result[f"{name}_samples_per_s"] = run["batch_size"] / (run["step_ms"] / 1000)
     fp32 = result["fp32_eager_samples_per_s"]
     result["gpu_preset_speedup"] = result["gpu_preset_eager_samples_per_s"] / fp32
@@ -224,19 +223,30 @@ def gpu_throughput(steps: int, extra: list[str]) -> dict[str, float]:
 
 def main_bench(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=Path("configs/default.yaml"), help="the run's config")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each path, alternating (default 5)")
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU throughput report")
     parser.add_argument("--worker", choices=["project", "plain"], help=argparse.SUPPRESS)
     args, extra = parser.parse_known_args(argv)
+    if not args.config.is_file():
+        parser.error(f"--config {args.config}: no such file; run from the project folder or pass --config")
+    config = args.config.resolve()
     os.environ.setdefault("WANDB_MODE", "offline")
     if args.worker:
-        worker(args.worker, args.steps, extra)
+        worker(config, args.worker, args.steps, extra)
         return {}
     project, plain = [], []
-    for _ in range(args.repeats):
-        project.append(run_in_fresh_process("project", args.steps, extra)["step_ms"])
-        plain.append(run_in_fresh_process("plain", args.steps, extra)["step_ms"])
+    for repeat in range(1, args.repeats + 1):
+        project.append(run_in_fresh_process(config, "project", args.steps, extra)["step_ms"])
+        plain.append(run_in_fresh_process(config, "plain", args.steps, extra)["step_ms"])
+        # On stderr: progress for a person, while stdout stays the JSON report.
+        print(
+            f"pair {repeat}/{args.repeats}: project {project[-1]:.2f} ms/step, plain {plain[-1]:.2f} ms/step, "
+            f"ratio {project[-1] / plain[-1]:.3f}",
+            file=sys.stderr,
+            flush=True,
+        )
     result = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "steps": args.steps,
@@ -245,12 +255,25 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         "plain_step_ms": statistics.median(plain),
         "project_step_ms_per_run": [round(ms, 3) for ms in project],
         "plain_step_ms_per_run": [round(ms, 3) for ms in plain],
-        "first_step_s": first_step_seconds(extra),
+        "first_step_s": first_step_seconds(config, extra),
     }
     if torch.cuda.is_available() and not args.no_gpu:
-        result.update(gpu_throughput(args.steps, extra))
-    result["overhead_ratio"] = statistics.median(a / b for a, b in zip(project, plain, strict=True))
+        result.update(gpu_throughput(config, args.steps, extra))
+    ratios = sorted(a / b for a, b in zip(project, plain, strict=True))
+    result["pair_ratios"] = [round(ratio, 3) for ratio in ratios]
+    result["overhead_ratio"] = statistics.median(ratios)
     print(json.dumps(result, indent=2), flush=True)
+    spread = ratios[-1] - ratios[0]
+    print(
+        f"pair ratios: min {ratios[0]:.3f}, median {result['overhead_ratio']:.3f}, max {ratios[-1]:.3f}"
+        + (
+            f" (spread {spread:.3f} is wider than the overhead {result['overhead_ratio'] - 1:+.3f}: "
+            "machine noise; add --repeats)"
+            if spread > abs(result["overhead_ratio"] - 1)
+            else ""
+        ),
+        flush=True,
+    )
     print(f"overhead_ratio={result['overhead_ratio']:.3f}", flush=True)
     return result
 

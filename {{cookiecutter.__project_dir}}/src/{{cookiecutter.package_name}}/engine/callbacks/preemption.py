@@ -22,8 +22,8 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from {{ cookiecutter.package_name }}.launch import slurm_job_id
-from {{ cookiecutter.package_name }}.runs import run_dir
+from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
+from {{ cookiecutter.package_name }}.engine.runs import run_dir
 
 
 class Preempted(SystemExit):

@@ -1,0 +1,16 @@
+"""The reusable training core: every guarantee a task keeps when its data, model or net is replaced.
+
+- :class:`TrainingModule` (``module.py``): optimizer and schedule from the config, compile,
+  channels-last, precision rules, cheap logging. Task LightningModules inherit it.
+- :class:`ResumableDataModule` (``data.py``): loaders that resume exactly mid-epoch for any
+  map-style data set. Task LightningDataModules inherit it.
+- ``runs.py`` (run folders, resume, test after fit), ``checkpoints.py`` (atomic writes, clear load
+  errors), ``launch.py`` (srun/torchrun checks), ``precision.py``, ``optim.py``, ``config.py``
+  (fix-ups before anything is built) and ``callbacks/`` (pre-emption, RNG state, NaN stop).
+"""
+
+from .data import ResumableDataModule
+from .module import TrainingModule
+from .optim import WarmupCosine
+
+__all__ = ["ResumableDataModule", "TrainingModule", "WarmupCosine"]

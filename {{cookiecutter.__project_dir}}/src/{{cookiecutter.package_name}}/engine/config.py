@@ -1,0 +1,80 @@
+"""Fix-ups of a parsed config, applied before anything is built: loggers, progress bar, precision, the run folder.
+
+The CLI calls :func:`prepare` between parsing and instantiation, so everything here acts on plain
+config values and a bad value fails before any model, data or process group exists.
+"""
+
+import importlib
+import netrc
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import torch
+from lightning.pytorch.callbacks import ProgressBar
+
+from {{ cookiecutter.package_name }}.engine.precision import fall_back_to_fp16_without_bf16
+from {{ cookiecutter.package_name }}.engine.runs import choose_run
+
+
+def prepare(config, subcommand: str | None) -> None:
+    """Apply every fix-up to the parsed config of ``subcommand`` (fit, validate, test, predict or None)."""
+    if config.get("float32_matmul_precision"):
+        torch.set_float32_matmul_precision(config["float32_matmul_precision"])
+    if "trainer" not in config:
+        return
+    prepare_loggers(config.trainer)
+    drop_progress_bar_if_disabled(config.trainer)
+    fall_back_to_fp16_without_bf16(config.trainer)
+    choose_run(config, fit=subcommand == "fit")
+
+
+def wandb_is_configured() -> bool:
+    """True when the user chose a wandb mode or has credentials (WANDB_MODE, WANDB_API_KEY, netrc).
+
+    Reads the same places as ``wandb login`` without importing wandb (slow to import).
+    """
+    if os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).netloc
+    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    try:
+        return netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def prepare_loggers(trainer_config) -> None:
+    """Create the loggers' save folders, and make wandb log offline when it has no credentials."""
+    loggers = trainer_config.get("logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        save_dir = getattr(getattr(logger, "init_args", None), "save_dir", None)
+        if save_dir:
+            # wandb looks for a git repository from its save folder, and warns if it is missing.
+            Path(save_dir).mkdir(parents=True, exist_ok=True)
+        if "WandbLogger" in str(getattr(logger, "class_path", "")) and not wandb_is_configured():
+            # No credentials and no chosen mode: log offline (sync later with `wandb sync`)
+            # instead of stopping at a login prompt.
+            os.environ["WANDB_MODE"] = "offline"
+
+
+def drop_progress_bar_if_disabled(trainer_config) -> None:
+    """With ``trainer.enable_progress_bar`` false, remove progress bars from ``trainer.callbacks``.
+
+    The default config lists Lightning's RichProgressBar (to set its refresh rate), and Lightning
+    refuses a progress bar callback together with ``enable_progress_bar=False``: this keeps
+    ``--trainer.enable_progress_bar=false`` working as the one switch.
+    """
+    callbacks = trainer_config.get("callbacks")
+    if trainer_config.get("enable_progress_bar") is not False or not isinstance(callbacks, list):
+        return
+    trainer_config.callbacks = [c for c in callbacks if not _is_progress_bar(getattr(c, "class_path", ""))]
+
+
+def _is_progress_bar(class_path: str) -> bool:
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, ProgressBar)

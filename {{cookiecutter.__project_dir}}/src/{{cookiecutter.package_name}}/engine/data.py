@@ -1,0 +1,217 @@
+"""``ResumableDataModule``: loaders for any map-style data set that resume exactly, mid-epoch or at an epoch boundary.
+
+A DataModule that inherits it only makes its data sets in ``setup`` (``self.train_set``,
+``self.val_set``, ``self.test_set``, and optionally ``self.predict_set``: anything with
+``__len__`` and ``__getitem__``); the base serves them:
+
+- training batches in a random order that is a function of ``(seed, epoch)`` only, and a
+  checkpoint records how many batches of the current epoch were trained on, so a resumed run sees
+  exactly the batches an uninterrupted run would (``tests/test_resume.py``);
+- test and predict batches in which, under DDP, every sample is seen once (no padding repeats);
+- loaders with their own random generator, so iterating never draws from the global RNG that the
+  model's dropout uses (and that ``RandomStateCheckpoint`` restores).
+
+The order is a pure function of (seed, epoch, batches done), the same for any number of workers,
+so there is no iterator state to save: about 40 lines, no dependency. torchdata's
+``StatefulDataLoader`` (which saves the sampler's and workers' positions instead) is the
+well-kept alternative for iterable or streaming data, where no such function exists.
+"""
+
+from collections.abc import Iterator
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from sklearn.model_selection import train_test_split
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+def check_fractions(val_fraction: float, test_fraction: float) -> None:
+    """Refuse split fractions that are outside (0, 1) or leave no training data.
+
+    Raises:
+        ValueError: names ``data.val_fraction`` / ``data.test_fraction`` and the value.
+    """
+    for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if not 0.0 < value < 1.0:
+            raise ValueError(f"data.{name} must be between 0 and 1 (exclusive), got {value}")
+    if val_fraction + test_fraction >= 1.0:
+        raise ValueError(
+            f"data.val_fraction + data.test_fraction must be below 1 to leave training data, "
+            f"got {val_fraction} + {test_fraction}"
+        )
+
+
+def split_indices(
+    labels: np.ndarray | None, size: int, val_fraction: float, test_fraction: float, seed: int
+) -> dict[str, np.ndarray]:
+    """Seeded train/val/test row indices of ``size`` samples, stratified by ``labels`` when given.
+
+    Two cuts (scikit-learn's ``train_test_split``): first the test set, then validation out of the
+    rest, so with ``labels`` every split keeps the class proportions of the whole set. The split
+    depends on ``seed`` alone, never on the training seed, so test samples stay test samples.
+    Pass ``labels=None`` for a regression target (a plain random split).
+    """
+    indices = np.arange(size)
+    rest, test = train_test_split(indices, test_size=test_fraction, stratify=labels, random_state=seed)
+    train, val = train_test_split(
+        rest,
+        test_size=val_fraction / (1.0 - test_fraction),
+        stratify=None if labels is None else labels[rest],
+        random_state=seed,
+    )
+    return {"train": train, "val": val, "test": test}
+
+
+class EpochShuffle(Sampler[int]):
+    """A random order of ``range(size)`` that depends on ``(seed, epoch)`` only, like DistributedSampler's.
+
+    Lightning calls ``set_epoch`` before each epoch. A resumed run, though, makes the iterator of
+    the epoch it resumes in before that call, and Lightning then runs only that epoch's remaining
+    batches: so the DataModule passes the epoch to resume in and ``skip``, the samples of that
+    epoch already trained on (dropped from the first iterator only).
+    """
+
+    def __init__(self, size: int, seed: int = 0, epoch: int = 0, skip: int = 0) -> None:
+        self.size, self.seed, self.epoch, self.skip = size, seed, epoch, skip
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        skip, self.skip = self.skip, 0
+        return iter(order[skip:])
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader that tells Lightning it can resume mid-epoch: its position lives in the sampler.
+
+    (Lightning warns before resuming mid-epoch with a loader lacking ``state_dict``.)
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+
+class ResumableDataModule(L.LightningDataModule):
+    """Base LightningDataModule: exact-resume training loader, every-sample-once test loader, loader settings.
+
+    Subclasses call ``super().__init__(batch_size, num_workers, pin_memory, persistent_workers)``,
+    create ``train_set``/``val_set``/``test_set`` in ``setup`` and, to save more state (say,
+    normalisation statistics), extend :meth:`state_dict` and :meth:`load_state_dict` with ``super()``.
+
+    Args:
+        batch_size: samples per batch on each device (under DDP the global batch is
+            ``batch_size * world_size``).
+        num_workers: DataLoader worker processes (0: load in the main process).
+        pin_memory: page-lock batches for faster, asynchronous host-to-GPU copies (GPU only).
+        persistent_workers: keep workers alive between epochs (ignored when ``num_workers`` is 0).
+
+    Raises:
+        ValueError: ``batch_size`` below 1 or ``num_workers`` below 0; from :meth:`check_batch_size`,
+            a batch larger than the training split.
+    """
+
+    def __init__(
+        self, batch_size: int = 64, num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"data.batch_size must be at least 1, got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"data.num_workers must be 0 or more, got {num_workers}")
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.pin_memory, self.persistent_workers = pin_memory, persistent_workers
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+        self.predict_set: Dataset | None = None
+        self._resume_at = (0, 0)  # (epoch, batches of it done), from a checkpoint
+
+    def check_batch_size(self) -> None:
+        """Call at the end of ``setup``: a batch larger than the training split is refused.
+
+        Raises:
+            ValueError: names ``data.batch_size`` and the largest value that works.
+        """
+        size = len(self.train_set) if self.train_set is not None else None
+        if size is not None and self.batch_size > size:
+            raise ValueError(
+                f"data.batch_size={self.batch_size} is larger than the training split ({size} samples): "
+                f"every epoch would be one short batch. Use at most {size}."
+            )
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader(self.train_set, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader(self.val_set)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader(self.test_set, every_sample_once=True)
+
+    def predict_dataloader(self) -> DataLoader:
+        data = self.predict_set if self.predict_set is not None else self.test_set
+        return self.loader(data, every_sample_once=True)
+
+    def loader(self, dataset: Dataset | None, shuffle: bool = False, every_sample_once: bool = False) -> DataLoader:
+        """A DataLoader over ``dataset`` with this module's settings (see the class docstring).
+
+        Raises:
+            RuntimeError: ``dataset`` is None (``setup`` has not made it).
+        """
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a DataLoader")
+        sampler = None
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        if every_sample_once and world_size > 1:
+            # Lightning's default DistributedSampler pads the last batches with repeated samples so
+            # every process gets as many; test metrics would count those twice. This sampler gives
+            # each process a disjoint share instead (sizes may differ by one sample).
+            sampler = UnrepeatedDistributedSampler(
+                dataset, num_replicas=world_size, rank=self.trainer.global_rank, shuffle=False
+            )
+        if shuffle and world_size == 1:
+            # Under DDP Lightning shuffles with a DistributedSampler, whose order is also a
+            # function of (seed, epoch) alone.
+            epoch, batches_done = self._resume_at
+            sampler = EpochShuffle(len(dataset), torch.initial_seed(), epoch, skip=batches_done * self.batch_size)
+            shuffle = False
+        return ResumableDataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            # A generator of its own: creating an iterator then never draws from the global RNG,
+            # which is left to the model (dropout) and restored on resume.
+            generator=torch.Generator().manual_seed(torch.initial_seed()),
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers and self.num_workers > 0,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where a resumed run's training data starts: the epoch and the batches of it already trained on."""
+        epoch = batches = 0
+        if self.trainer is not None:
+            loop = self.trainer.fit_loop
+            # The epoch of the iterator a resume builds first (epochs the fit loop has finished),
+            # and the batches of it already trained on (none once that epoch has ended).
+            epoch = loop.epoch_progress.current.processed
+            batches = loop.epoch_loop.batch_progress.current.ready
+            if batches >= self.trainer.num_training_batches:
+                batches = 0
+        return {"epoch": epoch, "batches_done": batches}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resume_at = (state_dict.get("epoch", 0), state_dict.get("batches_done", 0))

@@ -1,0 +1,237 @@
+"""Run folders and the run policy: where one run's config, checkpoints and metrics live, how a run is found again.
+
+A run folder is ``<save_dir>/<name>/<version>`` of the first logger, the folder Lightning's
+ModelCheckpoint writes ``checkpoints/`` into. Its version is the logger's run id (the wandb id,
+or ``version_<n>``), so the folder and the logger run are found from each other.
+"""
+
+import json
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_info
+
+from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
+
+
+def run_dir(trainer: L.Trainer) -> Path:
+    """The folder of this run: ``<save_dir>/<name>/<version>`` of the first logger.
+
+    It is the folder in which ModelCheckpoint puts ``checkpoints/`` by default (same rule as
+    Lightning's ``ModelCheckpoint``), for every logger, wandb included. Without a logger it is
+    ``trainer.default_root_dir``. Call it on global rank zero only: asking a logger for its
+    version may start its run.
+    """
+    if not trainer.loggers:
+        return Path(trainer.default_root_dir)
+    logger = trainer.loggers[0]
+    if logger.version is None:
+        logger.experiment  # noqa: B018 - wandb knows its run id only once the run has started
+    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version)
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The newest resumable checkpoint of a run folder, or None.
+
+    Candidates are ``checkpoints/last.ckpt`` (rewritten after every epoch) and the
+    ``checkpoints/interrupted-step<N>.ckpt`` that ``callbacks.PreemptionCheckpoint`` saves on a
+    signal. The newest file wins, so a job pre-empted twice resumes from its latest state, not from its first
+    pre-emption. A sharded (FSDP) checkpoint is a folder and counts too.
+    """
+    candidates = [folder / "checkpoints" / "last.ckpt", *folder.glob("checkpoints/interrupted-step*.ckpt")]
+    existing = [path for path in candidates if path.exists()]
+    return max(existing, key=lambda path: path.stat().st_mtime) if existing else None
+
+
+def _first_logger(trainer_config):
+    loggers = trainer_config.get("logger")
+    logger = loggers[0] if isinstance(loggers, list) and loggers else loggers
+    return logger if getattr(logger, "init_args", None) is not None else None
+
+
+def experiment_dir(trainer_config) -> Path:
+    """``<save_dir>/<name>`` of a parsed trainer config's first logger: the folder holding its runs.
+
+    Follows the rule of :func:`run_dir` (wandb names the folder after the project); without a
+    logger it is ``default_root_dir``.
+    """
+    root = trainer_config.get("default_root_dir") or "."
+    logger = _first_logger(trainer_config)
+    if logger is None:
+        return Path(root)
+    init = logger.init_args
+    name = init.get("project") if "WandbLogger" in logger.class_path else init.get("name", "lightning_logs")
+    return Path(init.get("save_dir") or root, name or "")
+
+
+def set_run_version(trainer_config, version: str) -> None:
+    """Make a parsed trainer config log into run ``version`` (for wandb: continue that run id)."""
+    logger = _first_logger(trainer_config)
+    if logger is not None:
+        logger.init_args.version = version
+
+
+def run_version(trainer_config) -> str | None:
+    """The run version a parsed trainer config asks for (for wandb, ``version`` or ``id``), or None."""
+    logger = _first_logger(trainer_config)
+    if logger is None:
+        return None
+    return logger.init_args.get("version") or logger.init_args.get("id")
+
+
+def latest_run(trainer_config) -> Path | None:
+    """The run folder of this experiment whose newest checkpoint is the newest, or None."""
+    folder = experiment_dir(trainer_config)
+    runs = [(checkpoint, run) for run in folder.glob("*/") if (checkpoint := latest_checkpoint(run)) is not None]
+    return max(runs, key=lambda pair: pair[0].stat().st_mtime)[1] if runs else None
+
+
+def run_of_checkpoint(trainer_config, ckpt_path: str) -> Path | None:
+    """The run folder of this experiment that holds ``ckpt_path`` (``<run>/checkpoints/...``), or None."""
+    path = Path(ckpt_path).resolve()
+    folder = experiment_dir(trainer_config).resolve()
+    if path.parent.name == "checkpoints" and path.parent.parent.parent == folder:
+        return path.parent.parent
+    return None
+
+
+def name_run_after_slurm_job(trainer_config, job_id: str) -> None:
+    """Give the run of a SLURM job a fixed name, ``slurm-<job id>``, in a parsed trainer config.
+
+    A requeued job (pre-emption, node failure) keeps its id, so it continues in the same run
+    folder and the same logger run (the wandb id is the version). ``default_root_dir`` becomes that
+    run folder, so anything Lightning writes there stays with the job. A version set by the user
+    is kept.
+    """
+    if _first_logger(trainer_config) is None:
+        trainer_config.default_root_dir = str(Path(trainer_config.get("default_root_dir") or ".", f"slurm-{job_id}"))
+        return
+    if run_version(trainer_config) is None:
+        set_run_version(trainer_config, f"slurm-{job_id}")
+    trainer_config.default_root_dir = str(experiment_dir(trainer_config) / str(run_version(trainer_config)))
+
+
+# ---- the run policy: which folder a run logs into, what it resumes, what it leaves behind ----------
+
+
+def choose_run(config, fit: bool = True) -> None:
+    """Decide, in a parsed config, which run folder to log into and (for fit) which checkpoint to resume.
+
+    - Under SLURM the run is ``slurm-<job id>``; a requeued job's fit resumes from that run's
+      newest checkpoint.
+    - ``--resume=true`` continues the latest run of the experiment from its newest checkpoint.
+    - ``--ckpt_path`` inside a run folder of the experiment continues in that folder.
+    - Otherwise the logger starts a new run.
+
+    Raises:
+        ValueError: ``--resume`` and nothing to resume.
+    """
+    trainer = config.trainer
+    if job_id := slurm_job_id():
+        name_run_after_slurm_job(trainer, job_id)
+        run = Path(trainer.default_root_dir)
+    elif fit and config.get("resume"):
+        run = _run_to_resume(trainer)
+        set_run_version(trainer, run.name)
+    else:
+        explicit = fit and config.get("ckpt_path") and run_version(trainer) is None
+        if explicit and (run := run_of_checkpoint(trainer, config.ckpt_path)) is not None:
+            set_run_version(trainer, run.name)
+        return
+    if fit and config.get("ckpt_path") is None and (checkpoint := latest_checkpoint(run)) is not None:
+        rank_zero_info(f"Resuming run {run} from {checkpoint}")
+        config.ckpt_path = str(checkpoint)
+
+
+def _run_to_resume(trainer_config) -> Path:
+    version = run_version(trainer_config)  # a run the user named, else the latest
+    if version is not None:
+        run = experiment_dir(trainer_config) / (version if isinstance(version, str) else f"version_{version}")
+    else:
+        run = latest_run(trainer_config)
+    if run is None or latest_checkpoint(run) is None:
+        where = run or experiment_dir(trainer_config)
+        raise ValueError(f"--resume: no run with a checkpoint in {where}; start one with `make train`")
+    return run
+
+
+def keep_csv_metrics(trainer: L.Trainer) -> None:
+    """Move a CSVLogger's existing ``metrics.csv`` aside (``metrics-<n>.csv``) before a resumed run writes.
+
+    Lightning's CSVLogger deletes ``metrics.csv`` when it finds one in its folder, so a run resumed
+    into its own folder (a requeued SLURM job) would lose everything logged before the resume.
+    """
+    for logger in trainer.loggers:
+        if trainer.is_global_zero and isinstance(logger, CSVLogger):
+            metrics = Path(logger.log_dir, "metrics.csv")
+            if metrics.is_file():
+                number = 1 + len(list(metrics.parent.glob("metrics-*.csv")))
+                metrics.rename(metrics.with_name(f"metrics-{number}.csv"))
+
+
+def profile_into_run_dir(trainer: L.Trainer) -> None:
+    """Point a file-writing profiler without a ``dirpath`` at the run folder (rank zero).
+
+    Profilers write to ``trainer.log_dir``, which for wandb is the shared save folder. Other ranks
+    keep that default: each writes its own rank-suffixed report.
+    """
+    profiler = trainer.profiler
+    if trainer.is_global_zero and getattr(profiler, "filename", None) and profiler.dirpath is None:
+        profiler.dirpath = run_dir(trainer)
+
+
+def evaluate_best_checkpoint(trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule) -> None:
+    """Test the best checkpoint of the fit that just ended and write ``test_metrics.json`` into the run folder.
+
+    The first ModelCheckpoint tracks the best model. fast_dev_run and runs without a ModelCheckpoint
+    have none: then the weights in memory are tested. The summary names the checkpoint, the global
+    step, the world size and the metrics.
+    """
+    checkpoint = trainer.checkpoint_callback
+    ckpt_path = checkpoint.best_model_path if checkpoint is not None and checkpoint.best_model_path else None
+    results = trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    if trainer.is_global_zero and results and not trainer.fast_dev_run:
+        summary = {
+            "checkpoint": ckpt_path,
+            "global_step": trainer.global_step,
+            "world_size": trainer.world_size,
+            "metrics": results[0],
+        }
+        path = run_dir(trainer) / "test_metrics.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+        rank_zero_info(f"Test metrics written to {path}")
+
+
+class SaveConfigToRunDir(SaveConfigCallback):
+    """Saves the full resolved config as ``config.yaml`` beside the run's ``checkpoints/``.
+
+    Lightning's default writes it to ``trainer.log_dir``, which for wandb is the shared save
+    folder, so every run would overwrite the last one's config.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["save_to_log_dir"] = False
+        super().__init__(*args, **kwargs)
+
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if trainer.fast_dev_run:  # a smoke test writes nothing, as Lightning intends for fast_dev_run
+            return
+        folder = run_dir(trainer)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / self.config_filename
+        if path.exists():
+            # A resumed run (requeued SLURM job, --ckpt_path) continues in the same folder: keep
+            # its first config, and add this one beside it only when it differs.
+            path = folder / f"{path.stem}.new{path.suffix}"
+        self.parser.save(self.config, path, skip_unset=False, overwrite=True, multifile=self.multifile)
+        if path.name != self.config_filename:
+            first = folder / self.config_filename
+            if path.read_bytes() == first.read_bytes():
+                path.unlink()
+                return
+            number = 1 + len(list(folder.glob(f"{first.stem}-resumed-*{first.suffix}")))
+            path.rename(folder / f"{first.stem}-resumed-{number}{first.suffix}")
