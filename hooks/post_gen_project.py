@@ -18,8 +18,41 @@ PACKAGE = ANSWERS["package_name"]
 AGENT_GUIDES = ["AGENTS.md", ".claude/agents/{{ cookiecutter.project_slug }}.md"]
 
 
+# The files that belong to one task family only (paths relative to the project, the package as
+# "{package}"); a bake keeps its own task's and deletes the others'. A new task family adds its
+# files to the template and one entry here.
+TASK_FILES = {
+    "image-classification": [
+        "src/{package}/data/digits.py",
+        "src/{package}/models/classifier.py",
+        "src/{package}/nets/cnn.py",
+        "src/{package}/nets/mlp.py",
+        "tests/test_data.py",
+        "tests/test_ddp.py",
+        "tests/test_faults.py",
+        "tests/test_fsdp.py",
+        "tests/test_gpu.py",
+        "tests/test_model.py",
+        "tests/test_nets.py",
+        "tests/test_train.py",
+    ],
+    "tabular": [
+        "src/{package}/data/tabular.py",
+        "src/{package}/models/tabular.py",
+        "src/{package}/nets/tabular_mlp.py",
+        "tests/test_tabular.py",
+        "configs/experiments/tabular-csv.yaml",
+        "configs/experiments/tabular-regression.yaml",
+    ],
+}
+
+
 def prune() -> None:
     """Delete the files of options that were not chosen, then any folder left empty."""
+    for task, files in TASK_FILES.items():
+        if task != ANSWERS["task"]:
+            for relative in files:
+                (PROJECT / relative.format(package=PACKAGE)).unlink()
     if ANSWERS["include_slurm"] != "yes":
         shutil.rmtree(PROJECT / "scripts" / "slurm")
         (PROJECT / "tests" / "test_slurm_script.py").unlink()
@@ -79,7 +112,8 @@ def placeholders() -> dict[str, str]:
         cuda = "unknown"
     logger = {"wandb": "Weights & Biases (offline until `wandb login`)", "tensorboard": "TensorBoard", "csv": "CSV"}
     src = f"src/{PACKAGE}"
-    run = "logs/{{ cookiecutter.project_slug }}/<run id>" if ANSWERS["logger"] == "wandb" else "logs/digits/version_<n>"
+    name = "tabular" if ANSWERS["task"] == "tabular" else "digits"
+    run = "logs/{{ cookiecutter.project_slug }}/<run id>" if ANSWERS["logger"] == "wandb" else f"logs/{name}/version_<n>"
     return {
         "tech_stack": (
             f"Python >={ANSWERS['python_version']}, PyTorch {pytorch_version}, Lightning {lightning_version}, "

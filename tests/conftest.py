@@ -46,22 +46,38 @@ def files_of(project: Path) -> set[str]:
 
 
 PROJECT_FILES = [".gitignore", "AGENTS.md", "CLAUDE.md", "LICENSE", "Makefile", "README.md", "pyproject.toml"]
-PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "checkpoints.py", "cli.py", "launch.py", "runs.py"]
-PACKAGE_FILES += ["data/__init__.py", "data/digits.py"]
-PACKAGE_FILES += ["callbacks/__init__.py", "callbacks/finite.py", "callbacks/preemption.py"]
-PACKAGE_FILES += ["callbacks/random_state.py"]
-PACKAGE_FILES += ["models/__init__.py", "models/classifier.py", "nets/__init__.py", "nets/cnn.py", "nets/mlp.py"]
-TEST_FILES = ["conftest.py", "test_cli.py", "test_data.py", "test_ddp.py", "test_faults.py", "test_fsdp.py"]
-TEST_FILES += ["test_gpu.py", "test_launch.py"]
-TEST_FILES += ["test_model.py", "test_nets.py", "test_preemption.py", "test_resume.py", "test_train.py"]
+# The reusable core and the CLI: in every bake, whatever the task.
+PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py"]
+PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
+PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "config", "data", "launch", "module")]
+PACKAGE_FILES += [f"engine/{name}.py" for name in ("optim", "precision", "runs")]
+PACKAGE_FILES += [f"engine/callbacks/{name}.py" for name in ("__init__", "finite", "preemption", "random_state")]
+TEST_FILES = ["conftest.py", "test_cli.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
+# Each task family's own files, stated here independently of the post-gen hook's list.
+TASK_PACKAGE_FILES = {
+    "image-classification": ["data/digits.py", "models/classifier.py", "nets/cnn.py", "nets/mlp.py"],
+    "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py"],
+}
+TASK_TEST_FILES = {
+    "image-classification": [
+        *("test_data.py", "test_ddp.py", "test_faults.py", "test_fsdp.py"),
+        *("test_gpu.py", "test_model.py", "test_nets.py", "test_train.py"),
+    ],
+    "tabular": ["test_tabular.py"],
+}
+TASK_CONFIG_FILES = {
+    "image-classification": [],
+    "tabular": ["experiments/tabular-csv.yaml", "experiments/tabular-regression.yaml"],
+}
 
 
-def expected_files(slug: str, package: str, include_slurm: bool) -> set[str]:
+def expected_files(slug: str, package: str, include_slurm: bool, task: str = "image-classification") -> set[str]:
     """The exact file set of a bake: nothing missing, nothing extra."""
     files = {*PROJECT_FILES, f".claude/agents/{slug}.md", "configs/default.yaml"}
     files |= {f"configs/presets/{name}.yaml" for name in PRESETS}
-    files |= {f"src/{package}/{name}" for name in PACKAGE_FILES}
-    files |= {f"tests/{name}" for name in TEST_FILES}
+    files |= {f"configs/{name}" for name in TASK_CONFIG_FILES[task]}
+    files |= {f"src/{package}/{name}" for name in [*PACKAGE_FILES, *TASK_PACKAGE_FILES[task]]}
+    files |= {f"tests/{name}" for name in [*TEST_FILES, *TASK_TEST_FILES[task]]}
     if include_slurm:
         files |= {"scripts/slurm/train.sbatch", "tests/test_slurm_script.py"}
     return files

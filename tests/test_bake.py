@@ -20,10 +20,11 @@ LICENSE_FIRST_LINE = {
     "BSD-3-Clause": "BSD 3-Clause License",
     "Proprietary": "All rights reserved.",
 }
-# Every logger x precision pair once; compile, include_slurm, license and python_version cycle
-# through their choices along the way, so every answer of every question is baked.
+# Every logger x precision pair once; task, compile, include_slurm, license and python_version
+# cycle through their choices along the way, so every answer of every question is baked.
 MATRIX = [
     {
+        "task": QUESTIONS["task"][(i // 2) % len(QUESTIONS["task"])],  # both tasks with compile on and off
         "logger": logger,
         "precision": precision,
         "compile": ("yes", "no")[i % 2],
@@ -38,7 +39,8 @@ MATRIX = [
 
 def check_bake(project: Path, answers: dict) -> None:
     slug, package = project.name, project.name.replace("-", "_")
-    assert files_of(project) == expected_files(slug, package, answers["include_slurm"] == "yes")
+    task = answers.get("task", "image-classification")
+    assert files_of(project) == expected_files(slug, package, answers["include_slurm"] == "yes", task)
     assert leftover_template_syntax(project) == []
 
     pyproject = tomllib.loads((project / "pyproject.toml").read_text())
@@ -55,6 +57,10 @@ def check_bake(project: Path, answers: dict) -> None:
         yaml.safe_load(config.read_text())
     default = yaml.safe_load((project / "configs" / "default.yaml").read_text())
     assert default["trainer"]["precision"] == "32-true"
+    model_class = {"image-classification": "ImageClassifier", "tabular": "TabularModel"}[task]
+    assert default["model"]["class_path"] == f"{package}.models.{model_class}"
+    if task == "tabular":
+        assert any(dep.startswith("pandas") for dep in dependencies)
     assert default["trainer"]["logger"]["class_path"].lower().endswith(f"{answers['logger']}logger")
     assert default["model"]["init_args"]["compile"] is (answers["compile"] == "yes")
     gpu = yaml.safe_load((project / "configs" / "presets" / "gpu.yaml").read_text())
@@ -74,7 +80,9 @@ def test_default_bake(cookies) -> None:
     check_bake(project, answers)
 
 
-@pytest.mark.parametrize("answers", MATRIX, ids=lambda a: f"{a['logger']}-{a['precision']}-compile_{a['compile']}")
+@pytest.mark.parametrize(
+    "answers", MATRIX, ids=lambda a: f"{a['task']}-{a['logger']}-{a['precision']}-compile_{a['compile']}"
+)
 def test_matrix_bake(cookies, answers: dict) -> None:
     check_bake(bake(cookies, **answers), answers)
 

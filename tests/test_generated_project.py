@@ -9,6 +9,7 @@ import pytest
 from conftest import bake, installed, requirements_met, run
 
 SECOND = {
+    "task": "tabular",
     "project_name": "Second Bake",
     "logger": "tensorboard",
     "precision": "16-mixed",
@@ -60,12 +61,17 @@ def test_default_bake_passes_its_own_tests_and_trains(cookies) -> None:
 
 
 @pytest.mark.slow
-def test_second_bake_passes_its_own_tests(cookies) -> None:
+def test_second_bake_tabular_passes_its_own_tests_and_trains(cookies) -> None:
     project = bake(cookies, **SECOND)
     with installed(project, project.name):
         assert requirements_met(project.name) == []
+        make(project, "lint")
         make(project, "test")
+        # The bundled breast cancer table, the default 40 epochs (about 15 s on 2 cores).
+        make(project, "train")
+        (summary_path,) = (project / "logs").rglob("test_metrics.json")
+        assert json.loads(summary_path.read_text())["metrics"]["test/acc"] >= 0.9  # measured 0.953
         make(project, "profile", args="--trainer.max_epochs=1")
         (report,) = (project / "logs").rglob("fit-profile.txt")
-        assert report.parent.parent.name == "digits"  # logs/digits/version_0/fit-profile.txt
+        assert report.parent.parent.name == "tabular"  # logs/tabular/version_<n>/fit-profile.txt
         assert "Profiler Report" in report.read_text()

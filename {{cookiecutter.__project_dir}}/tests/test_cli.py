@@ -32,8 +32,13 @@ def test_print_config_round_trips(capsys: pytest.CaptureFixture, tmp_path: Path)
     config = yaml.safe_load(printed)
     assert config["trainer"]["precision"] == "32-true"
     # Linked from the data, so not settable (and not printed) for the model or its net.
+{%- if cookiecutter.task == "tabular" %}
+    assert not {"task", "num_outputs", "target_scale", "class_names"} & config["model"]["init_args"].keys()
+    assert not {"in_features", "out_features"} & config["model"]["init_args"]["net"]["init_args"].keys()
+{%- else %}
     assert "num_classes" not in config["model"]["init_args"]
     assert "num_classes" not in config["model"]["init_args"]["net"]["init_args"]
+{%- endif %}
 
 
 def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> None:
@@ -41,7 +46,11 @@ def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> No
     assert isinstance(trainer.progress_bar_callback, RichProgressBar)
     assert trainer.progress_bar_callback.refresh_rate == 4  # redraws per second (make bench)
     best, last = (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint))
+{%- if cookiecutter.task == "tabular" %}
+    assert (best.monitor, best.mode, best.save_top_k) == ("val/loss", "min", 1)
+{%- else %}
     assert (best.monitor, best.mode, best.save_top_k) == ("val/acc", "max", 1)
+{%- endif %}
     assert (last.monitor, last.filename) == (None, "last")
     assert trainer.checkpoint_callback is best  # what the after-fit test loads
     assert any(isinstance(c, LearningRateMonitor) for c in trainer.callbacks)
@@ -64,7 +73,8 @@ def test_presets_stack_on_the_default(capsys: pytest.CaptureFixture, preset: str
             assert printed["trainer"][key]["class_path"] == value["class_path"]
         else:
             assert printed["trainer"][key] == value, key
-    assert printed["trainer"]["max_epochs"] == (2 if preset == "profile" else 30)  # the default stays underneath
+    default_epochs = yaml.safe_load((CONFIGS / "default.yaml").read_text())["trainer"]["max_epochs"]
+    assert printed["trainer"]["max_epochs"] == (2 if preset == "profile" else default_epochs)  # the default stays
 
 
 def test_gpu_preset_uses_the_chosen_precision_and_tf32() -> None:

@@ -32,12 +32,17 @@ class CLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
 {%- if cookiecutter.task == "tabular" %}
-        # The table decides the input width, the task and the output width (classes, or 1 for a
-        # regression target): the model and its net cannot disagree with it.
-        parser.link_arguments("data.num_features", "model.init_args.net.init_args.in_features", apply_on="instantiate")
-        parser.link_arguments("data.num_outputs", "model.init_args.net.init_args.out_features", apply_on="instantiate")
-        parser.link_arguments("data.num_outputs", "model.init_args.num_outputs", apply_on="instantiate")
-        parser.link_arguments("data.task", "model.init_args.task", apply_on="instantiate")
+        # The table decides the input width, the task, the output width (classes, or 1 for a
+        # regression target) and the names: the model and its net cannot disagree with it.
+        for source, target in (
+            ("data.num_features", "model.init_args.net.init_args.in_features"),
+            ("data.num_outputs", "model.init_args.net.init_args.out_features"),
+            ("data.num_outputs", "model.init_args.num_outputs"),
+            ("data.task", "model.init_args.task"),
+            ("data.target_scale", "model.init_args.target_scale"),
+            ("data.class_names", "model.init_args.class_names"),
+        ):
+            parser.link_arguments(source, target, apply_on="instantiate")
 {%- else %}
         # The data decides the number of classes; the model and its net cannot disagree with it.
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")

@@ -46,8 +46,8 @@ class TrainingModule(L.LightningModule):
 
     Args:
         net: the network (``nets``), a plain ``nn.Module``.
-        optimizer: builds the optimizer from parameter groups, e.g. in YAML
-            ``{class_path: torch.optim.AdamW, init_args: {lr: 0.006, weight_decay: 0.05}}``.
+        optimizer: builds the optimizer from parameter groups, in YAML a ``class_path`` (e.g.
+            ``torch.optim.AdamW``) and its ``init_args`` (``lr``, ``weight_decay``, ...).
             Biases and norm scales get ``weight_decay=0``; a class with a ``fused`` argument gets
             ``fused=True`` where :mod:`engine.precision` allows it.
         lr_scheduler: builds the schedule from the optimizer, stepped every optimizer step; None for a
@@ -91,8 +91,13 @@ class TrainingModule(L.LightningModule):
         raise NotImplementedError(f"{type(self).__name__} must implement shared_step(batch, metrics) -> loss")
 
     def set_metrics(self, metrics: MetricCollection) -> None:
-        """Use ``metrics`` for every stage: logged as ``train/<name>``, ``val/<name>``, ``test/<name>``."""
+        """Use ``metrics`` for every stage: logged as ``train/<name>``, ``val/<name>``, ``test/<name>``.
+
+        The training metrics' running states are saved in checkpoints (torchmetrics' ``persistent``),
+        so a run resumed mid-epoch reports the same epoch metrics as an uninterrupted one.
+        """
         self.train_metrics = metrics.clone(prefix="train/")
+        self.train_metrics.persistent(True)
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
 
@@ -165,7 +170,8 @@ class TrainingModule(L.LightningModule):
         optimizer, scheduler = self.build_optimizer(int(self.trainer.estimated_stepping_batches), fused=fused)
         if scheduler is None:
             return {"optimizer": optimizer}
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        schedule = {"scheduler": scheduler, "interval": "step"}
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     def build_optimizer(
         self, total_steps: int, fused: bool = False

@@ -1,5 +1,12 @@
 """Networks: plain ``nn.Module`` architectures, no Lightning inside.
+{% if cookiecutter.task == "tabular" %}
+Every net maps encoded table rows (B, F) to outputs (B, out_features).
+"""
 
+from .tabular_mlp import TabularMLP
+
+__all__ = ["TabularMLP"]
+{%- else %}
 Every net maps a float batch of images (B, C, H, W) to class logits (B, num_classes).
 """
 
@@ -7,3 +14,4 @@ from .cnn import CNN
 from .mlp import MLP
 
 __all__ = ["CNN", "MLP"]
+{%- endif %}

@@ -1,0 +1,300 @@
+"""Tables from a CSV file: numeric and string columns, missing values, a class or a number to predict.
+
+``--data.init_args.path=FILE --data.init_args.target=COLUMN`` is all a new table needs. Without a
+path the DataModule serves a table that ships inside scikit-learn, so ``make train`` works
+offline: ``bundled="breast_cancer"`` (569 rows, 30 numeric features, malignant or benign; Street,
+Wolberg & Mangasarian, 1993, UCI) or ``bundled="diabetes"`` (442 rows, 10 features, a float
+target: disease progression after one year; Efron et al., 2004, "Least Angle Regression").
+
+Preprocessing is fitted on the training split only and saved in every checkpoint as plain numbers
+and strings, so :meth:`TabularDataModule.encode` turns a raw row into the model's input long after
+training (``TabularDataModule.from_checkpoint``):
+
+- numeric columns: missing values imputed with the training mean, then standardised with the
+  training mean and standard deviation; a 0/1 missing indicator is added for every column that
+  has missing values in the training split (as scikit-learn's ``SimpleImputer(add_indicator=True)``);
+- string (and boolean) columns: one-hot over the training split's categories; a category never
+  seen in training, or a missing value, encodes as all zeros;
+- the target: a class label (strings or integers) for classification, or a float standardised
+  with training statistics for regression.
+
+scikit-learn's encoders would do the same transforms, but a fitted encoder is a pickled Python
+object, which ``torch.load(weights_only=True)`` rightly refuses; the statistics here are data.
+"""
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.datasets import load_breast_cancer, load_diabetes
+from torch.utils.data import TensorDataset
+
+from {{ cookiecutter.package_name }}.engine import ResumableDataModule
+from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
+from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
+
+TargetType = Literal["auto", "classification", "regression"]
+# An integer target with at most this many distinct values is a class label (target_type "auto").
+MAX_INTEGER_CLASSES = 50
+
+
+class TabularDataModule(ResumableDataModule):
+    """A CSV table split (stratified for classes), encoded with training statistics, served as (B, F) batches.
+
+    Batches are ``(features, targets)``: features (B, num_features) float32; targets (B,) int64
+    class indices for classification, or (B,) float32 standardised values for regression.
+    ``num_features``, ``num_outputs`` (classes, or 1), ``task``, ``class_names`` and
+    ``target_scale`` are known as soon as the module exists: the CLI links them to the model.
+
+    Args:
+        path: a CSV file with a header row; None for the ``bundled`` table.
+        target: the column to predict (the bundled tables' is "target").
+        bundled: the scikit-learn table served when ``path`` is None.
+        target_type: "classification", "regression", or "auto": strings, booleans and integers
+            with at most 50 distinct values are classes, anything else numeric is regression.
+        batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
+        val_fraction, test_fraction: shares of the rows held out for validation and testing.
+        split_seed: seed of the split, independent of the training seed.
+
+    Raises:
+        ValueError: the file is missing, empty or not a table; ``target`` is not a column; the target
+            has a single value or missing values; a column is empty in every row; a class has too few
+            rows to split. Each message names the file or field and the fix.
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        target: str = "target",
+        bundled: Literal["breast_cancer", "diabetes"] = "breast_cancer",
+        target_type: TargetType = "auto",
+        batch_size: int = 64,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+        split_seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+    ) -> None:
+        super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
+        check_fractions(val_fraction, test_fraction)
+        self.save_hyperparameters()
+        self.preprocessing: dict[str, Any] | None = None  # fitted on the training split, see encode()
+        self.frame: pd.DataFrame | None = None
+        self.split_rows: dict[str, np.ndarray] = {}
+
+    # ---- what the CLI links to the model (reading the table the first time it is asked) -----------
+    @property
+    def num_features(self) -> int:
+        """Width F of an encoded row: numeric columns, their missing indicators, one-hot categories."""
+        prep = self._prepared()
+        indicators = sum(1 for column in prep["numeric"].values() if column["indicator"])
+        return len(prep["numeric"]) + indicators + sum(len(c) for c in prep["categorical"].values())
+
+    @property
+    def task(self) -> Literal["classification", "regression"]:
+        return self._prepared()["task"]
+
+    @property
+    def num_outputs(self) -> int:
+        """Number of classes, or 1 for regression."""
+        prep = self._prepared()
+        return len(prep["classes"]) if prep["task"] == "classification" else 1
+
+    @property
+    def class_names(self) -> list[str]:
+        """Class names in label order (empty for regression)."""
+        return list(self._prepared()["classes"])
+
+    @property
+    def target_scale(self) -> tuple[float, float]:
+        """(mean, std) of a regression target in the training split ((0, 1) for classification)."""
+        prep = self._prepared()
+        return (prep["target_mean"], prep["target_std"])
+
+    # ---- reading and fitting ---------------------------------------------------------------------
+    def read(self) -> pd.DataFrame:
+        """The whole table as a DataFrame (the bundled one when ``path`` is None).
+
+        Raises:
+            ValueError: the file is missing, empty or not parseable as CSV.
+        """
+        path = self.hparams.path
+        if path is None and self.hparams.bundled == "diabetes":
+            return load_diabetes(as_frame=True, scaled=False).frame
+        if path is None:
+            table = load_breast_cancer(as_frame=True)
+            frame = table.frame.copy()
+            frame["target"] = pd.Categorical.from_codes(table.target, categories=list(table.target_names))
+            return frame
+        if not Path(path).is_file():
+            raise ValueError(f"data.path={path}: no such file; give a CSV file with a header row")
+        try:
+            frame = pd.read_csv(path)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+            raise ValueError(f"data.path={path}: not a readable CSV table ({error}); save it as UTF-8 CSV") from None
+        if frame.empty:
+            raise ValueError(f"data.path={path}: the table has no rows; give a CSV file with data below its header")
+        return frame
+
+    def _prepared(self) -> dict[str, Any]:
+        if self.preprocessing is None:
+            self.preprocessing = self._fit(self._frame())
+        return self.preprocessing
+
+    def _frame(self) -> pd.DataFrame:
+        if self.frame is None:
+            self.frame = self.read()
+        return self.frame
+
+    def _fit(self, frame: pd.DataFrame) -> dict[str, Any]:
+        hp = self.hparams
+        source = f"data.path={hp.path}" if hp.path else f"the bundled {hp.bundled} table"
+        target = hp.target
+        if target not in frame.columns:
+            raise ValueError(
+                f"data.target={target!r} is not a column of {source}; its columns are {list(frame.columns)}"
+            )
+        labels = frame[target]
+        if labels.isna().any():
+            rows = (np.flatnonzero(labels.isna().to_numpy())[:5] + 2).tolist()  # file lines: +1 header, +1 1-based
+            raise ValueError(
+                f"{source}: the target column {target!r} is empty in rows {rows} (file lines); fill or drop them"
+            )
+        if labels.nunique() < 2:
+            raise ValueError(
+                f"{source}: the target column {target!r} has a single value ({labels.iloc[0]!r}): nothing to learn; "
+                "choose another data.target"
+            )
+        features = frame.drop(columns=[target])
+        empty = [name for name in features.columns if features[name].isna().all()]
+        if empty:
+            raise ValueError(f"{source}: column(s) {empty} are empty in every row; drop them from the file")
+        if features.shape[1] == 0:
+            raise ValueError(f"{source}: no feature columns besides the target {target!r}")
+
+        task = hp.target_type if hp.target_type != "auto" else _guess_task(labels)
+        if task == "classification":
+            classes = [
+                str(c) for c in (labels.cat.categories if labels.dtype.name == "category" else sorted(labels.unique()))
+            ]
+            codes = labels.astype(str).map({name: i for i, name in enumerate(classes)}).to_numpy()
+            counts = np.bincount(codes, minlength=len(classes))
+            if counts.min() < 3:
+                rare = [classes[i] for i in np.flatnonzero(counts < 3)]
+                raise ValueError(
+                    f"{source}: class(es) {rare} of {target!r} have fewer than 3 rows, too few for a train/val/test "
+                    "split; add rows, merge classes, or use data.target_type=regression for a numeric target"
+                )
+            self.split_rows = split_indices(codes, len(frame), hp.val_fraction, hp.test_fraction, hp.split_seed)
+        else:
+            if not pd.api.types.is_numeric_dtype(labels):
+                raise ValueError(
+                    f"data.target_type=regression: the target column {target!r} of {source} is not numeric"
+                )
+            classes = []
+            self.split_rows = split_indices(None, len(frame), hp.val_fraction, hp.test_fraction, hp.split_seed)
+
+        train = frame.iloc[self.split_rows["train"]]
+        prep: dict[str, Any] = {"task": task, "target": target, "classes": classes}
+        prep["numeric"], prep["categorical"] = {}, {}
+        for name in features.columns:
+            column = train[name]
+            if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
+                mean = float(column.mean()) if column.notna().any() else 0.0
+                std = float(column.std()) if column.notna().sum() > 1 else 0.0
+                prep["numeric"][str(name)] = {
+                    "mean": mean,
+                    "std": std if std > 0 else 1.0,  # a constant column stays constant (0) instead of NaN
+                    "indicator": bool(column.isna().any()),
+                }
+            else:
+                prep["categorical"][str(name)] = sorted(column.dropna().astype(str).unique().tolist())
+        if task == "regression":
+            values = train[target].astype(float)
+            prep["target_mean"], prep["target_std"] = float(values.mean()), float(values.std() or 1.0)
+        else:
+            prep["target_mean"], prep["target_std"] = 0.0, 1.0
+        return prep
+
+    # ---- encoding -----------------------------------------------------------------------------
+    def encode(self, frame: pd.DataFrame) -> torch.Tensor:
+        """Raw rows (a DataFrame with the training columns; the target column may be absent) -> (B, F) float32.
+
+        Raises:
+            ValueError: a feature column of the training table is missing from ``frame``.
+        """
+        prep = self._prepared()
+        missing = [name for name in [*prep["numeric"], *prep["categorical"]] if name not in frame.columns]
+        if missing:
+            raise ValueError(f"rows to encode lack the column(s) {missing} the model was trained with")
+        parts: list[np.ndarray] = []
+        for name, stats in prep["numeric"].items():
+            values = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64)
+            absent = np.isnan(values)
+            # Imputed with the training mean, which standardises to exactly 0.
+            parts.append(np.where(absent, 0.0, (values - stats["mean"]) / stats["std"])[:, None])
+            if stats["indicator"]:
+                parts.append(absent[:, None].astype(np.float64))
+        for name, categories in prep["categorical"].items():
+            values = frame[name].astype(str).to_numpy(dtype=object)
+            values[frame[name].isna().to_numpy()] = None  # missing: no category, like an unseen one
+            parts.append(np.stack([values == category for category in categories], axis=1).astype(np.float64))
+        return torch.as_tensor(np.concatenate(parts, axis=1), dtype=torch.float32)
+
+    def encode_target(self, frame: pd.DataFrame) -> torch.Tensor:
+        """The target column of ``frame``: (B,) int64 class indices or (B,) float32 standardised values."""
+        prep = self._prepared()
+        labels = frame[prep["target"]]
+        if prep["task"] == "classification":
+            index = {name: i for i, name in enumerate(prep["classes"])}
+            return torch.tensor(labels.astype(str).map(index).to_numpy(dtype=np.int64))  # a copy: pandas' is read-only
+        values = labels.to_numpy(dtype=np.float64)
+        return torch.tensor((values - prep["target_mean"]) / prep["target_std"], dtype=torch.float32)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Split and encode the table (every process, every stage; idempotent)."""
+        if self.train_set is not None:
+            return
+        frame = self._frame()
+        prep = self._prepared()
+        if not self.split_rows:  # preprocessing came from a checkpoint: split this table the same way
+            labels = frame[prep["target"]].astype(str).to_numpy() if prep["task"] == "classification" else None
+            hp = self.hparams
+            self.split_rows = split_indices(labels, len(frame), hp.val_fraction, hp.test_fraction, hp.split_seed)
+        features, targets = self.encode(frame), self.encode_target(frame)
+        self.train_set, self.val_set, self.test_set = (
+            TensorDataset(features[rows], targets[rows]) for rows in self.split_rows.values()
+        )
+        self.check_batch_size()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The fitted preprocessing (plain data) and, from the base, where a resumed run's data starts."""
+        return {**super().state_dict(), "preprocessing": self._prepared()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.preprocessing = state_dict["preprocessing"]
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path) -> "TabularDataModule":
+        """The DataModule of a training run, with its preprocessing, to encode new raw rows.
+
+        Raises:
+            engine.checkpoints.CheckpointError: the file is missing, broken or holds no table preprocessing.
+        """
+        checkpoint = read_checkpoint(path)
+        hparams = checkpoint.get("datamodule_hyper_parameters", {})
+        datamodule = cls(**{key: value for key, value in hparams.items() if not key.startswith("_")})
+        datamodule.load_state_dict(checkpoint[cls.__qualname__])
+        return datamodule
+
+
+def _guess_task(labels: pd.Series) -> Literal["classification", "regression"]:
+    if not pd.api.types.is_numeric_dtype(labels) or pd.api.types.is_bool_dtype(labels):
+        return "classification"  # strings, categories, booleans
+    if pd.api.types.is_integer_dtype(labels) and labels.nunique() <= MAX_INTEGER_CLASSES:
+        return "classification"
+    return "regression"
