@@ -112,8 +112,10 @@ def placeholders() -> dict[str, str]:
         cuda = "unknown"
     logger = {"wandb": "Weights & Biases (offline until `wandb login`)", "tensorboard": "TensorBoard", "csv": "CSV"}
     src = f"src/{PACKAGE}"
-    name = "tabular" if ANSWERS["task"] == "tabular" else "digits"
-    run = "logs/{{ cookiecutter.project_slug }}/<run id>" if ANSWERS["logger"] == "wandb" else f"logs/{name}/version_<n>"
+    experiment = "tabular" if ANSWERS["task"] == "tabular" else "digits"
+    run = f"logs/{experiment}/version_<n>"
+    if ANSWERS["logger"] == "wandb":
+        run = "logs/{{ cookiecutter.project_slug }}/<run id>"
     return {
         "tech_stack": (
             f"Python >={ANSWERS['python_version']}, PyTorch {pytorch_version}, Lightning {lightning_version}, "

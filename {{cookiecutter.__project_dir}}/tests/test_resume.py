@@ -6,8 +6,8 @@ import lightning as L
 import pytest
 import torch
 from conftest import shrunk_args
-from torch.utils.data import TensorDataset
 from test_preemption import SignalAtStep
+from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.cli import CLI, main
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
