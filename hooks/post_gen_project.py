@@ -24,6 +24,7 @@ AGENT_GUIDES = ["AGENTS.md", ".claude/agents/{{ cookiecutter.project_slug }}.md"
 TASK_FILES = {
     "image-classification": [
         "src/{package}/data/digits.py",
+        "src/{package}/data/image_folder.py",
         "src/{package}/models/classifier.py",
         "src/{package}/nets/cnn.py",
         "src/{package}/nets/mlp.py",
@@ -32,9 +33,11 @@ TASK_FILES = {
         "tests/test_faults.py",
         "tests/test_fsdp.py",
         "tests/test_gpu.py",
+        "tests/test_image_folder.py",
         "tests/test_model.py",
         "tests/test_nets.py",
         "tests/test_train.py",
+        "configs/experiments/image-folder.yaml",
     ],
     "tabular": [
         "src/{package}/data/tabular.py",

@@ -55,18 +55,20 @@ PACKAGE_FILES += [f"engine/callbacks/{name}.py" for name in ("__init__", "finite
 TEST_FILES = ["conftest.py", "test_cli.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
 TASK_PACKAGE_FILES = {
-    "image-classification": ["data/digits.py", "models/classifier.py", "nets/cnn.py", "nets/mlp.py"],
+    "image-classification": [
+        *("data/digits.py", "data/image_folder.py", "models/classifier.py", "nets/cnn.py", "nets/mlp.py"),
+    ],
     "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py"],
 }
 TASK_TEST_FILES = {
     "image-classification": [
         *("test_data.py", "test_ddp.py", "test_faults.py", "test_fsdp.py"),
-        *("test_gpu.py", "test_model.py", "test_nets.py", "test_train.py"),
+        *("test_gpu.py", "test_image_folder.py", "test_model.py", "test_nets.py", "test_train.py"),
     ],
     "tabular": ["test_tabular.py"],
 }
 TASK_CONFIG_FILES = {
-    "image-classification": [],
+    "image-classification": ["experiments/image-folder.yaml"],
     "tabular": ["experiments/tabular-csv.yaml", "experiments/tabular-regression.yaml"],
 }
 

@@ -46,11 +46,13 @@ def test_default_bake_passes_its_own_tests_and_trains(cookies) -> None:
         assert (run_dir / "config.yaml").exists()
         assert list((project / "logs" / "wandb").glob("offline-run-*")), "wandb did not log offline"
 
-        # `make bench` (shortened): a JSON summary, then overhead_ratio=<float> as its last line.
+        # `make bench` (shortened): a JSON summary, the spread of the pair ratios, then
+        # overhead_ratio=<float> as its last line.
         output = make(project, "bench", args="--steps 40 --repeats 1").strip().splitlines()
         assert re.fullmatch(r"overhead_ratio=\d+\.\d{3}", output[-1]), output[-1]
-        summary = json.loads("\n".join(output[output.index("{") : -1]))
-        assert summary["steps"] == 40 and summary["repeats"] == 1
+        assert output[-2].startswith("pair ratios: min ")
+        summary = json.loads("\n".join(output[output.index("{") : output.index("}") + 1]))
+        assert summary["steps"] == 40 and summary["repeats"] == 1 and len(summary["pair_ratios"]) == 1
         assert summary["project_step_ms"] > 0 and summary["plain_step_ms"] > 0 and summary["first_step_s"] > 0
         assert abs(summary["overhead_ratio"] - summary["project_step_ms"] / summary["plain_step_ms"]) < 1e-9
 

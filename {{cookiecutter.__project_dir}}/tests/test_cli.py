@@ -79,7 +79,7 @@ def test_presets_stack_on_the_default(capsys: pytest.CaptureFixture, preset: str
 
 def test_gpu_preset_uses_the_chosen_precision_and_tf32() -> None:
     gpu = yaml.safe_load((CONFIGS / "presets" / "gpu.yaml").read_text())
-    assert gpu["trainer"]["precision"] == "bf16-mixed"
+    assert gpu["trainer"]["precision"] == "{{ cookiecutter.precision }}"
     assert gpu["float32_matmul_precision"] == "high"
 
 

@@ -7,7 +7,7 @@ from torch import nn
 from {{ cookiecutter.package_name }}.nets import CNN, MLP
 
 NETS = {
-    "mlp": lambda: MLP(in_features=64, hidden_sizes=(32, 16), num_classes=10),
+    "mlp": lambda: MLP(in_channels=1, image_size=8, hidden_sizes=(32, 16), num_classes=10),
     "cnn": lambda: CNN(in_channels=1, channels=(8, 16), num_classes=10),
     "cnn-3-stages": lambda: CNN(in_channels=1, channels=(4, 8, 8), num_classes=10),
 }

@@ -118,7 +118,7 @@ def run_plain(config: Path, steps: int, extra: list[str]) -> list[float]:
         if hasattr(train_loader.sampler, "set_epoch"):
             train_loader.sampler.set_epoch(epoch)
         for batch in train_loader:
-            batch = move_data_to_device(batch, device)
+            batch = data.transform_batch(move_data_to_device(batch, device), training=True)
             with torch.autocast(device.type, dtype=half, enabled=half is not None):
                 loss = model.shared_step(batch, train_metrics)
             optimizer.zero_grad(set_to_none=True)
@@ -142,7 +142,7 @@ def run_plain(config: Path, steps: int, extra: list[str]) -> list[float]:
         model.eval()
         with torch.no_grad(), torch.autocast(device.type, dtype=half, enabled=half is not None):
             for batch in val_loader:
-                model.shared_step(move_data_to_device(batch, device), val_metrics)
+                model.shared_step(data.transform_batch(move_data_to_device(batch, device), training=False), val_metrics)
         val_metrics.compute()
         val_metrics.reset()
         epoch += 1

@@ -44,9 +44,10 @@ class CLI(LightningCLI):
         ):
             parser.link_arguments(source, target, apply_on="instantiate")
 {%- else %}
-        # The data decides the number of classes; the model and its net cannot disagree with it.
+        # The data decides the number of classes and channels; the model and its net cannot disagree.
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.init_args.net.init_args.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.num_channels", "model.init_args.net.init_args.in_channels", apply_on="instantiate")
 {%- endif %}
         parser.add_argument(
             "--float32_matmul_precision",

@@ -5,6 +5,7 @@ from .tabular import TabularDataModule
 __all__ = ["TabularDataModule"]
 {%- else %}
 from .digits import DigitsDataModule
+from .image_folder import ImageFolderDataModule
 
-__all__ = ["DigitsDataModule"]
+__all__ = ["DigitsDataModule", "ImageFolderDataModule"]
 {%- endif %}

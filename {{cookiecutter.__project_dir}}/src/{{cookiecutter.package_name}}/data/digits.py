@@ -47,6 +47,7 @@ class DigitsDataModule(ResumableDataModule):
     """
 
     num_classes = 10
+    num_channels = 1
     image_shape = (1, 8, 8)
 
     def __init__(

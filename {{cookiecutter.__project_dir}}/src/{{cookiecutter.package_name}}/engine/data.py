@@ -138,6 +138,19 @@ class ResumableDataModule(L.LightningDataModule):
         self.predict_set: Dataset | None = None
         self._resume_at = (0, 0)  # (epoch, batches of it done), from a checkpoint
 
+    def transform_batch(self, batch: Any, training: bool) -> Any:
+        """Batch-level transforms on the batch's device, after the copy (identity here).
+
+        Override for work that is cheaper per batch than per sample: augmentation and normalisation
+        of whole image batches on the GPU, for instance. ``training`` is True for training batches
+        only. Lightning calls it through ``on_after_batch_transfer``; ``make bench``'s plain loop calls
+        it too, so both paths do the same work.
+        """
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return self.transform_batch(batch, training=self.trainer is not None and self.trainer.training)
+
     def check_batch_size(self) -> None:
         """Call at the end of ``setup``: a batch larger than the training split is refused.
 

@@ -10,7 +10,9 @@ class MLP(nn.Module):
     """Flatten, then ``Linear -> GELU -> Dropout`` per hidden layer, then a linear classifier.
 
     Args:
-        in_features: input size after flattening, C * H * W (64 for 8x8 digits).
+        in_channels: image channels C (linked from the DataModule by the CLI).
+        image_size: image side H = W in pixels (8 for digits): the input size after flattening
+            is ``in_channels * image_size ** 2``.
         hidden_sizes: width of each hidden layer, in order.
         num_classes: number of output logits.
         dropout: dropout probability after each hidden activation.
@@ -21,21 +23,22 @@ class MLP(nn.Module):
 
     def __init__(
         self,
-        in_features: int = 64,
+        in_channels: int = 1,
+        image_size: int = 8,
         hidden_sizes: Sequence[int] = (256, 128),
         num_classes: int = 10,
         dropout: float = 0.1,
     ) -> None:
         super().__init__()
-        if in_features < 1 or num_classes < 1 or any(h < 1 for h in hidden_sizes):
+        if in_channels < 1 or image_size < 1 or num_classes < 1 or any(h < 1 for h in hidden_sizes):
             raise ValueError(
-                f"MLP sizes must be positive, got in_features={in_features}, "
+                f"MLP sizes must be positive, got in_channels={in_channels}, image_size={image_size}, "
                 f"hidden_sizes={list(hidden_sizes)}, num_classes={num_classes}"
             )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"MLP dropout must be in [0, 1), got {dropout}")
         layers: list[nn.Module] = [nn.Flatten()]
-        width = in_features
+        width = in_channels * image_size**2
         for hidden in hidden_sizes:
             layers += [nn.Linear(width, hidden), nn.GELU(), nn.Dropout(dropout)]
             width = hidden

@@ -1,0 +1,110 @@
+"""Your own images: a folder of PNGs made here trains to a stated accuracy; bad folders fail before training."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import CONFIGS, shrunk_args
+from PIL import Image
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
+
+EXPERIMENT = CONFIGS / "experiments" / "image-folder.yaml"
+CLASSES = ("blobs", "horizontal", "vertical")  # tell-apart patterns that survive a flip and a crop
+
+
+def pattern(name: str, rng: np.random.Generator, size: int = 24) -> np.ndarray:
+    """A noisy (size, size) uint8 picture of ``name``'s pattern."""
+    y, x = np.mgrid[:size, :size]
+    phase = rng.integers(0, 4)
+    if name == "horizontal":
+        picture = ((y + phase) // 3) % 2
+    elif name == "vertical":
+        picture = ((x + phase) // 3) % 2
+    else:
+        cy, cx = rng.integers(6, size - 6, size=2)
+        picture = (y - cy) ** 2 + (x - cx) ** 2 < 25
+    noisy = picture * 180 + rng.integers(0, 60, size=(size, size))
+    return noisy.clip(0, 255).astype(np.uint8)
+
+
+def make_folder(root: Path, per_class: int = 40, seed: int = 0) -> Path:
+    """root/<class>/<n>.png: grey PNGs, every fifth one saved as RGB (a mixed-mode folder)."""
+    rng = np.random.default_rng(seed)
+    for name in CLASSES:
+        (root / name).mkdir(parents=True)
+        for index in range(per_class):
+            image = Image.fromarray(pattern(name, rng), mode="L")
+            (image.convert("RGB") if index % 5 == 0 else image).save(root / name / f"{index}.png")
+    return root
+
+
+def test_folder_gives_classes_channels_splits_and_train_statistics(tmp_path: Path) -> None:
+    data = ImageFolderDataModule(root=str(make_folder(tmp_path / "images")), image_size=16, batch_size=16)
+    assert data.class_names == list(CLASSES)
+    assert (data.num_classes, data.num_channels) == (3, 3)  # grey and RGB mixed: all RGB
+    data.setup("fit")
+    sizes = [len(data.train_set), len(data.val_set), len(data.test_set)]
+    assert sum(sizes) == 120 and sizes[1] == pytest.approx(18, abs=1) and sizes[2] == pytest.approx(18, abs=1)
+    train = data.train_set.tensors[0].float() / 255  # (N, 3, 16, 16) uint8 in memory
+    assert data.train_set.tensors[0].dtype == torch.uint8
+    assert data.mean == pytest.approx(train.mean(dim=(0, 2, 3)).tolist(), abs=1e-5)
+    images, labels = data.transform_batch(next(iter(data.val_dataloader())), training=False)
+    assert images.shape == (16, 3, 16, 16) and images.dtype == torch.float32 and labels.dtype == torch.int64
+
+
+def test_given_split_folders_are_used(tmp_path: Path) -> None:
+    make_folder(tmp_path / "images" / "train", per_class=20)
+    make_folder(tmp_path / "images" / "test", per_class=5, seed=1)
+    data = ImageFolderDataModule(root=str(tmp_path / "images"), image_size=16, batch_size=8)
+    data.setup("fit")
+    assert len(data.test_set) == 15  # the test folder as given
+    assert len(data.train_set) + len(data.val_set) == 60  # validation held out of train/
+
+
+@pytest.mark.slow
+def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "images")
+    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={root}"]
+    size = ["--data.init_args.image_size=16", "--data.init_args.batch_size=16", "--trainer.log_every_n_steps=5"]
+    cli = main(["fit", *args, *size, "--trainer.max_epochs=12"])
+    assert cli.model.net.blocks[0].conv1.in_channels == 3  # linked from the data
+    summary = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
+    assert summary["metrics"]["test/acc"] >= 0.9
+
+
+def write_bad(kind: str, root: Path) -> Path:
+    if kind == "missing":
+        return root / "nowhere"
+    (root / "a").mkdir(parents=True)
+    if kind == "one-class":
+        Image.new("L", (8, 8)).save(root / "a" / "0.png")
+    if kind == "no-images":
+        (root / "b").mkdir()
+        (root / "a" / "notes.txt").write_text("not an image")
+    if kind == "corrupt":
+        (root / "b").mkdir()
+        for name in ("a", "b"):
+            for index in range(4):
+                Image.new("L", (8, 8)).save(root / name / f"{index}.png")
+        (root / "b" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not a PNG")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("missing", "data.root=.*nowhere: no such folder"),
+        ("one-class", "1 class folder"),
+        ("no-images", "no images"),
+        ("corrupt", r"broken.png: not a readable image; remove or replace the file"),
+    ],
+)
+def test_bad_folders_fail_before_training_and_write_nothing(tmp_path: Path, kind: str, message: str) -> None:
+    root = write_bad(kind, tmp_path / "images")
+    with pytest.raises(ValueError, match=message):
+        main(["fit", *shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={root}"])
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))
