@@ -54,6 +54,7 @@ def test_default_bake_passes_its_own_tests_and_trains(cookies) -> None:
         summary = json.loads("\n".join(output[output.index("{") : output.index("}") + 1]))
         assert summary["steps"] == 40 and summary["repeats"] == 1 and len(summary["pair_ratios"]) == 1
         assert summary["project_step_ms"] > 0 and summary["plain_step_ms"] > 0 and summary["first_step_s"] > 0
+        assert summary["loader_samples_per_s"] > summary["train_samples_per_s"] > 0  # in-memory digits
         assert abs(summary["overhead_ratio"] - summary["project_step_ms"] / summary["plain_step_ms"]) < 1e-9
 
         # The profiler's report lands in the run folder, beside that run's config.

@@ -22,7 +22,10 @@ overhead being measured (then add ``--repeats``).
 On a CUDA GPU both paths wait for the device at the end of every step (the times are the
 steps' own, not their launches'), and the report adds training samples/s through the project's
 path for float32, the gpu preset (configs/presets/gpu.yaml) and the gpu preset compiled
-(``--no-gpu`` skips them).
+(``--no-gpu`` skips them). The training loader alone (same workers, pinned memory and on-device
+batch transform, no model) is timed too: ``loader_samples_per_s`` against training's
+``train_samples_per_s`` (``loader_headroom``, their ratio), and ``setup_s``, the DataModule's
+setup (decoding, for image folders).
 
 Usage: ``python -m {{ cookiecutter.package_name }}.bench [--config FILE] [--steps N] [--repeats R] [CLI arguments ...]``
 (``make bench`` passes the Makefile's ``CONFIG``; the config path is relative to the working folder.)
@@ -149,6 +152,33 @@ def run_plain(config: Path, steps: int, extra: list[str]) -> list[float]:
     return [b - a for a, b in pairwise(ends)]
 
 
+def run_loader(config: Path, steps: int, extra: list[str]) -> dict[str, float]:
+    """The training loader alone: samples/s through ``steps`` batches and the batch transform, and setup time.
+
+    The same loader, workers, pinned memory and on-device batch transform (augmentation,
+    normalisation) as training, with no model: if it is not well ahead of training's samples/s,
+    the data, not the model, sets the speed.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        cli = main([*project_args(config, Path(folder), steps, extra), "--trainer.logger=false"], run=False)
+    data, device = cli.datamodule, cli.trainer.strategy.root_device
+    start = time.perf_counter()
+    data.setup("fit")  # decoding, splitting, statistics
+    setup_s = time.perf_counter() - start
+    loader, samples, done = data.train_dataloader(), 0, 0
+    start = time.perf_counter()
+    while done < steps:
+        for batch in loader:
+            batch = data.transform_batch(move_data_to_device(batch, device), training=True)
+            samples += len(batch[-1])
+            done += 1
+            if done == steps:
+                break
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return {"loader_samples_per_s": samples / (time.perf_counter() - start), "setup_s": setup_s}
+
+
 def first_step_seconds(config: Path, extra: list[str]) -> float:
     """Seconds from starting ``python -m <package> fit`` (what ``make train`` runs) to its first training step."""
     with tempfile.TemporaryDirectory() as folder:
@@ -165,9 +195,9 @@ def first_step_seconds(config: Path, extra: list[str]) -> float:
 
 
 def run_in_fresh_process(config: Path, path: str, steps: int, extra: list[str]) -> dict[str, float]:
-    """Run ``path`` ("project" or "plain") for ``steps`` steps in a new Python process.
+    """Run ``path`` ("project", "plain" or "loader") for ``steps`` steps in a new Python process.
 
-    Returns its median step time (ms) and batch size.
+    Returns its figures: median step time (ms) and batch size, or the loader's samples/s and setup time.
 
     Raises:
         RuntimeError: the run failed; the message ends with its output.
@@ -192,6 +222,9 @@ def run_in_fresh_process(config: Path, path: str, steps: int, extra: list[str]) 
 
 def worker(config: Path, path: str, steps: int, extra: list[str]) -> None:
     """The body of one fresh-process run: prints ``RESULT`` and the run's figures as JSON."""
+    if path == "loader":
+        print(RESULT + json.dumps(run_loader(config, steps, extra)), flush=True)
+        return
     if path == "project":
         intervals, batch_size = run_project(config, steps, extra)
     else:
@@ -227,7 +260,7 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each path, alternating (default 5)")
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU throughput report")
-    parser.add_argument("--worker", choices=["project", "plain"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["project", "plain", "loader"], help=argparse.SUPPRESS)
     args, extra = parser.parse_known_args(argv)
     if not args.config.is_file():
         parser.error(f"--config {args.config}: no such file; run from the project folder or pass --config")
@@ -236,9 +269,11 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
     if args.worker:
         worker(config, args.worker, args.steps, extra)
         return {}
-    project, plain = [], []
+    project, plain, batch_size = [], [], 0
     for repeat in range(1, args.repeats + 1):
-        project.append(run_in_fresh_process(config, "project", args.steps, extra)["step_ms"])
+        run = run_in_fresh_process(config, "project", args.steps, extra)
+        project.append(run["step_ms"])
+        batch_size = run["batch_size"]
         plain.append(run_in_fresh_process(config, "plain", args.steps, extra)["step_ms"])
         # On stderr: progress for a person, while stdout stays the JSON report.
         print(
@@ -256,7 +291,11 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         "project_step_ms_per_run": [round(ms, 3) for ms in project],
         "plain_step_ms_per_run": [round(ms, 3) for ms in plain],
         "first_step_s": first_step_seconds(config, extra),
+        "train_samples_per_s": batch_size / (statistics.median(project) / 1000),
     }
+    result.update(run_in_fresh_process(config, "loader", args.steps, extra))
+    # How far the loader is ahead of training: below about 2, the data sets the speed.
+    result["loader_headroom"] = result["loader_samples_per_s"] / result["train_samples_per_s"]
     if torch.cuda.is_available() and not args.no_gpu:
         result.update(gpu_throughput(config, args.steps, extra))
     ratios = sorted(a / b for a, b in zip(project, plain, strict=True))
