@@ -27,7 +27,7 @@ batch transform, no model) is timed too: ``loader_samples_per_s`` against traini
 ``train_samples_per_s`` (``loader_headroom``, their ratio), and ``setup_s``, the DataModule's
 setup (decoding, for image folders).
 
-Usage: ``python -m {{ cookiecutter.package_name }}.bench [--config FILE] [--steps N] [--repeats R] [CLI arguments ...]``
+Usage: ``python -m {{ cookiecutter.package_name }}.bench [--config FILE ...] [--steps N] [--repeats R] [CLI arguments ...]``
 (``make bench`` passes the Makefile's ``CONFIG``; the config path is relative to the working folder.)
 """
 
@@ -72,9 +72,9 @@ class FirstStepTime(L.Callback):
         raise SystemExit(0)
 
 
-def project_args(config: Path, folder: Path, steps: int, extra: list[str]) -> list[str]:
+def project_args(config: list[Path], folder: Path, steps: int, extra: list[str]) -> list[str]:
     return [
-        f"--config={config}",
+        *(f"--config={path}" for path in config),
         f"--trainer.max_steps={steps}",
         "--trainer.max_epochs=-1",
         "--test_after_fit=false",
@@ -84,7 +84,7 @@ def project_args(config: Path, folder: Path, steps: int, extra: list[str]) -> li
     ]
 
 
-def run_project(config: Path, steps: int, extra: list[str]) -> tuple[list[float], int]:
+def run_project(config: list[Path], steps: int, extra: list[str]) -> tuple[list[float], int]:
     """Step intervals (s) of ``fit`` through the project's CLI, as ``make train`` runs it, and the batch size."""
     with tempfile.TemporaryDirectory() as folder:
         cli = main(project_args(config, Path(folder), steps, extra), run=False)
@@ -96,7 +96,7 @@ def run_project(config: Path, steps: int, extra: list[str]) -> tuple[list[float]
     return [b - a for a, b in pairwise(timer.ends)], cli.datamodule.hparams.batch_size
 
 
-def run_plain(config: Path, steps: int, extra: list[str]) -> list[float]:
+def run_plain(config: list[Path], steps: int, extra: list[str]) -> list[float]:
     """Step intervals (s) of a plain PyTorch loop doing the project's work (see the module docstring)."""
     with tempfile.TemporaryDirectory() as folder:
         cli = main([*project_args(config, Path(folder), steps, extra), "--trainer.logger=false"], run=False)
@@ -152,7 +152,7 @@ def run_plain(config: Path, steps: int, extra: list[str]) -> list[float]:
     return [b - a for a, b in pairwise(ends)]
 
 
-def run_loader(config: Path, steps: int, extra: list[str]) -> dict[str, float]:
+def run_loader(config: list[Path], steps: int, extra: list[str]) -> dict[str, float]:
     """The training loader alone: samples/s through ``steps`` batches and the batch transform, and setup time.
 
     The same loader, workers, pinned memory and on-device batch transform (augmentation,
@@ -179,7 +179,7 @@ def run_loader(config: Path, steps: int, extra: list[str]) -> dict[str, float]:
     return {"loader_samples_per_s": samples / (time.perf_counter() - start), "setup_s": setup_s}
 
 
-def first_step_seconds(config: Path, extra: list[str]) -> float:
+def first_step_seconds(config: list[Path], extra: list[str]) -> float:
     """Seconds from starting ``python -m <package> fit`` (what ``make train`` runs) to its first training step."""
     with tempfile.TemporaryDirectory() as folder:
         command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *project_args(config, Path(folder), 10, extra)]
@@ -194,7 +194,7 @@ def first_step_seconds(config: Path, extra: list[str]) -> float:
     return float(lines[-1].split("=")[1])
 
 
-def run_in_fresh_process(config: Path, path: str, steps: int, extra: list[str]) -> dict[str, float]:
+def run_in_fresh_process(config: list[Path], path: str, steps: int, extra: list[str]) -> dict[str, float]:
     """Run ``path`` ("project", "plain" or "loader") for ``steps`` steps in a new Python process.
 
     Returns its figures: median step time (ms) and batch size, or the loader's samples/s and setup time.
@@ -207,7 +207,7 @@ def run_in_fresh_process(config: Path, path: str, steps: int, extra: list[str]) 
         "-m",
         "{{ cookiecutter.package_name }}.bench",
         f"--worker={path}",
-        f"--config={config}",
+        *(f"--config={c}" for c in config),
         f"--steps={steps}",
         *extra,
     ]
@@ -220,7 +220,7 @@ def run_in_fresh_process(config: Path, path: str, steps: int, extra: list[str]) 
     return json.loads(lines[-1].removeprefix(RESULT))
 
 
-def worker(config: Path, path: str, steps: int, extra: list[str]) -> None:
+def worker(config: list[Path], path: str, steps: int, extra: list[str]) -> None:
     """The body of one fresh-process run: prints ``RESULT`` and the run's figures as JSON."""
     if path == "loader":
         print(RESULT + json.dumps(run_loader(config, steps, extra)), flush=True)
@@ -232,13 +232,13 @@ def worker(config: Path, path: str, steps: int, extra: list[str]) -> None:
     print(RESULT + json.dumps({"step_ms": 1000 * statistics.median(intervals), "batch_size": batch_size}), flush=True)
 
 
-def gpu_throughput(config: Path, steps: int, extra: list[str]) -> dict[str, float]:
+def gpu_throughput(config: list[Path], steps: int, extra: list[str]) -> dict[str, float]:
     """Training samples/s of the project's path on CUDA: float32 vs the gpu preset, eager vs compiled.
 
     Each variant runs ``steps`` steps in a fresh process; samples/s is the batch size over the
     median step time, which leaves out the first steps' cuDNN autotuning and compilation.
     """
-    preset = f"--config={config.parent / 'presets' / 'gpu.yaml'}"
+    preset = f"--config={config[0].parent / 'presets' / 'gpu.yaml'}"
     variants = {
         "fp32_eager": ["--trainer.accelerator=gpu", "--trainer.precision=32-true"],
         "gpu_preset_eager": [preset],
@@ -256,15 +256,19 @@ def gpu_throughput(config: Path, steps: int, extra: list[str]) -> dict[str, floa
 
 def main_bench(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, default=Path("configs/default.yaml"), help="the run's config")
+    parser.add_argument(
+        "--config", type=Path, action="append", help="the run's config; repeat to stack (default configs/default.yaml)"
+    )
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each path, alternating (default 5)")
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU throughput report")
     parser.add_argument("--worker", choices=["project", "plain", "loader"], help=argparse.SUPPRESS)
     args, extra = parser.parse_known_args(argv)
-    if not args.config.is_file():
-        parser.error(f"--config {args.config}: no such file; run from the project folder or pass --config")
-    config = args.config.resolve()
+    configs = args.config or [Path("configs/default.yaml")]
+    for path in configs:
+        if not path.is_file():
+            parser.error(f"--config {path}: no such file; run from the project folder or pass --config")
+    config = [path.resolve() for path in configs]
     os.environ.setdefault("WANDB_MODE", "offline")
     if args.worker:
         worker(config, args.worker, args.steps, extra)

@@ -2,6 +2,13 @@
 
 from .finite import NonFiniteError, StopOnNonFinite
 from .preemption import PreemptionCheckpoint
+from .progress import ThrottledRichProgressBar
 from .random_state import RandomStateCheckpoint
 
-__all__ = ["NonFiniteError", "PreemptionCheckpoint", "RandomStateCheckpoint", "StopOnNonFinite"]
+__all__ = [
+    "NonFiniteError",
+    "PreemptionCheckpoint",
+    "RandomStateCheckpoint",
+    "StopOnNonFinite",
+    "ThrottledRichProgressBar",
+]
