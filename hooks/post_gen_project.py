@@ -28,6 +28,7 @@ TASK_FILES = {
         "src/{package}/models/classifier.py",
         "src/{package}/nets/cnn.py",
         "src/{package}/nets/mlp.py",
+        "src/{package}/nets/pretrained.py",
         "tests/test_data.py",
         "tests/test_ddp.py",
         "tests/test_faults.py",
@@ -37,7 +38,9 @@ TASK_FILES = {
         "tests/test_model.py",
         "tests/test_nets.py",
         "tests/test_train.py",
+        "tests/test_transfer.py",
         "configs/experiments/image-folder.yaml",
+        "configs/experiments/transfer-learning.yaml",
     ],
     "tabular": [
         "src/{package}/data/tabular.py",

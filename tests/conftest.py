@@ -51,12 +51,16 @@ PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py"]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "config", "data", "launch", "module")]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("optim", "precision", "runs")]
-PACKAGE_FILES += [f"engine/callbacks/{name}.py" for name in ("__init__", "finite", "preemption", "random_state")]
+PACKAGE_FILES += [
+    f"engine/callbacks/{name}.py"
+    for name in ("__init__", "finetuning", "finite", "preemption", "progress", "random_state")
+]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
 TASK_PACKAGE_FILES = {
     "image-classification": [
         *("data/digits.py", "data/image_folder.py", "models/classifier.py", "nets/cnn.py", "nets/mlp.py"),
+        "nets/pretrained.py",
     ],
     "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py"],
 }
@@ -64,11 +68,12 @@ TASK_TEST_FILES = {
     "image-classification": [
         *("test_data.py", "test_ddp.py", "test_faults.py", "test_fsdp.py"),
         *("test_gpu.py", "test_image_folder.py", "test_model.py", "test_nets.py", "test_train.py"),
+        "test_transfer.py",
     ],
     "tabular": ["test_tabular.py"],
 }
 TASK_CONFIG_FILES = {
-    "image-classification": ["experiments/image-folder.yaml"],
+    "image-classification": ["experiments/image-folder.yaml", "experiments/transfer-learning.yaml"],
     "tabular": ["experiments/tabular-csv.yaml", "experiments/tabular-regression.yaml"],
 }
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.lr_scheduler import LRScheduler
 
 
 def parameter_groups(parameters: Iterable[tuple[str, nn.Parameter]]) -> list[dict[str, Any]]:
@@ -31,7 +31,7 @@ def parameter_groups(parameters: Iterable[tuple[str, nn.Parameter]]) -> list[dic
     return [group for group in groups if group["params"]]
 
 
-class WarmupCosine(LambdaLR):
+class WarmupCosine(LRScheduler):
     """Linear warm-up for ``warmup_ratio`` of the run, then a cosine down to ``min_lr_ratio`` of the peak.
 
     Step it once per optimizer step (``interval: step``). The factor at step ``s`` (peak lr times it):
@@ -39,6 +39,10 @@ class WarmupCosine(LambdaLR):
     ``1/w`` up to the peak (Goyal et al., 2017,
     arXiv:1706.02677), then ``m + (1 - m) * (1 + cos(pi * (s - w) / (total_steps - w))) / 2`` with
     ``m = min_lr_ratio`` (Loshchilov & Hutter, "SGDR", ICLR 2017).
+
+    Each parameter group follows this shape from its own peak (its ``initial_lr``, else its ``lr``),
+    groups added during training too (a backbone unfrozen by ``engine.callbacks.BackboneFreeze``):
+    torch's own schedulers fail on a group added after they were made.
 
     Args:
         optimizer: the optimizer whose groups' ``lr`` is the peak learning rate.
@@ -68,7 +72,13 @@ class WarmupCosine(LambdaLR):
             raise ValueError(f"lr_scheduler.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
         self.total_steps, self.warmup_ratio, self.min_lr_ratio = total_steps, warmup_ratio, min_lr_ratio
         self.warmup_steps = int(warmup_ratio * total_steps)
-        super().__init__(optimizer, self.factor)
+        super().__init__(optimizer)
+
+    def get_lr(self) -> list[float]:
+        for group in self.optimizer.param_groups[len(self.base_lrs) :]:  # added since the last step
+            self.base_lrs.append(group.setdefault("initial_lr", group["lr"]))
+        factor = self.factor(self.last_epoch)
+        return [base_lr * factor for base_lr in self.base_lrs]
 
     def factor(self, step: int) -> float:
         """The multiplier of the peak learning rate at optimizer step ``step`` (0-based)."""

@@ -12,6 +12,7 @@ Every net maps a float batch of images (B, C, H, W) to class logits (B, num_clas
 
 from .cnn import CNN
 from .mlp import MLP
+from .pretrained import PretrainedNet
 
-__all__ = ["CNN", "MLP"]
+__all__ = ["CNN", "MLP", "PretrainedNet"]
 {%- endif %}

@@ -62,6 +62,11 @@ class CNN(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(widths[-1], num_classes)
 
+    @property
+    def backbone(self) -> nn.Module:
+        """The convolution stages (everything but the pooling and the head), for ``engine.callbacks.BackboneFreeze``."""
+        return self.blocks
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.blocks(x)  # (B, C, H, W) -> (B, channels[-1], H / 2**stages, W / 2**stages)
         x = x.mean(dim=(2, 3))  # global average pool: (B, channels[-1])

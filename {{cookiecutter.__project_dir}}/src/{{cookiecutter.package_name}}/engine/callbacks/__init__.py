@@ -1,11 +1,13 @@
 """Callbacks of this project; Lightning's own (ModelCheckpoint, LearningRateMonitor, ...) are used as they are."""
 
+from .finetuning import BackboneFreeze
 from .finite import NonFiniteError, StopOnNonFinite
 from .preemption import PreemptionCheckpoint
 from .progress import ThrottledRichProgressBar
 from .random_state import RandomStateCheckpoint
 
 __all__ = [
+    "BackboneFreeze",
     "NonFiniteError",
     "PreemptionCheckpoint",
     "RandomStateCheckpoint",

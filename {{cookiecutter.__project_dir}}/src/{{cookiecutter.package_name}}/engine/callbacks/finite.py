@@ -30,7 +30,9 @@ class StopOnNonFinite(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Listed once, after the strategy has wrapped the model: walking ``pl_module.parameters()``
         # every step (metric modules included) cost more than the check itself (make bench).
-        self._params = [p for p in pl_module.parameters() if p.requires_grad]
+        # Frozen ones too: a backbone unfrozen later (BackboneFreeze) gets gradients from then on;
+        # parameters without a gradient are skipped at each step.
+        self._params = list(pl_module.parameters())
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         self._loss = loss.detach()

@@ -1,0 +1,66 @@
+"""Transfer learning: train a new head on a frozen backbone, then unfreeze the backbone at a lower learning rate."""
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import BaseFinetuning
+from torch import nn
+
+from {{ cookiecutter.package_name }}.engine.optim import parameter_groups
+
+
+class BackboneFreeze(BaseFinetuning):
+    """Freeze ``model.net.backbone`` until ``unfreeze_at_epoch``, then train it at ``backbone_lr_ratio`` of the peak lr.
+
+    The usual schedule for a pretrained backbone (Howard & Ruder, 2018, "Universal Language Model
+    Fine-tuning", gradual unfreezing; Yosinski et al., 2014, "How transferable are features"):
+    first only the new head learns, so its random initial gradients do not wreck the pretrained
+    features, then the backbone joins with a smaller learning rate. Built on Lightning's
+    ``BaseFinetuning`` (https://lightning.ai/docs/pytorch/stable/api/lightning.pytorch.callbacks.BaseFinetuning.html),
+    which also restores the optimizer's groups when a run resumes after the unfreeze. The backbone's
+    parameters join as two groups, weight matrices decayed and biases and norms not (as
+    ``engine.optim.parameter_groups``), with ``initial_lr`` set so ``engine.WarmupCosine`` schedules
+    them with the same shape.
+
+    Any net with a ``backbone`` module works: ``nets.CNN`` (its convolution stages), ``nets.PretrainedNet``.
+
+    Args:
+        unfreeze_at_epoch: the first epoch (0-based) in which the backbone trains.
+        backbone_lr_ratio: the backbone groups' peak learning rate as a share of the first group's.
+        train_bn: keep the frozen backbone's BatchNorm layers updating their statistics (False: frozen too).
+
+    Raises:
+        ValueError: when fit starts, if the model's net has no ``backbone`` module.
+    """
+
+    def __init__(self, unfreeze_at_epoch: int = 1, backbone_lr_ratio: float = 0.1, train_bn: bool = False) -> None:
+        super().__init__()
+        if unfreeze_at_epoch < 0 or not 0.0 < backbone_lr_ratio <= 1.0:
+            raise ValueError(
+                f"BackboneFreeze: unfreeze_at_epoch must be >= 0 and backbone_lr_ratio in (0, 1], "
+                f"got {unfreeze_at_epoch} and {backbone_lr_ratio}"
+            )
+        self.unfreeze_at_epoch, self.backbone_lr_ratio, self.train_bn = unfreeze_at_epoch, backbone_lr_ratio, train_bn
+
+    @staticmethod
+    def backbone(pl_module: L.LightningModule) -> nn.Module:
+        backbone = getattr(getattr(pl_module, "net", None), "backbone", None)
+        if not isinstance(backbone, nn.Module):
+            raise ValueError(
+                f"BackboneFreeze: model.net ({type(getattr(pl_module, 'net', None)).__name__}) has no `backbone` "
+                "module to freeze; use a net with one (nets.CNN, nets.PretrainedNet) or remove the callback"
+            )
+        return backbone
+
+    def freeze_before_training(self, pl_module: L.LightningModule) -> None:
+        self.freeze(self.backbone(pl_module), train_bn=self.train_bn)
+
+    def finetune_function(self, pl_module: L.LightningModule, epoch: int, optimizer: torch.optim.Optimizer) -> None:
+        if epoch != self.unfreeze_at_epoch:
+            return
+        backbone = self.backbone(pl_module)
+        self.make_trainable(backbone)
+        first = optimizer.param_groups[0]
+        peak = first.get("initial_lr", first["lr"]) * self.backbone_lr_ratio
+        for group in parameter_groups(backbone.named_parameters()):
+            group.setdefault("weight_decay", first.get("weight_decay", 0.0))
+            optimizer.add_param_group({**group, "lr": peak, "initial_lr": peak})

@@ -1,0 +1,97 @@
+"""A torchvision classification backbone with a new head, for transfer learning.
+
+torchvision is an optional extra (``pip install -e ".[vision]"``): its wheels are built against one
+torch release each, so install the pair that matches your torch. Weights are read from torch's
+local hub cache only (``torch.hub.get_dir()/checkpoints``), never downloaded during a run: fetch
+them once on a machine with internet (``torchvision.models.get_model(name, weights="DEFAULT")``
+stores them there) or pass ``weights=None`` for random initialisation.
+"""
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class PretrainedNet(nn.Module):
+    """``backbone`` (a torchvision model without its classifier) -> features (B, F) -> ``head``: (B, num_classes).
+
+    Pair with ``engine.callbacks.BackboneFreeze`` to train the head first, then the backbone at a
+    lower learning rate. Grey images (``in_channels=1``) are repeated to the 3 channels the
+    pretrained filters expect.
+
+    Args:
+        architecture: a torchvision classification model name (``resnet18``, ``resnet50``,
+            ``efficientnet_b0``, ``mobilenet_v3_small``, ``convnext_tiny``, ...).
+        num_classes: number of output logits (linked from the DataModule by the CLI).
+        in_channels: image channels C, 1 or 3 (linked likewise).
+        weights: a torchvision weights name ("DEFAULT", "IMAGENET1K_V1", ...), or None for random weights.
+        dropout: dropout probability before the head.
+
+    Raises:
+        ImportError: torchvision is not installed or does not import beside this torch.
+        ValueError: an unknown architecture or weights name, ``in_channels`` not 1 or 3, or weights
+            missing from the local cache (the message gives the file to provide).
+    """
+
+    def __init__(
+        self,
+        architecture: str = "resnet18",
+        num_classes: int = 10,
+        in_channels: int = 3,
+        weights: str | None = "DEFAULT",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        try:
+            import torchvision
+        except (ImportError, RuntimeError) as error:
+            raise ImportError(
+                f"PretrainedNet needs torchvision built for torch {torch.__version__} ({error}); "
+                'install it with: pip install -e ".[vision]"'
+            ) from None
+        if in_channels not in (1, 3):
+            raise ValueError(f"PretrainedNet.in_channels must be 1 or 3, got {in_channels}")
+        if architecture not in torchvision.models.list_models(module=torchvision.models):
+            raise ValueError(f"PretrainedNet.architecture={architecture!r} is not a torchvision classification model")
+        self.in_channels = in_channels
+        self.backbone = torchvision.models.get_model(architecture, weights=None)
+        if weights is not None:
+            self.backbone.load_state_dict(_cached_weights(torchvision, architecture, weights))
+        features = _drop_classifier(self.backbone)
+        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(features, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_channels == 1:
+            x = x.expand(-1, 3, -1, -1)  # (B, 1, H, W) -> (B, 3, H, W), no copy
+        return self.head(self.backbone(x))  # (B, 3, H, W) -> (B, F) -> (B, num_classes)
+
+
+def _cached_weights(torchvision, architecture: str, name: str) -> dict[str, torch.Tensor]:
+    try:
+        weights = torchvision.models.get_model_weights(architecture)[name]
+    except (KeyError, ValueError):
+        raise ValueError(f"PretrainedNet.weights={name!r}: no such weights for {architecture}") from None
+    path = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
+    if not path.is_file():
+        raise ValueError(
+            f"PretrainedNet: {architecture} weights {name} are not in the local cache ({path}). Fetch them once "
+            f"where there is internet (python -c \"import torchvision; torchvision.models.get_model('{architecture}', "
+            f"weights='{name}')\"), copy the file there, or set weights: null for random weights"
+        )
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _drop_classifier(model: nn.Module) -> int:
+    """Replace a torchvision model's last ``nn.Linear`` (its classifier) with ``nn.Identity``; return its input width F.
+
+    Everything before it stays (MobileNet's hidden layer, ConvNeXt's norm and flatten), so the
+    backbone ends in the features the pretrained classifier was trained on.
+    """
+    linears = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    if not linears:
+        raise ValueError(f"PretrainedNet: {type(model).__name__} has no linear classifier to replace")
+    name, last = linears[-1]
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, nn.Identity())
+    return last.in_features
