@@ -65,6 +65,14 @@ def test_given_split_folders_are_used(tmp_path: Path) -> None:
     assert len(data.train_set) + len(data.val_set) == 60  # validation held out of train/
 
 
+def test_a_train_folder_alone_gives_all_three_splits(tmp_path: Path) -> None:
+    make_folder(tmp_path / "images" / "train", per_class=20)
+    data = ImageFolderDataModule(root=str(tmp_path / "images"), image_size=16, batch_size=8)
+    data.setup("fit")
+    sizes = [len(data.train_set), len(data.val_set), len(data.test_set)]
+    assert sum(sizes) == 60 and sizes[1] == pytest.approx(9, abs=1) and sizes[2] == pytest.approx(9, abs=1)
+
+
 @pytest.mark.slow
 def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
     root = make_folder(tmp_path / "images")

@@ -115,3 +115,14 @@ def test_bad_tables_fail_before_training_and_write_nothing(
 def test_missing_file_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"data.path=.*nothing.csv: no such file"):
         _ = TabularDataModule(path=str(tmp_path / "nothing.csv")).num_features
+
+
+def test_preprocessing_restored_from_a_checkpoint_splits_and_encodes_the_table_the_same_way(table: Path) -> None:
+    trained = TabularDataModule(path=str(table), target="label")
+    trained.setup("fit")
+    restored = TabularDataModule(path=str(table), target="label")
+    restored.load_state_dict(trained.state_dict())  # what from_checkpoint does
+    restored.setup("fit")
+    for split in ("train", "val", "test"):
+        assert (restored.split_rows[split] == trained.split_rows[split]).all()
+    assert torch.equal(restored.test_set.tensors[0], trained.test_set.tensors[0])

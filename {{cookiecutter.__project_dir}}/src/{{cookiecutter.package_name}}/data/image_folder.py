@@ -147,24 +147,24 @@ class ImageFolderDataModule(ResumableDataModule):
         else:
             parts = dict(self.files)
             missing = [split for split in ("val", "test") if split not in parts]
-            if missing:  # held out of train/ with a seeded, stratified cut per missing split
+            if missing:  # held out of train/, seeded and stratified
                 train = parts["train"]
                 labels = np.array([label for _, label in train])
-                fractions = {"val": hp.val_fraction, "test": hp.test_fraction}
-                held = sum(fractions[split] for split in missing)
-                rest, out = train_test_split(
-                    np.arange(len(train)), test_size=held, stratify=labels, random_state=hp.split_seed
-                )
-                if len(missing) == 2:  # out -> val and test, in proportion
-                    val, test = train_test_split(
-                        out, test_size=hp.test_fraction / held, stratify=labels[out], random_state=hp.split_seed
+                if len(missing) == 2:
+                    rows = split_indices(labels, len(train), hp.val_fraction, hp.test_fraction, hp.split_seed)
+                else:  # one cut for the one missing split
+                    fraction = hp.val_fraction if missing == ["val"] else hp.test_fraction
+                    rows = dict(
+                        zip(
+                            ("train", missing[0]),
+                            train_test_split(
+                                np.arange(len(train)), test_size=fraction, stratify=labels, random_state=hp.split_seed
+                            ),
+                            strict=True,
+                        )
                     )
-                    held_out = {"val": val, "test": test}
-                else:
-                    held_out = {missing[0]: out}
-                parts["train"] = [train[i] for i in rest]
-                for split, rows in held_out.items():
-                    parts[split] = [train[i] for i in rows]
+                for split in ("train", *missing):
+                    parts[split] = [train[i] for i in rows[split]]
         decoded = {split: self._decode(items) for split, items in parts.items()}
         train_images = decoded["train"][0].float() / 255.0  # (N, C, H, W)
         self.mean = train_images.mean(dim=(0, 2, 3)).tolist()

@@ -261,7 +261,10 @@ class TabularDataModule(ResumableDataModule):
         frame = self._frame()
         prep = self._prepared()
         if not self.split_rows:  # preprocessing came from a checkpoint: split this table the same way
-            labels = frame[prep["target"]].astype(str).to_numpy() if prep["task"] == "classification" else None
+            labels = None
+            if prep["task"] == "classification":  # class indices, as _fit stratified by
+                index = {name: i for i, name in enumerate(prep["classes"])}
+                labels = frame[prep["target"]].astype(str).map(index).to_numpy()
             hp = self.hparams
             self.split_rows = split_indices(labels, len(frame), hp.val_fraction, hp.test_fraction, hp.split_seed)
         features, targets = self.encode(frame), self.encode_target(frame)
