@@ -82,6 +82,7 @@ class ImageFolderDataModule(ResumableDataModule):
         self.files, self.class_names, self.mode = self._scan(Path(root))
         self.mean: list[float] | None = None  # per channel, of the training split in [0, 1]
         self.std: list[float] | None = None
+        self._stats_on_device: tuple[tuple, torch.Tensor] | None = None  # (device, mean, std) -> (2, 1, C, 1, 1)
         self.augmentation = None
         if augment:
             steps = [K.RandomResizedCrop((image_size, image_size), scale=(0.8, 1.0))]
@@ -200,8 +201,12 @@ class ImageFolderDataModule(ResumableDataModule):
         """
         if self.mean is None or self.std is None:
             raise RuntimeError("ImageFolderDataModule.normalize needs the train statistics: call setup() first")
-        mean = torch.tensor(self.mean, device=images.device).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, device=images.device).view(1, -1, 1, 1)
+        # Made once per device, not per batch: a tensor from a list is a host-to-device copy (a sync on CUDA).
+        key = (images.device, tuple(self.mean), tuple(self.std))
+        if self._stats_on_device is None or self._stats_on_device[0] != key:
+            stats = torch.tensor([self.mean, self.std], device=images.device).view(2, 1, -1, 1, 1)
+            self._stats_on_device = (key, stats)
+        mean, std = self._stats_on_device[1]
         return (images - mean) / std
 
     def state_dict(self) -> dict[str, Any]:
