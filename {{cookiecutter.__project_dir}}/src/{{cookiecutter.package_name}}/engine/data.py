@@ -13,8 +13,11 @@ A DataModule that inherits it only makes its data sets in ``setup`` (``self.trai
 
 The order is a pure function of (seed, epoch, batches done), the same for any number of workers,
 so there is no iterator state to save: about 40 lines, no dependency. torchdata's
-``StatefulDataLoader`` (which saves the sampler's and workers' positions instead) is the
-well-kept alternative for iterable or streaming data, where no such function exists.
+``StatefulDataLoader`` (which saves the sampler's and workers' positions instead) was measured
+against it: with Lightning 2.6 it resumes in the wrong order as soon as ``configure_optimizers``
+reads ``trainer.estimated_stepping_batches`` (as every schedule given the run's length does),
+because Lightning builds the epoch's iterator before it restores the loader's state. It remains
+the well-kept choice for iterable or streaming data, where no order function exists.
 """
 
 from collections.abc import Iterator
