@@ -50,6 +50,15 @@ TASK_FILES = {
         "configs/experiments/tabular-csv.yaml",
         "configs/experiments/tabular-regression.yaml",
     ],
+    "language-model": [
+        "src/{package}/data/text.py",
+        "src/{package}/data/corpora/moby_dick.txt.gz",
+        "src/{package}/models/language_model.py",
+        "src/{package}/nets/gpt.py",
+        "src/{package}/generate.py",
+        "tests/test_language_model.py",
+        "configs/experiments/text-folder.yaml",
+    ],
 }
 
 
@@ -118,7 +127,7 @@ def placeholders() -> dict[str, str]:
         cuda = "unknown"
     logger = {"wandb": "Weights & Biases (offline until `wandb login`)", "tensorboard": "TensorBoard", "csv": "CSV"}
     src = f"src/{PACKAGE}"
-    experiment = "tabular" if ANSWERS["task"] == "tabular" else "digits"
+    experiment = ANSWERS["__experiment"]
     run = f"logs/{experiment}/version_<n>"
     if ANSWERS["logger"] == "wandb":
         run = "logs/{{ cookiecutter.project_slug }}/<run id>"

@@ -63,6 +63,10 @@ TASK_PACKAGE_FILES = {
         "nets/pretrained.py",
     ],
     "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py"],
+    "language-model": [
+        *("data/text.py", "data/corpora/moby_dick.txt.gz", "models/language_model.py", "nets/gpt.py"),
+        "generate.py",
+    ],
 }
 TASK_TEST_FILES = {
     "image-classification": [
@@ -71,10 +75,12 @@ TASK_TEST_FILES = {
         "test_transfer.py",
     ],
     "tabular": ["test_tabular.py"],
+    "language-model": ["test_language_model.py"],
 }
 TASK_CONFIG_FILES = {
     "image-classification": ["experiments/image-folder.yaml", "experiments/transfer-learning.yaml"],
     "tabular": ["experiments/tabular-csv.yaml", "experiments/tabular-regression.yaml"],
+    "language-model": ["experiments/text-folder.yaml"],
 }
 
 
@@ -97,7 +103,7 @@ def leftover_template_syntax(project: Path, allowed: tuple[str, ...] = ()) -> li
     """
     found = []
     for path in sorted(project.rglob("*")):
-        if not path.is_file() or ".git" in path.parts:
+        if not path.is_file() or ".git" in path.parts or path.suffix == ".gz":  # .gz: the bundled corpus, binary
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             for literal in allowed:

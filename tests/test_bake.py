@@ -24,7 +24,7 @@ LICENSE_FIRST_LINE = {
 # cycle through their choices along the way, so every answer of every question is baked.
 MATRIX = [
     {
-        "task": QUESTIONS["task"][(i // 2) % len(QUESTIONS["task"])],  # both tasks with compile on and off
+        "task": QUESTIONS["task"][(i // 2) % len(QUESTIONS["task"])],  # every task with compile on and off
         "logger": logger,
         "precision": precision,
         "compile": ("yes", "no")[i % 2],
@@ -57,7 +57,8 @@ def check_bake(project: Path, answers: dict) -> None:
         yaml.safe_load(config.read_text())
     default = yaml.safe_load((project / "configs" / "default.yaml").read_text())
     assert default["trainer"]["precision"] == "32-true"
-    model_class = {"image-classification": "ImageClassifier", "tabular": "TabularModel"}[task]
+    model_class = {"image-classification": "ImageClassifier", "tabular": "TabularModel", "language-model": "LanguageModel"}
+    model_class = model_class[task]
     assert default["model"]["class_path"] == f"{package}.models.{model_class}"
     if task == "tabular":
         assert any(dep.startswith("pandas") for dep in dependencies)

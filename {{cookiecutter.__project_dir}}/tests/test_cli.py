@@ -35,6 +35,8 @@ def test_print_config_round_trips(capsys: pytest.CaptureFixture, tmp_path: Path)
 {%- if cookiecutter.task == "tabular" %}
     assert not {"task", "num_outputs", "target_scale", "class_names"} & config["model"]["init_args"].keys()
     assert not {"in_features", "out_features"} & config["model"]["init_args"]["net"]["init_args"].keys()
+{%- elif cookiecutter.task == "language-model" %}
+    assert not {"vocab_size", "block_size"} & config["model"]["init_args"]["net"]["init_args"].keys()
 {%- else %}
     assert "num_classes" not in config["model"]["init_args"]
     assert "num_classes" not in config["model"]["init_args"]["net"]["init_args"]
@@ -46,7 +48,7 @@ def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> No
     assert isinstance(trainer.progress_bar_callback, RichProgressBar)
     assert trainer.progress_bar_callback.refresh_rate == 4  # redraws per second (make bench)
     best, last = (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint))
-{%- if cookiecutter.task == "tabular" %}
+{%- if cookiecutter.task != "image-classification" %}
     assert (best.monitor, best.mode, best.save_top_k) == ("val/loss", "min", 1)
 {%- else %}
     assert (best.monitor, best.mode, best.save_top_k) == ("val/acc", "max", 1)

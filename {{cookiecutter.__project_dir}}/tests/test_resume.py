@@ -93,6 +93,8 @@ class OwnDataModule(ResumableDataModule):
 {% if cookiecutter.task == "tabular" %}
     # What the CLI links to the model and its net (README: "Add your own data").
     num_features, num_outputs, task, target_scale, class_names = 12, 3, "classification", (0.0, 1.0), ["a", "b", "c"]
+{%- elif cookiecutter.task == "language-model" %}
+    vocab_size, block_size = 256, 16  # the CLI links them to the net
 {%- else %}
     num_classes = 3  # the CLI links it to the model and its net
 {%- endif %}
@@ -105,17 +107,27 @@ class OwnDataModule(ResumableDataModule):
         if self.train_set is not None:
             return
         generator = torch.Generator().manual_seed(self.hparams.split_seed)
-{%- if cookiecutter.task == "tabular" %}
+{%- if cookiecutter.task == "language-model" %}
+{%- elif cookiecutter.task == "tabular" %}
         inputs = torch.randn(self.hparams.size, self.num_features, generator=generator)
         labels = (inputs[:, 0] > 0).long() + (inputs[:, 1] > 1).long()  # (N,) in [0, 3)
 {%- else %}
         inputs = torch.randn(self.hparams.size, 1, 8, 8, generator=generator)
         labels = (inputs.mean(dim=(1, 2, 3)) > 0).long() + (inputs[:, 0, 0, 0] > 1).long()  # (N,) in [0, 3)
 {%- endif %}
+{%- if cookiecutter.task == "language-model" %}
+        tokens = torch.randint(0, 8, (self.hparams.size, self.block_size + 1), generator=generator)
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (N, T) each, targets shifted by one
+        splits = split_indices(None, len(tokens), 0.15, 0.15, self.hparams.split_seed)
+        self.train_set, self.val_set, self.test_set = (
+            TensorDataset(inputs[rows], targets[rows]) for rows in splits.values()
+        )
+{%- else %}
         splits = split_indices(labels.numpy(), len(labels), 0.15, 0.15, self.hparams.split_seed)
         self.train_set, self.val_set, self.test_set = (
             TensorDataset(inputs[rows], labels[rows]) for rows in splits.values()
         )
+{%- endif %}
 
 
 @pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")

@@ -43,6 +43,10 @@ class CLI(LightningCLI):
             ("data.class_names", "model.init_args.class_names"),
         ):
             parser.link_arguments(source, target, apply_on="instantiate")
+{%- elif cookiecutter.task == "language-model" %}
+        # The data decides the vocabulary (bytes) and the context length the net is built for.
+        parser.link_arguments("data.vocab_size", "model.init_args.net.init_args.vocab_size", apply_on="instantiate")
+        parser.link_arguments("data.block_size", "model.init_args.net.init_args.block_size", apply_on="instantiate")
 {%- else %}
         # The data decides the number of classes and channels; the model and its net cannot disagree.
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")

@@ -3,6 +3,10 @@
 from .tabular import TabularDataModule
 
 __all__ = ["TabularDataModule"]
+{%- elif cookiecutter.task == "language-model" %}
+from .text import TextDataModule
+
+__all__ = ["TextDataModule"]
 {%- else %}
 from .digits import DigitsDataModule
 from .image_folder import ImageFolderDataModule

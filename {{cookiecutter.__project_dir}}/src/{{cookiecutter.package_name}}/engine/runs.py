@@ -46,6 +46,36 @@ def latest_checkpoint(folder: Path) -> Path | None:
     return max(existing, key=lambda path: path.stat().st_mtime) if existing else None
 
 
+def best_checkpoint(root: str | Path = "logs") -> Path:
+    """The best checkpoint of the latest run under ``root``: what ``make generate`` and friends load by default.
+
+    The latest run is the run folder (``<run>/checkpoints/``) holding the newest ``.ckpt`` file.
+    Its best checkpoint is the one its ``test_metrics.json`` names (the first ModelCheckpoint's
+    best), else its newest checkpoint that is not ``last.ckpt`` or an interrupted one, else its
+    newest resumable one (:func:`latest_checkpoint`).
+
+    Raises:
+        FileNotFoundError: no checkpoint under ``root``; says to train first or pass a path.
+    """
+    found = [path for path in Path(root).glob("**/checkpoints/*.ckpt") if path.is_file()]
+    if not found:
+        raise FileNotFoundError(f"no checkpoint under {root}/: train first (make train) or pass one (CKPT=path)")
+    run = max(found, key=lambda path: path.stat().st_mtime).parent.parent
+    summary = run / "test_metrics.json"
+    if summary.is_file():
+        named = json.loads(summary.read_text()).get("checkpoint")
+        if named and Path(named).is_file():
+            return Path(named)
+    best = [
+        path
+        for path in run.glob("checkpoints/*.ckpt")
+        if path.name != "last.ckpt" and not path.name.startswith("interrupted-")
+    ]
+    if best:
+        return max(best, key=lambda path: path.stat().st_mtime)
+    return latest_checkpoint(run) or max(run.glob("checkpoints/*.ckpt"), key=lambda path: path.stat().st_mtime)
+
+
 def _first_logger(trainer_config):
     loggers = trainer_config.get("logger")
     logger = loggers[0] if isinstance(loggers, list) and loggers else loggers

@@ -3,6 +3,10 @@
 from .tabular import TabularModel
 
 __all__ = ["TabularModel"]
+{%- elif cookiecutter.task == "language-model" %}
+from .language_model import LanguageModel
+
+__all__ = ["LanguageModel"]
 {%- else %}
 from .classifier import ImageClassifier
 

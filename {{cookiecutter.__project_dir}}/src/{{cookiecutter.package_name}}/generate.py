@@ -1,0 +1,71 @@
+"""``make generate``: sample text from a trained language model.
+
+    python -m {{ cookiecutter.package_name }}.generate --prompt "Call me" --max_new_tokens 300 --temperature 0.8 --top_k 40
+    python -m {{ cookiecutter.package_name }}.generate --ckpt logs/.../checkpoints/epoch004-val_loss1.2345.ckpt
+
+Without ``--ckpt`` it loads the best checkpoint of the latest run under ``logs/``
+(:func:`engine.runs.best_checkpoint`). The checkpoint alone rebuilds the model: no training config
+is needed. Options are read by jsonargparse from this function's signature (``--help``).
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+from jsonargparse import auto_cli
+
+from {{ cookiecutter.package_name }}.data.text import TextDataModule
+from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
+from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
+from {{ cookiecutter.package_name }}.models import LanguageModel
+
+
+def generate(
+    prompt: str = "\n",
+    max_new_tokens: int = 400,
+    temperature: float = 0.8,
+    top_k: int | None = 40,
+    ckpt: Path | None = None,
+    seed: int | None = 0,
+    device: str = "auto",
+) -> str:
+    """Print and return ``prompt`` continued by ``max_new_tokens`` sampled tokens (bytes).
+
+    Args:
+        prompt: the text to continue (at most the model's block_size UTF-8 bytes).
+        max_new_tokens: tokens (bytes) to sample.
+        temperature: above 0; lower is more conservative, 1 samples the model's distribution.
+        top_k: sample among the k likeliest tokens only (null: all).
+        ckpt: the checkpoint; default the best of the latest run under logs/.
+        seed: seed of the sampling (null: a different text each time).
+        device: "auto" (CUDA when available), "cpu" or "cuda".
+
+    Raises:
+        FileNotFoundError: no checkpoint found or given.
+        ValueError: a bad prompt, temperature or top_k (from :meth:`LanguageModel.generate`).
+    """
+    path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
+    read_checkpoint(path)  # a missing, truncated or foreign file is named before torch reads it
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    target = torch.device(device)
+    model = LanguageModel.load_from_checkpoint(path, map_location=target, weights_only=True)
+    if seed is not None:
+        torch.manual_seed(seed)
+    tokens = TextDataModule.encode(prompt).unsqueeze(0).to(target)  # (1, T0)
+    output = model.generate(tokens, max_new_tokens, temperature=temperature, top_k=top_k)  # (1, T0 + new)
+    text = TextDataModule.decode(output[0].cpu())
+    print(f"[{path}]", file=sys.stderr)
+    print(text)
+    return text
+
+
+def main(args: list[str] | None = None) -> None:
+    try:
+        auto_cli(generate, args=args)
+    except (CheckpointError, FileNotFoundError, ValueError) as error:  # the user's to fix: no traceback
+        sys.exit(f"generate: {error}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""A decoder-only transformer (GPT) over byte tokens: token ids (B, T) -> next-token logits (B, T, V).
+
+The architecture of GPT-2 (Radford et al., "Language Models are Unsupervised Multitask Learners",
+2019) in its pre-norm form: each block is x + attention(LayerNorm(x)), then x + MLP(LayerNorm(x)).
+Attention is causal self-attention (Vaswani et al., "Attention Is All You Need", NeurIPS 2017)
+through ``torch.nn.functional.scaled_dot_product_attention``, which picks a fused kernel
+(FlashAttention on recent GPUs: Dao et al., 2022). Learned position embeddings; the output layer
+shares its weight with the token embedding (Press & Wolf, "Using the Output Embedding to Improve
+Language Models", EACL 2017). Activation checkpointing per block (Chen et al., "Training Deep Nets
+with Sublinear Memory Cost", 2016) trades a second forward pass for activation memory.
+
+Shapes: B batch, T sequence length (<= block_size), C width (n_embd), H heads, V vocabulary.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention in which position t attends to positions <= t only."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(n_embd, 3 * n_embd)  # queries, keys and values in one matmul
+        self.proj = nn.Linear(n_embd, n_embd)
+        self.dropout = dropout
+        self.proj_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape  # B, T, C
+        q, k, v = self.qkv(x).split(c, dim=2)  # 3 x (B, T, C)
+        # (B, T, C) -> (B, H, T, C / H): the heads attend independently
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )  # (B, H, T, C / H)
+        y = y.transpose(1, 2).contiguous().view(b, t, c)  # heads side by side again
+        return self.proj_dropout(self.proj(y))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: attention, then a 4x-wide MLP, each added to the residual stream."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(n_embd)
+        self.attention = CausalSelfAttention(n_embd, n_head, dropout)
+        self.norm2 = nn.LayerNorm(n_embd)
+        self.mlp = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd),
+            nn.GELU(),
+            nn.Linear(4 * n_embd, n_embd),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x))  # (B, T, C)
+        return x + self.mlp(self.norm2(x))  # (B, T, C)
+
+
+class GPT(nn.Module):
+    """A GPT language model.
+
+    Args:
+        vocab_size: number of token ids V (256 for bytes; linked from the DataModule).
+        block_size: the longest context T in tokens (the position-embedding table's size).
+        n_layer: number of transformer blocks.
+        n_head: attention heads per block; must divide ``n_embd``.
+        n_embd: the width C of the residual stream.
+        dropout: dropout probability on attention weights, projections and embeddings.
+        activation_checkpointing: recompute each block's activations in the backward pass
+            instead of storing them (less memory, about a third more compute).
+
+    Raises:
+        ValueError: ``n_head`` does not divide ``n_embd``, or a size is not positive.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 256,
+        block_size: int = 128,
+        n_layer: int = 4,
+        n_head: int = 4,
+        n_embd: int = 128,
+        dropout: float = 0.1,
+        activation_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("block_size", block_size), ("n_layer", n_layer)):
+            if value < 1:
+                raise ValueError(f"model.init_args.net.init_args.{name} must be positive, got {value}")
+        if n_head < 1 or n_embd % n_head:
+            raise ValueError(
+                f"model.init_args.net.init_args.n_head ({n_head}) must divide n_embd ({n_embd}): "
+                "each head gets n_embd / n_head channels"
+            )
+        self.block_size = block_size
+        self.activation_checkpointing = activation_checkpointing
+        self.token_embedding = nn.Embedding(vocab_size, n_embd)
+        self.position_embedding = nn.Embedding(block_size, n_embd)
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.norm = nn.LayerNorm(n_embd)
+        self.head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.head.weight = self.token_embedding.weight  # weight tying: one (V, C) matrix
+        self.apply(self._init_weights)
+        # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer), so the residual stream's
+        # variance does not grow with depth.
+        for name, parameter in self.named_parameters():
+            if name.endswith(("attention.proj.weight", "mlp.2.weight")):
+                nn.init.normal_(parameter, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (B, T, V) for token ids (B, T), T <= block_size.
+
+        Raises:
+            ValueError: the sequence is longer than ``block_size``.
+        """
+        length = tokens.shape[1]  # T
+        if length > self.block_size:
+            raise ValueError(f"a sequence of {length} tokens is longer than the model's block_size {self.block_size}")
+        positions = torch.arange(length, device=tokens.device)  # (T,)
+        x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))  # (B, T, C)
+        for block in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)  # (B, T, C), activations recomputed
+            else:
+                x = block(x)  # (B, T, C)
+        return self.head(self.norm(x))  # (B, T, V)

@@ -1,0 +1,175 @@
+"""The language model: the GPT, byte windows and splits, your own text, generation, bad input."""
+
+import gzip
+import json
+import math
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS, shrunk_args
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.data import TextDataModule
+from {{ cookiecutter.package_name }}.data.text import TokenWindows, read_text
+from {{ cookiecutter.package_name }}.generate import main as generate_main
+from {{ cookiecutter.package_name }}.models import LanguageModel
+from {{ cookiecutter.package_name }}.nets import GPT
+
+EXPERIMENT = CONFIGS / "experiments" / "text-folder.yaml"
+
+
+def small_gpt(**overrides) -> GPT:
+    settings = {"block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 16, "dropout": 0.0} | overrides
+    return GPT(**settings)
+
+
+def test_gpt_is_causal_and_ties_its_output_to_the_embedding() -> None:
+    torch.manual_seed(0)
+    net = small_gpt().eval()
+    tokens = torch.randint(0, 256, (2, 16))
+    logits = net(tokens)
+    assert logits.shape == (2, 16, 256)  # (B, T, V)
+    changed = tokens.clone()
+    changed[:, 10] = (changed[:, 10] + 1) % 256
+    # Positions before 10 cannot see position 10: their logits are bit-for-bit the same.
+    assert torch.equal(net(changed)[:, :10], logits[:, :10])
+    assert not torch.allclose(net(changed)[:, 10:], logits[:, 10:])
+    assert net.head.weight is net.token_embedding.weight
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients() -> None:
+    tokens = torch.randint(0, 256, (3, 16))
+    results = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        net = small_gpt(activation_checkpointing=checkpointing)
+        loss = net(tokens).logsumexp(-1).mean()
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in net.parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert torch.allclose(loss_a, loss_b)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads_a, grads_b, strict=True))
+
+
+def test_gpt_refuses_bad_sizes_and_long_sequences() -> None:
+    with pytest.raises(ValueError, match=r"n_head \(3\) must divide n_embd \(16\)"):
+        small_gpt(n_head=3)
+    with pytest.raises(ValueError, match="longer than the model's block_size 16"):
+        small_gpt()(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_bundled_corpus_is_real_text_split_in_order() -> None:
+    data = TextDataModule(block_size=64)
+    text = read_text(None)
+    assert len(text) > 1_000_000 and text.decode("utf-8").startswith("CHAPTER 1. Loomings.")
+    train, val, test = (data.splits[name] for name in ("train", "val", "test"))
+    assert len(train) + len(val) + len(test) == len(text)
+    assert bytes(test[-20:].tolist()) == text[-20:]  # the test text is the corpus's end
+    data.setup("fit")
+    inputs, targets = data.train_set[3]
+    assert inputs.shape == targets.shape == (64,)
+    assert torch.equal(inputs[1:], targets[:-1])  # targets are the inputs shifted by one
+    assert data.vocab_size == 256
+
+
+def test_windows_tile_evaluation_text_without_overlap() -> None:
+    tokens = torch.arange(100, dtype=torch.uint8)
+    windows = TokenWindows(tokens, block_size=10, stride=10)
+    assert len(windows) == 9  # 9 full windows of 10 + 1 tokens fit in 100
+    assert torch.equal(torch.cat([windows[i][1] for i in range(len(windows))]), tokens[1:91].long())
+    assert len(TokenWindows(tokens, block_size=10, stride=5)) == 18
+
+
+BAD_TEXT = {
+    "missing": ("missing.txt", None, "does not exist"),
+    "no-txt-files": ("empty", None, "has no .txt files"),
+    "blank": ("blank.txt", b"  \n", "holds no text"),
+    "not-utf8": ("latin1.txt", "café crème".encode("latin-1"), "not UTF-8"),
+    "shorter-than-a-block": ("short.txt", b"too short", "fewer than one window"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_TEXT)
+def test_bad_text_fails_before_training_and_writes_no_run_folder(tmp_path: Path, case: str) -> None:
+    name, content, message = BAD_TEXT[case]
+    path = tmp_path / name
+    if case == "no-txt-files":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises((ValueError, FileNotFoundError), match=message) as error:
+        main(["fit", *shrunk_args(tmp_path / "run"), f"--config={EXPERIMENT}", f"--data.init_args.path={path}"])
+    assert "data.path" in str(error.value) or "data.block_size" in str(error.value)
+    assert not [file for file in (tmp_path / "run").rglob("*") if file.is_file()]  # no run folder, no file
+
+
+NOUNS = ["the whale", "the sea", "a ship", "the captain", "an oar"]
+VERBS = ["sees", "follows", "leaves", "finds"]
+
+
+def write_texts(folder: Path) -> Path:
+    """A folder of two .txt files in a small, regular language: a model can learn it well in a minute."""
+    folder.mkdir()
+    generator = torch.Generator().manual_seed(0)
+    for name in ("a.txt", "b.txt"):
+        picks = torch.randint(0, 20, (2_000, 3), generator=generator).tolist()
+        lines = [f"{NOUNS[s % 5]} {VERBS[v % 4]} {NOUNS[o % 5]}." for s, v, o in picks]
+        (folder / name).write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def unigram_bits(data: bytes) -> float:
+    counts, total = Counter(data), len(data)
+    return -sum(n / total * math.log2(n / total) for n in counts.values())
+
+
+@pytest.mark.slow
+def test_own_folder_of_text_trains_below_its_unigram_entropy_and_generates(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folder = write_texts(tmp_path / "texts")
+    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.path={folder}"]
+    cli = main(
+        [
+            "fit",
+            *args,
+            *("--model.init_args.net.init_args.n_layer=2", "--model.init_args.net.init_args.n_embd=64"),
+            *("--trainer.max_epochs=5", "--trainer.limit_train_batches=60", "--data.init_args.block_size=32"),
+        ]
+    )
+    run = Path(cli.trainer.checkpoint_callback.dirpath).parent
+    summary = json.loads((run / "test_metrics.json").read_text())
+    # A line is three independent picks (5 x 4 x 5 choices, 6.6 bits) in about 24 bytes: 0.28 bits
+    # per byte is the best possible; letters alone (the unigram entropy) need about 3.6.
+    assert unigram_bits(read_text(folder)) > 3.0
+    assert summary["metrics"]["test/bpb"] < 0.6  # measured: 0.35
+    assert summary["metrics"]["test/ppl"] == pytest.approx(2 ** summary["metrics"]["test/bpb"], rel=1e-4)
+
+    # The checkpoint alone rebuilds the model and samples: `make generate CKPT=... PROMPT=...`.
+    capsys.readouterr()
+    generate_main(["--ckpt", summary["checkpoint"], "--prompt", "the whale ", "--max_new_tokens", "120"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("the whale ")
+    noun, verb = "|".join(NOUNS), "|".join(VERBS)
+    sentence = re.compile(rf"^({noun}) ({verb}) ({noun})\.$")
+    assert sum(bool(sentence.match(line)) for line in lines[:-1]) >= 3  # the last line may be cut off
+
+    model = LanguageModel.load_from_checkpoint(summary["checkpoint"], weights_only=True)
+    with pytest.raises(ValueError, match="the prompt has 33 tokens"):
+        model.generate(TextDataModule.encode("x" * 33).unsqueeze(0), 5)
+
+
+def test_generate_without_a_checkpoint_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="no checkpoint under logs/: train first"):
+        generate_main([])
+
+
+def test_bundled_corpus_ships_gzipped_inside_the_package() -> None:
+    from importlib import resources
+
+    packed = resources.files("{{ cookiecutter.package_name }}.data").joinpath("corpora", "moby_dick.txt.gz")
+    assert gzip.decompress(packed.read_bytes()) == read_text(None)
