@@ -78,3 +78,31 @@ def test_second_bake_tabular_passes_its_own_tests_and_trains(cookies) -> None:
         (report,) = (project / "logs").rglob("fit-profile.txt")
         assert report.parent.parent.name == "tabular"  # logs/tabular/version_<n>/fit-profile.txt
         assert "Profiler Report" in report.read_text()
+
+
+THIRD = {
+    "task": "language-model",
+    "project_name": "Third Bake",
+    "logger": "csv",
+    "precision": "bf16-mixed",
+    "compile": "no",
+    "include_slurm": "yes",
+    "license": "MIT",
+}
+
+
+@pytest.mark.slow
+def test_third_bake_language_model_passes_its_own_tests_trains_and_generates(cookies) -> None:
+    project = bake(cookies, **THIRD)
+    with installed(project, project.name):
+        assert requirements_met(project.name) == []
+        make(project, "lint")
+        make(project, "test")
+        # A short run of the default model on the bundled corpus: 60 steps learn the letters' frequencies
+        # and common words (the full run, 5 epochs, reaches 2.3 bits per byte: docs/benchmarks.md).
+        make(project, "train", args="--trainer.max_epochs=1 --trainer.limit_train_batches=60")
+        (summary_path,) = (project / "logs").rglob("test_metrics.json")
+        metrics = json.loads(summary_path.read_text())["metrics"]
+        assert metrics["test/bpb"] < 4.4  # the corpus's unigram entropy: 4.43 bits per byte
+        text = make(project, "generate", args="--max_new_tokens 80 --prompt Ishmael")
+        assert text.startswith("Ishmael") and len(text) > 60

@@ -25,7 +25,8 @@ path for float32, the gpu preset (configs/presets/gpu.yaml) and the gpu preset c
 (``--no-gpu`` skips them). The training loader alone (same workers, pinned memory and on-device
 batch transform, no model) is timed too: ``loader_samples_per_s`` against training's
 ``train_samples_per_s`` (``loader_headroom``, their ratio), and ``setup_s``, the DataModule's
-setup (decoding, for image folders).
+setup (decoding, for image folders). For token windows (a DataModule with ``block_size``) it adds
+``train_tokens_per_s`` and ``plain_tokens_per_s``.
 
 Usage: ``python -m {{ cookiecutter.package_name }}.bench [--config FILE ...] [--steps N] [--repeats R] [CLI arguments ...]``
 (``make bench`` passes the Makefile's ``CONFIG``; the config path is relative to the working folder.)
@@ -94,6 +95,13 @@ def run_project(config: list[Path], steps: int, extra: list[str]) -> tuple[list[
         if "wandb" in sys.modules:  # close the run now, not at exit (it prints after overhead_ratio)
             sys.modules["wandb"].finish()
     return [b - a for a, b in pairwise(timer.ends)], cli.datamodule.hparams.batch_size
+
+
+def tokens_per_sample(config: list[Path], extra: list[str]) -> int | None:
+    """Tokens in one sample when the DataModule serves token windows (it has a ``block_size``), else None."""
+    with tempfile.TemporaryDirectory() as folder:
+        cli = main([*project_args(config, Path(folder), 1, extra), "--trainer.logger=false"], run=False)
+    return getattr(cli.datamodule, "block_size", None)
 
 
 def run_plain(config: list[Path], steps: int, extra: list[str]) -> list[float]:
@@ -259,8 +267,14 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument(
         "--config", type=Path, action="append", help="the run's config; repeat to stack (default configs/default.yaml)"
     )
+{%- if cookiecutter.task == "language-model" %}
+    # A GPT step is about 0.3 s on 2 CPU cores: 60 steps a run keep a default bench near 5 minutes.
+    parser.add_argument("--steps", type=int, default=60, help="optimizer steps per run (default 60)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each path, alternating (default 3)")
+{%- else %}
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each path, alternating (default 5)")
+{%- endif %}
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU throughput report")
     parser.add_argument("--worker", choices=["project", "plain", "loader"], help=argparse.SUPPRESS)
     args, extra = parser.parse_known_args(argv)
@@ -297,6 +311,10 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         "first_step_s": first_step_seconds(config, extra),
         "train_samples_per_s": batch_size / (statistics.median(project) / 1000),
     }
+    tokens = tokens_per_sample(config, extra)
+    if tokens is not None:  # language models are measured in tokens
+        result["train_tokens_per_s"] = result["train_samples_per_s"] * tokens
+        result["plain_tokens_per_s"] = batch_size * tokens / (statistics.median(plain) / 1000)
     result.update(run_in_fresh_process(config, "loader", args.steps, extra))
     # How far the loader is ahead of training: below about 2, the data sets the speed.
     result["loader_headroom"] = result["loader_samples_per_s"] / result["train_samples_per_s"]
