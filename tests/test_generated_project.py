@@ -103,6 +103,6 @@ def test_third_bake_language_model_passes_its_own_tests_trains_and_generates(coo
         make(project, "train", args="--trainer.max_epochs=1 --trainer.limit_train_batches=60")
         (summary_path,) = (project / "logs").rglob("test_metrics.json")
         metrics = json.loads(summary_path.read_text())["metrics"]
-        assert metrics["test/bpb"] < 4.4  # the corpus's unigram entropy: 4.43 bits per byte
+        assert metrics["test/bpb"] < 4.5  # below the corpus's unigram entropy, 4.53 bits per byte
         text = make(project, "generate", args="--max_new_tokens 80 --prompt Ishmael")
         assert text.startswith("Ishmael") and len(text) > 60
