@@ -85,8 +85,12 @@ def project_args(config: list[Path], folder: Path, steps: int, extra: list[str])
     ]
 
 
-def run_project(config: list[Path], steps: int, extra: list[str]) -> tuple[list[float], int]:
-    """Step intervals (s) of ``fit`` through the project's CLI, as ``make train`` runs it, and the batch size."""
+def run_project(config: list[Path], steps: int, extra: list[str]) -> tuple[list[float], int, int | None]:
+    """Step intervals (s) of ``fit`` through the project's CLI, as ``make train`` runs it, and the batch size.
+
+    The third value is the tokens in one sample when the DataModule serves token windows (it has a
+    ``block_size``), else None.
+    """
     with tempfile.TemporaryDirectory() as folder:
         cli = main(project_args(config, Path(folder), steps, extra), run=False)
         timer = StepTimes()
@@ -94,14 +98,8 @@ def run_project(config: list[Path], steps: int, extra: list[str]) -> tuple[list[
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         if "wandb" in sys.modules:  # close the run now, not at exit (it prints after overhead_ratio)
             sys.modules["wandb"].finish()
-    return [b - a for a, b in pairwise(timer.ends)], cli.datamodule.hparams.batch_size
-
-
-def tokens_per_sample(config: list[Path], extra: list[str]) -> int | None:
-    """Tokens in one sample when the DataModule serves token windows (it has a ``block_size``), else None."""
-    with tempfile.TemporaryDirectory() as folder:
-        cli = main([*project_args(config, Path(folder), 1, extra), "--trainer.logger=false"], run=False)
-    return getattr(cli.datamodule, "block_size", None)
+    intervals = [b - a for a, b in pairwise(timer.ends)]
+    return intervals, cli.datamodule.hparams.batch_size, getattr(cli.datamodule, "block_size", None)
 
 
 def run_plain(config: list[Path], steps: int, extra: list[str]) -> list[float]:
@@ -205,7 +203,8 @@ def first_step_seconds(config: list[Path], extra: list[str]) -> float:
 def run_in_fresh_process(config: list[Path], path: str, steps: int, extra: list[str]) -> dict[str, float]:
     """Run ``path`` ("project", "plain" or "loader") for ``steps`` steps in a new Python process.
 
-    Returns its figures: median step time (ms) and batch size, or the loader's samples/s and setup time.
+    Returns its figures: median step time (ms), batch size and tokens per sample, or the loader's
+    samples/s and setup time.
 
     Raises:
         RuntimeError: the run failed; the message ends with its output.
@@ -234,10 +233,11 @@ def worker(config: list[Path], path: str, steps: int, extra: list[str]) -> None:
         print(RESULT + json.dumps(run_loader(config, steps, extra)), flush=True)
         return
     if path == "project":
-        intervals, batch_size = run_project(config, steps, extra)
+        intervals, batch_size, tokens = run_project(config, steps, extra)
     else:
-        intervals, batch_size = run_plain(config, steps, extra), 0
-    print(RESULT + json.dumps({"step_ms": 1000 * statistics.median(intervals), "batch_size": batch_size}), flush=True)
+        intervals, batch_size, tokens = run_plain(config, steps, extra), 0, None
+    figures = {"step_ms": 1000 * statistics.median(intervals), "batch_size": batch_size, "tokens_per_sample": tokens}
+    print(RESULT + json.dumps(figures), flush=True)
 
 
 def gpu_throughput(config: list[Path], steps: int, extra: list[str]) -> dict[str, float]:
@@ -287,11 +287,11 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
     if args.worker:
         worker(config, args.worker, args.steps, extra)
         return {}
-    project, plain, batch_size = [], [], 0
+    project, plain, batch_size, tokens = [], [], 0, None
     for repeat in range(1, args.repeats + 1):
         run = run_in_fresh_process(config, "project", args.steps, extra)
         project.append(run["step_ms"])
-        batch_size = run["batch_size"]
+        batch_size, tokens = run["batch_size"], run["tokens_per_sample"]
         plain.append(run_in_fresh_process(config, "plain", args.steps, extra)["step_ms"])
         # On stderr: progress for a person, while stdout stays the JSON report.
         print(
@@ -311,7 +311,6 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         "first_step_s": first_step_seconds(config, extra),
         "train_samples_per_s": batch_size / (statistics.median(project) / 1000),
     }
-    tokens = tokens_per_sample(config, extra)
     if tokens is not None:  # language models are measured in tokens
         result["train_tokens_per_s"] = result["train_samples_per_s"] * tokens
         result["plain_tokens_per_s"] = batch_size * tokens / (statistics.median(plain) / 1000)
