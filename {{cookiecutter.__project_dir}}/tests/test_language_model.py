@@ -131,7 +131,7 @@ def test_own_folder_of_text_trains_below_its_unigram_entropy_and_generates(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     folder = write_texts(tmp_path / "texts")
-    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.path={folder}"]
+    args = [*shrunk_args(tmp_path), f"--data.init_args.path={folder}"]  # the path alone: no code, no other config
     cli = main(
         [
             "fit",

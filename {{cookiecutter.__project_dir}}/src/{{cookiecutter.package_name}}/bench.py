@@ -26,7 +26,9 @@ path for float32, the gpu preset (configs/presets/gpu.yaml) and the gpu preset c
 batch transform, no model) is timed too: ``loader_samples_per_s`` against training's
 ``train_samples_per_s`` (``loader_headroom``, their ratio), and ``setup_s``, the DataModule's
 setup (decoding, for image folders). For token windows (a DataModule with ``block_size``) it adds
-``train_tokens_per_s`` and ``plain_tokens_per_s``.
+``train_tokens_per_s`` and ``plain_tokens_per_s``. ``model_gflops_per_s`` is the model's own
+arithmetic (forward and backward FLOPs of a batch, counted once) per second through the project's
+path; on a GPU each variant also gets its model FLOPs utilisation (``*_mfu``).
 
 Usage: ``python -m {{ cookiecutter.package_name }}.bench [--config FILE ...] [--steps N] [--repeats R] [CLI arguments ...]``
 (``make bench`` passes the Makefile's ``CONFIG``; the config path is relative to the working folder.)
@@ -42,10 +44,12 @@ import tempfile
 import time
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.fabric.utilities.throughput import get_available_flops, measure_flops
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.precision import fused_optimizer_allowed
@@ -85,11 +89,28 @@ def project_args(config: list[Path], folder: Path, steps: int, extra: list[str])
     ]
 
 
-def run_project(config: list[Path], steps: int, extra: list[str]) -> tuple[list[float], int, int | None]:
-    """Step intervals (s) of ``fit`` through the project's CLI, as ``make train`` runs it, and the batch size.
+def flops_per_step(cli) -> int | None:
+    """FLOPs of one training batch's forward and backward, or None for a compiled net (not counted).
 
-    The third value is the tokens in one sample when the DataModule serves token windows (it has a
-    ``block_size``), else None.
+    Counted by torch's ``FlopCounterMode`` through Lightning's ``measure_flops`` on a real batch of
+    the training loader, so the count matches the configured model and batch exactly.
+    """
+    model, data = cli.model, cli.datamodule
+    if model.hparams.get("compile"):
+        return None
+    batch = next(iter(data.train_dataloader()))
+    batch = data.transform_batch(move_data_to_device(batch, model.device), training=True)
+    flops = measure_flops(model, lambda: model.shared_step(batch, model.train_metrics), loss_fn=lambda loss: loss)
+    model.zero_grad(set_to_none=True)
+    return flops
+
+
+def run_project(config: list[Path], steps: int, extra: list[str]) -> dict[str, Any]:
+    """``fit`` through the project's CLI, as ``make train`` runs it: step intervals (s) and what they measured.
+
+    Returns ``intervals``, ``batch_size``, ``tokens_per_sample`` (when the DataModule serves token
+    windows: it has a ``block_size``; else None), ``flops_per_step`` (:func:`flops_per_step`) and
+    ``precision``.
     """
     with tempfile.TemporaryDirectory() as folder:
         cli = main(project_args(config, Path(folder), steps, extra), run=False)
@@ -98,8 +119,14 @@ def run_project(config: list[Path], steps: int, extra: list[str]) -> tuple[list[
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         if "wandb" in sys.modules:  # close the run now, not at exit (it prints after overhead_ratio)
             sys.modules["wandb"].finish()
-    intervals = [b - a for a, b in pairwise(timer.ends)]
-    return intervals, cli.datamodule.hparams.batch_size, getattr(cli.datamodule, "block_size", None)
+        flops = flops_per_step(cli)
+    return {
+        "intervals": [b - a for a, b in pairwise(timer.ends)],
+        "batch_size": cli.datamodule.hparams.batch_size,
+        "tokens_per_sample": getattr(cli.datamodule, "block_size", None),
+        "flops_per_step": flops,
+        "precision": str(cli.trainer.precision),
+    }
 
 
 def run_plain(config: list[Path], steps: int, extra: list[str]) -> list[float]:
@@ -232,11 +259,8 @@ def worker(config: list[Path], path: str, steps: int, extra: list[str]) -> None:
     if path == "loader":
         print(RESULT + json.dumps(run_loader(config, steps, extra)), flush=True)
         return
-    if path == "project":
-        intervals, batch_size, tokens = run_project(config, steps, extra)
-    else:
-        intervals, batch_size, tokens = run_plain(config, steps, extra), 0, None
-    figures = {"step_ms": 1000 * statistics.median(intervals), "batch_size": batch_size, "tokens_per_sample": tokens}
+    figures = run_project(config, steps, extra) if path == "project" else {"intervals": run_plain(config, steps, extra)}
+    figures["step_ms"] = 1000 * statistics.median(figures.pop("intervals"))
     print(RESULT + json.dumps(figures), flush=True)
 
 
@@ -244,7 +268,10 @@ def gpu_throughput(config: list[Path], steps: int, extra: list[str]) -> dict[str
     """Training samples/s of the project's path on CUDA: float32 vs the gpu preset, eager vs compiled.
 
     Each variant runs ``steps`` steps in a fresh process; samples/s is the batch size over the
-    median step time, which leaves out the first steps' cuDNN autotuning and compilation.
+    median step time, which leaves out the first steps' cuDNN autotuning and compilation. The model
+    FLOPs utilisation (MFU) of each is the FLOPs per step counted in eager float32, over the step
+    time, over the GPU's peak for the variant's precision (Lightning's ``get_available_flops``;
+    absent for a GPU it does not know).
     """
     preset = f"--config={config[0].parent / 'presets' / 'gpu.yaml'}"
     variants = {
@@ -252,10 +279,15 @@ def gpu_throughput(config: list[Path], steps: int, extra: list[str]) -> dict[str
         "gpu_preset_eager": [preset],
         "gpu_preset_compiled": [preset, "--model.init_args.compile=true"],
     }
-    result = {}
+    result, flops = {}, None
     for name, args in variants.items():
         run = run_in_fresh_process(config, "project", steps, [*args, *extra])
         result[f"{name}_samples_per_s"] = run["batch_size"] / (run["step_ms"] / 1000)
+        flops = flops or run["flops_per_step"]
+        dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(run["precision"], torch.float32)
+        peak = get_available_flops(torch.device("cuda"), dtype)
+        if flops and peak:
+            result[f"{name}_mfu"] = flops / (run["step_ms"] / 1000) / peak
     fp32 = result["fp32_eager_samples_per_s"]
     result["gpu_preset_speedup"] = result["gpu_preset_eager_samples_per_s"] / fp32
     result["gpu_preset_compiled_speedup"] = result["gpu_preset_compiled_samples_per_s"] / fp32
@@ -287,11 +319,11 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
     if args.worker:
         worker(config, args.worker, args.steps, extra)
         return {}
-    project, plain, batch_size, tokens = [], [], 0, None
+    project, plain = [], []
     for repeat in range(1, args.repeats + 1):
         run = run_in_fresh_process(config, "project", args.steps, extra)
         project.append(run["step_ms"])
-        batch_size, tokens = run["batch_size"], run["tokens_per_sample"]
+        batch_size, tokens, flops = run["batch_size"], run["tokens_per_sample"], run["flops_per_step"]
         plain.append(run_in_fresh_process(config, "plain", args.steps, extra)["step_ms"])
         # On stderr: progress for a person, while stdout stays the JSON report.
         print(
@@ -311,6 +343,8 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         "first_step_s": first_step_seconds(config, extra),
         "train_samples_per_s": batch_size / (statistics.median(project) / 1000),
     }
+    if flops:  # the model's own arithmetic per second through the project's path
+        result["model_gflops_per_s"] = flops / (statistics.median(project) / 1000) / 1e9
     if tokens is not None:  # language models are measured in tokens
         result["train_tokens_per_s"] = result["train_samples_per_s"] * tokens
         result["plain_tokens_per_s"] = batch_size * tokens / (statistics.median(plain) / 1000)
