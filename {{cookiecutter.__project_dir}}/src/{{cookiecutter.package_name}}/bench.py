@@ -11,8 +11,9 @@ Both paths train the default model on the default data for ``--steps`` optimizer
   the loss and learning rate read every ``log_every_n_steps`` steps. Only the loop is its own.
 
 Each run is a fresh process, as ``make train`` is, and the two paths alternate ``--repeats``
-times. A step's time is the interval between the ends of consecutive steps, so it covers data,
-forward, backward, optimizer, hooks, logging and the progress bar; a run's median drops the
+times, which of the two runs first alternating too. A step's time is the interval between the
+ends of consecutive steps, so it covers data, forward, backward, optimizer, hooks, logging and
+the progress bar; a run's median drops the
 once-per-epoch validation and checkpoint intervals. ``overhead_ratio`` is the median, over the
 pairs of runs, of project / plain: a pair runs back to back, so a slow spell of the machine
 weighs on both sides of its ratio. It is the last line printed; the line before it gives the
@@ -321,10 +322,15 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         return {}
     project, plain = [], []
     for repeat in range(1, args.repeats + 1):
-        run = run_in_fresh_process(config, "project", args.steps, extra)
-        project.append(run["step_ms"])
-        batch_size, tokens, flops = run["batch_size"], run["tokens_per_sample"], run["flops_per_step"]
-        plain.append(run_in_fresh_process(config, "plain", args.steps, extra)["step_ms"])
+        # The order alternates (project first, then plain first, ...): a machine that drifts
+        # faster or slower during a pair then favours neither path.
+        for path in ("project", "plain") if repeat % 2 else ("plain", "project"):
+            run = run_in_fresh_process(config, path, args.steps, extra)
+            if path == "plain":
+                plain.append(run["step_ms"])
+                continue
+            project.append(run["step_ms"])
+            batch_size, tokens, flops = run["batch_size"], run["tokens_per_sample"], run["flops_per_step"]
         # On stderr: progress for a person, while stdout stays the JSON report.
         print(
             f"pair {repeat}/{args.repeats}: project {project[-1]:.2f} ms/step, plain {plain[-1]:.2f} ms/step, "
