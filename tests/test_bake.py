@@ -37,6 +37,9 @@ MATRIX = [
 ]
 
 
+MODEL_CLASS = {"image-classification": "ImageClassifier", "tabular": "TabularModel", "language-model": "LanguageModel"}
+
+
 def check_bake(project: Path, answers: dict) -> None:
     slug, package = project.name, project.name.replace("-", "_")
     task = answers.get("task", "image-classification")
@@ -57,8 +60,7 @@ def check_bake(project: Path, answers: dict) -> None:
         yaml.safe_load(config.read_text())
     default = yaml.safe_load((project / "configs" / "default.yaml").read_text())
     assert default["trainer"]["precision"] == "32-true"
-    model_class = {"image-classification": "ImageClassifier", "tabular": "TabularModel", "language-model": "LanguageModel"}
-    model_class = model_class[task]
+    model_class = MODEL_CLASS[task]
     assert default["model"]["class_path"] == f"{package}.models.{model_class}"
     if task == "tabular":
         assert any(dep.startswith("pandas") for dep in dependencies)
