@@ -71,6 +71,11 @@ def check_bake(project: Path, answers: dict) -> None:
 
     assert LICENSE_FIRST_LINE[answers["license"]] in (project / "LICENSE").read_text().splitlines()[0]
 
+    # The GitHub workflow is valid against GitHub's workflow schema (vendored by check-jsonschema: offline).
+    checker = [str(Path(sys.executable).with_name("check-jsonschema")), "--builtin-schema", "vendor.github-workflows"]
+    done = subprocess.run([*checker, ".github/workflows/ci.yml"], cwd=project, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
     for command in (["ruff", "check", "."], ["ruff", "format", "--check", "."]):
         done = subprocess.run([sys.executable, "-m", *command], cwd=project, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import bake, installed, requirements_met, run
 
 SECOND = {
@@ -33,8 +34,19 @@ def test_default_bake_passes_its_own_tests_and_trains(cookies) -> None:
     project = bake(cookies)
     with installed(project, project.name):
         assert requirements_met(project.name) == []
+        # The GitHub workflow installs, then runs exactly what this test runs next.
+        workflow = yaml.safe_load((project / ".github" / "workflows" / "ci.yml").read_text())
+        runs = [step["run"] for step in workflow["jobs"]["test"]["steps"] if "run" in step]
+        assert runs[0].startswith("make install TORCH=") and runs[1:] == ["make lint", "make test"]
         make(project, "lint")
         make(project, "test")
+        # The pre-commit hook (make lint) passes on the bake, and fails on a badly formatted file.
+        done = run(["pre-commit", "run", "--all-files"], cwd=project)
+        assert done.returncode == 0, done.stdout + done.stderr
+        (project / "src" / project.name.replace("-", "_") / "ugly.py").write_text("x  =  1\n")
+        done = run(["pre-commit", "run", "--all-files"], cwd=project)
+        assert done.returncode != 0 and "ugly.py" in done.stdout, done.stdout + done.stderr
+        (project / "src" / project.name.replace("-", "_") / "ugly.py").unlink()
 
         # `make train` as written in the README: wandb offline (no login), no terminal.
         make(project, "train", args="--trainer.max_epochs=3")
