@@ -51,7 +51,7 @@ PROJECT_FILES += [".github/workflows/ci.yml", ".pre-commit-config.yaml"]
 PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py"]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "config", "data", "launch", "module")]
-PACKAGE_FILES += [f"engine/{name}.py" for name in ("optim", "precision", "runs")]
+PACKAGE_FILES += [f"engine/{name}.py" for name in ("optim", "precision", "quiet", "runs")]
 PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
     for name in ("__init__", "finetuning", "finite", "preemption", "progress", "random_state")

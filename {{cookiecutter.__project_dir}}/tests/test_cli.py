@@ -1,11 +1,13 @@
 """The config system: printing, presets, and bad configs that fail before training."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS
+from conftest import CONFIGS, ROOT, shrunk_args
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 
@@ -41,6 +43,19 @@ def test_print_config_round_trips(capsys: pytest.CaptureFixture, tmp_path: Path)
     assert "num_classes" not in config["model"]["init_args"]
     assert "num_classes" not in config["model"]["init_args"]["net"]["init_args"]
 {%- endif %}
+
+
+@pytest.mark.slow
+def test_a_run_prints_no_dependency_noise(tmp_path: Path) -> None:
+    # A fresh process, as `make train` runs: the progress bar, the summary and the test table.
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *shrunk_args(tmp_path)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "Test metrics written to" in output
+    # Lightning's LeafSpec deprecation (torch >= 2.10), its LitLogger advert, the bar's v_num.
+    for noise in ("LeafSpec", "litlogger", "v_num"):
+        assert noise not in output, f"{noise} in the output of a default run"
 
 
 def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> None:

@@ -16,6 +16,7 @@ from lightning.pytorch.cli import LightningCLI
 from {{ cookiecutter.package_name }}.engine import config as run_config
 from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.launch import check_world_size
+from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
 from {{ cookiecutter.package_name }}.engine.runs import (
     SaveConfigToRunDir,
     evaluate_best_checkpoint,
@@ -129,6 +130,7 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
     With ``run=False`` there is no subcommand: the CLI only parses ``args`` and builds the
     Trainer, model and DataModule (``cli.trainer``, ``cli.model``, ``cli.datamodule``).
     """
+    silence_dependency_noise()
     return CLI(
         L.LightningModule,
         L.LightningDataModule,

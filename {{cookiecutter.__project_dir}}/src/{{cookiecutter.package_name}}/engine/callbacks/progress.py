@@ -20,6 +20,13 @@ class ThrottledRichProgressBar(RichProgressBar):
         super().__init__(refresh_rate=refresh_rate, **kwargs)
         self._last_train_update = 0.0
 
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        # Lightning adds the logger's version (v_num) to the bar's metrics; the run folder's name
+        # already says it, so the bar shows only the metrics.
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
