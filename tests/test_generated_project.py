@@ -110,11 +110,12 @@ def test_third_bake_language_model_passes_its_own_tests_trains_and_generates(coo
         assert requirements_met(project.name) == []
         make(project, "lint")
         make(project, "test")
-        # A short run of the default model on the bundled corpus: 60 steps learn the letters' frequencies
-        # and common words (the full run, 5 epochs, reaches 2.3 bits per byte: docs/benchmarks.md).
-        make(project, "train", args="--trainer.max_epochs=1 --trainer.limit_train_batches=60")
+        # A short run of the default model on the bundled corpus: 60 steps only learn the letters'
+        # frequencies (4.54 bits per byte, the corpus's unigram entropy is 4.53); 150 steps learn
+        # common letter sequences (3.49 measured). The full run, 5 epochs, reaches 2.26: docs/benchmarks.md.
+        make(project, "train", args="--trainer.max_epochs=1 --trainer.limit_train_batches=150")
         (summary_path,) = (project / "logs").rglob("test_metrics.json")
         metrics = json.loads(summary_path.read_text())["metrics"]
-        assert metrics["test/bpb"] < 4.5  # below the corpus's unigram entropy, 4.53 bits per byte
+        assert metrics["test/bpb"] < 4.0
         text = make(project, "generate", args="--max_new_tokens 80 --prompt Ishmael")
         assert text.startswith("Ishmael") and len(text) > 60
