@@ -110,13 +110,14 @@ def test_third_bake_language_model_passes_its_own_tests_trains_and_generates(coo
         assert requirements_met(project.name) == []
         make(project, "lint")
         make(project, "test")
-        # A short run of the default model on the bundled corpus: 60 steps only learn the letters'
-        # frequencies (4.54 bits per byte, the corpus's unigram entropy is 4.53); 150 steps learn
-        # common letter sequences (3.49 measured). The full run, 5 epochs, reaches 2.26: docs/benchmarks.md.
-        make(project, "train", args="--trainer.max_epochs=1 --trainer.limit_train_batches=150")
+        # `make train` on the bundled corpus with a one-block GPT for 150 steps (29 s): it learns
+        # common letter sequences, below the corpus's unigram entropy of 4.53 bits per byte (3.76
+        # measured). The default model's full run reaches 2.26 (docs/benchmarks.md).
+        tiny = "--model.init_args.net.init_args.n_layer=1 --model.init_args.net.init_args.n_embd=64"
+        make(project, "train", args=f"--trainer.max_epochs=1 --trainer.limit_train_batches=150 {tiny}")
         (summary_path,) = (project / "logs").rglob("test_metrics.json")
         metrics = json.loads(summary_path.read_text())["metrics"]
-        assert metrics["test/bpb"] < 4.0
+        assert metrics["test/bpb"] < 4.2
         text = make(project, "generate", args="--max_new_tokens 80 --prompt Ishmael")
         sample = text.split("\nIshmael", 1)  # after the command line make echoes
         assert len(sample) == 2 and len(sample[1]) > 60, text
