@@ -46,7 +46,7 @@ def files_of(project: Path) -> set[str]:
 
 
 PROJECT_FILES = [".gitignore", "AGENTS.md", "CLAUDE.md", "LICENSE", "Makefile", "README.md", "pyproject.toml"]
-PROJECT_FILES += [".github/workflows/ci.yml", ".pre-commit-config.yaml"]
+PROJECT_FILES += [".github/workflows/ci.yml", ".pre-commit-config.yaml", "scripts/update_template.py"]
 # The reusable core and the CLI: in every bake, whatever the task.
 PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py"]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
