@@ -3,6 +3,7 @@
 Never prompts (safe with no terminal): git runs with no standard input and no credential prompt.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -76,32 +77,6 @@ def prune() -> None:
             folder.rmdir()
 
 
-def detect_torch() -> dict | None:
-    """torch and Lightning versions and CUDA availability on this machine, or None if torch is not importable.
-
-    Asked in a child process with a time limit, so a broken torch cannot hang or crash the bake.
-    """
-    probe = (
-        "import json, torch\n"
-        "try:\n    import lightning; lv = lightning.__version__\nexcept ImportError:\n    lv = None\n"
-        "cuda = torch.cuda.is_available()\n"
-        "print(json.dumps({'torch': torch.__version__, 'lightning': lv, 'cuda': cuda,"
-        " 'cuda_version': torch.version.cuda, 'device': torch.cuda.get_device_name(0) if cuda else None}))"
-    )
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    try:
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        return None
-
-
 def required(name: str) -> str:
     """The version range the generated pyproject.toml asks for ``name`` (e.g. '>=2.4')."""
     text = (PROJECT / "pyproject.toml").read_text(encoding="utf-8")
@@ -111,20 +86,13 @@ def required(name: str) -> str:
 
 def placeholders() -> dict[str, str]:
     """Values of the agent guides' tech-stack placeholders, from this bake and this machine."""
-    found = detect_torch()
-    if found:
-        pytorch_version = found["torch"]
-        lightning_version = found["lightning"] or f"{required('lightning')} (not installed when the project was made)"
-        if found["cuda"]:
-            cuda = f"yes (CUDA {found['cuda_version']}, {found['device']})"
-        elif found["cuda_version"]:
-            cuda = f"no (a CUDA {found['cuda_version']} build of torch, but no GPU visible)"
-        else:
-            cuda = "no (CPU build of torch)"
-    else:
-        pytorch_version = f"{required('torch')} (required range; torch was not importable when the project was made)"
-        lightning_version = required("lightning")
-        cuda = "unknown"
+    # Placeholders until scripts/agent_guides.py (run below, and again by `make install`) writes the
+    # versions of a Python where torch is importable.
+    pytorch_version = (
+        f"{required('torch')} (the required range: torch was not importable when the project was made; "
+        "`make install` writes the installed version here)"
+    )
+    cuda = "unknown (`make install` writes it here)"
     logger = {"wandb": "Weights & Biases (offline until `wandb login`)", "tensorboard": "TensorBoard", "csv": "CSV"}
     src = f"src/{PACKAGE}"
     experiment = ANSWERS["__experiment"]
@@ -133,7 +101,7 @@ def placeholders() -> dict[str, str]:
         run = "logs/{{ cookiecutter.project_slug }}/<run id>"
     return {
         "tech_stack": (
-            f"Python >={ANSWERS['python_version']}, PyTorch {pytorch_version}, Lightning {lightning_version}, "
+            f"Python >={ANSWERS['python_version']}, PyTorch and Lightning (versions below), "
             f"torchmetrics, LightningCLI + YAML configs (jsonargparse), {logger[ANSWERS['logger']]}, pytest, ruff"
         ),
         "pytorch_version": pytorch_version,
@@ -155,6 +123,16 @@ def fill_agent_guides() -> None:
         text = path.read_text(encoding="utf-8")
         text = re.sub(r"\{\{(\w+)\}\}", lambda m: values.get(m.group(1), m.group(0)), text)
         path.write_text(text, encoding="utf-8")
+
+
+def write_versions() -> None:
+    """Run the project's scripts/agent_guides.py: the torch, Lightning and CUDA facts of this Python.
+
+    A child process with a time limit, so a broken torch can neither hang nor crash the bake.
+    """
+    script = PROJECT / "scripts" / "agent_guides.py"
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, str(script)], capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def first_commit() -> None:
@@ -195,6 +173,7 @@ def first_commit() -> None:
 def main() -> None:
     prune()
     fill_agent_guides()
+    write_versions()
     first_commit()
     print(
         f'\nCreated {PROJECT}\nNext:\n  cd {PROJECT.name}\n  make install   # TORCH="..." to choose the torch build\n'

@@ -46,7 +46,8 @@ def files_of(project: Path) -> set[str]:
 
 
 PROJECT_FILES = [".gitignore", "AGENTS.md", "CLAUDE.md", "LICENSE", "Makefile", "README.md", "pyproject.toml"]
-PROJECT_FILES += [".github/workflows/ci.yml", ".pre-commit-config.yaml", "scripts/update_template.py"]
+PROJECT_FILES += [".github/workflows/ci.yml", ".pre-commit-config.yaml"]
+PROJECT_FILES += ["scripts/agent_guides.py", "scripts/update_template.py"]
 # The reusable core and the CLI: in every bake, whatever the task.
 PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py"]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
@@ -56,7 +57,7 @@ PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
     for name in ("__init__", "finetuning", "finite", "preemption", "progress", "random_state")
 ]
-TEST_FILES = ["conftest.py", "test_cli.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
+TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
 TASK_PACKAGE_FILES = {
     "image-classification": [

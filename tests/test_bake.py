@@ -135,6 +135,18 @@ def test_agent_guides_fall_back_to_the_required_range_without_torch(cookies, tmp
     agents = (tmp_path / "digits-classifier" / "AGENTS.md").read_text()
     assert "**PyTorch version:** >=" in agents and "torch was not importable" in agents
     assert "**CUDA available:** unknown" in agents
+    # `make install` runs this script with the project's own Python, which has torch: the real facts.
+    import torch
+
+    project = tmp_path / "digits-classifier"
+    subprocess.run([sys.executable, "scripts/agent_guides.py"], cwd=project, check=True, capture_output=True)
+    agents = (project / "AGENTS.md").read_text()
+    assert f"**PyTorch version:** {torch.__version__} (Lightning " in agents
+    assert "**CUDA available:** unknown" not in agents
+    claude = (project / ".claude" / "agents" / "digits-classifier.md").read_text()
+    assert f"- PyTorch: {torch.__version__} (Lightning " in claude
+    assert f"; CUDA available: {'yes' if torch.cuda.is_available() else 'no'}" in claude
+    assert "$(VENV)/bin/python scripts/agent_guides.py" in (project / "Makefile").read_text()
 
 
 def test_first_commit_holds_every_file(cookies) -> None:

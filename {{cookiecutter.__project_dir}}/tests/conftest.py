@@ -1,13 +1,29 @@
 """One shrunk config for every test: the real configs/default.yaml, on CPU, written under tmp_path."""
 
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+
+
+@contextmanager
+def user_error(match: str) -> Iterator[None]:
+    """The block must end as a user's mistake does: exit status 2, no traceback, a message matching ``match``.
+
+    The CLI prints ``error: <message>`` and raises SystemExit(2) from the error (engine.errors).
+    """
+    with pytest.raises(SystemExit) as exit_info:
+        yield
+    assert exit_info.value.code == 2, f"exit status {exit_info.value.code}, not a user error"
+    cause = exit_info.value.__cause__
+    assert cause is not None and re.search(match, str(cause)), f"{match!r} not in {cause!r}"
 
 
 def shrunk_args(tmp_path: Path) -> list[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import ROOT, shrunk_args
+from conftest import ROOT, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine import checkpoints
@@ -93,7 +93,7 @@ def test_a_broken_checkpoint_is_refused_with_its_name(trained, tmp_path: Path, d
     _, last = trained
     broken = tmp_path / "broken.ckpt"
     broken.write_bytes(damage(last.read_bytes()))
-    with pytest.raises(CheckpointError, match=rf"{broken}: {message}"):
+    with user_error(rf"{broken}: {message}"):
         main(["test", *shrunk_args(tmp_path), f"--ckpt_path={broken}"])
 
 
@@ -123,7 +123,7 @@ def test_the_cli_rebuilds_the_checkpoints_own_model(trained, tmp_path: Path) -> 
 
 
 def test_a_missing_checkpoint_is_named(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match=r"nowhere\.ckpt: no such checkpoint"):
+    with user_error(r"nowhere\.ckpt: no such checkpoint"):
         main(["test", *shrunk_args(tmp_path), f"--ckpt_path={tmp_path / 'nowhere.ckpt'}"])
 
 
@@ -140,7 +140,7 @@ def test_a_missing_checkpoint_is_named(tmp_path: Path) -> None:
     ids=["batch-larger-than-data", "nothing-to-resume", "resume-and-ckpt-path"],
 )
 def test_bad_input_fails_before_training(tmp_path: Path, args: list[str], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with user_error(message):
         main(["fit", *shrunk_args(tmp_path), *args])
     assert not list(tmp_path.rglob("*.ckpt"))
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, shrunk_args
+from conftest import CONFIGS, shrunk_args, user_error
 from PIL import Image
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -113,6 +113,6 @@ def write_bad(kind: str, root: Path) -> Path:
 )
 def test_bad_folders_fail_before_training_and_write_nothing(tmp_path: Path, kind: str, message: str) -> None:
     root = write_bad(kind, tmp_path / "images")
-    with pytest.raises(ValueError, match=message):
+    with user_error(message):
         main(["fit", *shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={root}"])
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))

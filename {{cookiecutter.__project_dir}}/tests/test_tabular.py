@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import CONFIGS, shrunk_args
+from conftest import CONFIGS, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import TabularDataModule
@@ -107,7 +107,7 @@ def test_bad_tables_fail_before_training_and_write_nothing(
 ) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text(content)
-    with pytest.raises(ValueError, match=message):
+    with user_error(message):
         main(["fit", *shrunk_args(tmp_path), f"--data.init_args.path={bad}", f"--data.init_args.target={target}"])
     assert not [path for path in tmp_path.rglob("*") if path.is_file() and path != bad]  # no run folder, no file
 

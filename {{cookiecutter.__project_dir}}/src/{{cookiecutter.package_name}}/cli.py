@@ -7,14 +7,21 @@ with jsonargparse's message before anything is built or trained. The run policy 
 test after fit) lives in ``engine``; this file only wires it to the CLI's hooks.
 """
 
+import sys
 from pathlib import Path
 from typing import Literal
 
 import lightning as L
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from {{ cookiecutter.package_name }}.engine import config as run_config
 from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, read_checkpoint
+from {{ cookiecutter.package_name }}.engine.errors import (
+    ConfigError,
+    check_config_files,
+    exit_on_user_error,
+    readable_parser_message,
+)
 from {{ cookiecutter.package_name }}.engine.launch import check_world_size
 from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
 from {{ cookiecutter.package_name }}.engine.runs import (
@@ -26,6 +33,13 @@ from {{ cookiecutter.package_name }}.engine.runs import (
 
 # Lightning's own names for checkpoints that are not a file path (trainer.fit(ckpt_path=...)).
 _NAMED_CHECKPOINTS = ("best", "last", "hpc", "registry")
+
+
+class Parser(LightningArgumentParser):
+    """LightningCLI's parser; a config value a class refuses is reported with that class's message alone."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        super().error(readable_parser_message(message), ex)
 
 
 class CLI(LightningCLI):
@@ -81,11 +95,21 @@ class CLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path and self.config[subcommand].get("resume"):
-            raise ValueError(
+            raise ConfigError(
                 "--resume and --ckpt_path: give only one (--resume picks the latest run's newest checkpoint)"
             )
         if _is_checkpoint_file(ckpt_path):
             read_checkpoint(ckpt_path)
+
+    def instantiate_classes(self) -> None:
+        # nets/ stay plain PyTorch and validate their arguments with ValueError: raised while the
+        # classes are built from the config, it is a config mistake, reported without a traceback.
+        try:
+            super().instantiate_classes()
+        except ValueError as error:
+            if isinstance(error, ConfigError):
+                raise
+            raise ConfigError(readable_parser_message(str(error))) from error
 
     def before_instantiate_classes(self) -> None:
         run_config.prepare(self.config.get(self.subcommand, self.config), self.subcommand)
@@ -127,21 +151,28 @@ def _is_checkpoint_file(ckpt_path: str | None) -> bool:
 def main(args: list[str] | None = None, run: bool = True) -> CLI:
     """Run the CLI on ``args`` (default: ``sys.argv[1:]``) and return it.
 
+    A user error (:class:`engine.errors.UserError`: a config, data, checkpoint or launch mistake)
+    prints one line ``error: ...`` and exits 2; jsonargparse does the same for unknown options and
+    wrong types. Any other exception is a bug and keeps its traceback.
+
     With ``run=False`` there is no subcommand: the CLI only parses ``args`` and builds the
     Trainer, model and DataModule (``cli.trainer``, ``cli.model``, ``cli.datamodule``).
     """
     silence_dependency_noise()
-    return CLI(
-        L.LightningModule,
-        L.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_callback=SaveConfigToRunDir,
-        # A mistyped option must fail, not silently match a longer one (--trainer.max_epoch).
-        parser_kwargs={"allow_abbrev": False},
-        args=args,
-        run=run,
-    )
+    with exit_on_user_error():
+        check_config_files(sys.argv[1:] if args is None else args)
+        return CLI(
+            L.LightningModule,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_callback=SaveConfigToRunDir,
+            parser_class=Parser,
+            # A mistyped option must fail, not silently match a longer one (--trainer.max_epoch).
+            parser_kwargs={"allow_abbrev": False, "prog": "python -m {{ cookiecutter.package_name }}"},
+            args=args,
+            run=run,
+        )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ import torch
 from jsonargparse import auto_cli
 
 from {{ cookiecutter.package_name }}.data.text import TextDataModule
-from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
+from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
+from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
 from {{ cookiecutter.package_name }}.models import LanguageModel
 
@@ -61,10 +62,8 @@ def generate(
 
 
 def main(args: list[str] | None = None) -> None:
-    try:
+    with exit_on_user_error("generate"):  # a missing checkpoint, a bad prompt or setting: one line, exit 2
         auto_cli(generate, args=args)
-    except (CheckpointError, FileNotFoundError, ValueError) as error:  # the user's to fix: no traceback
-        sys.exit(f"generate: {error}")
 
 
 if __name__ == "__main__":

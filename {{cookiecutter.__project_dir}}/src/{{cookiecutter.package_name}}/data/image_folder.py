@@ -32,6 +32,7 @@ from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLITS = ("train", "val", "test")
@@ -77,7 +78,7 @@ class ImageFolderDataModule(ResumableDataModule):
         super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
         check_fractions(val_fraction, test_fraction)
         if image_size < 4:
-            raise ValueError(f"data.image_size must be at least 4 pixels, got {image_size}")
+            raise ConfigError(f"data.image_size must be at least 4 pixels, got {image_size}")
         self.save_hyperparameters()
         self.files, self.class_names, self.mode = self._scan(Path(root))
         self.mean: list[float] | None = None  # per channel, of the training split in [0, 1]
@@ -101,12 +102,12 @@ class ImageFolderDataModule(ResumableDataModule):
     # ---- finding the files (headers only: cheap, and every bad file is named before training) -------
     def _scan(self, root: Path) -> tuple[dict[str, list[tuple[Path, int]]], list[str], str]:
         if not root.is_dir():
-            raise ValueError(f"data.root={root}: no such folder; give a folder of class subfolders of images")
+            raise DataError(f"data.root={root}: no such folder; give a folder of class subfolders of images")
         given = [name for name in SPLITS if (root / name).is_dir()]
         pools = {name: root / name for name in given} if "train" in given else {"all": root}
         class_names = sorted(p.name for p in pools.get("train", root).iterdir() if p.is_dir())
         if len(class_names) < 2:
-            raise ValueError(
+            raise DataError(
                 f"data.root={pools.get('train', root)}: {len(class_names)} class folder(s) found; give one "
                 "subfolder of images per class, at least two classes"
             )
@@ -121,10 +122,10 @@ class ImageFolderDataModule(ResumableDataModule):
                 files[split] += [(path, label) for path in images]
         pool = files.get("train", files.get("all", []))
         if not pool:
-            raise ValueError(f"data.root={root}: no images ({', '.join(IMAGE_SUFFIXES)}) in the class folders")
+            raise DataError(f"data.root={root}: no images ({', '.join(IMAGE_SUFFIXES)}) in the class folders")
         empty = [name for label, name in enumerate(class_names) if all(y != label for _, y in pool)]
         if empty:
-            raise ValueError(f"data.root={root}: class folder(s) {empty} hold no images; add images or remove them")
+            raise DataError(f"data.root={root}: class folder(s) {empty} hold no images; add images or remove them")
         mode = "RGB" if modes - {"L"} else "L"
         if len(modes) > 1:
             rank_zero_info(f"data.root={root}: images of modes {sorted(modes)}: all converted to {mode}")
@@ -142,7 +143,7 @@ class ImageFolderDataModule(ResumableDataModule):
             counts = np.bincount(labels, minlength=self.num_classes)
             if counts.min() < 3:
                 rare = [self.class_names[i] for i in np.flatnonzero(counts < 3)]
-                raise ValueError(f"data.root: class folder(s) {rare} have fewer than 3 images, too few to split")
+                raise DataError(f"data.root: class folder(s) {rare} have fewer than 3 images, too few to split")
             rows = split_indices(labels, len(pool), hp.val_fraction, hp.test_fraction, hp.split_seed)
             parts = {split: [pool[i] for i in rows[split]] for split in SPLITS}
         else:
@@ -181,7 +182,7 @@ class ImageFolderDataModule(ResumableDataModule):
                 with Image.open(path) as image:
                     pixels = np.asarray(image.convert(self.mode).resize((size, size), Image.Resampling.BILINEAR))
             except (OSError, UnidentifiedImageError) as error:
-                raise ValueError(f"{path}: not a readable image ({error}); remove or replace the file") from None
+                raise DataError(f"{path}: not a readable image ({error}); remove or replace the file") from None
             images[index] = torch.from_numpy(pixels.reshape(size, size, -1).copy()).permute(2, 0, 1)
         return images, torch.tensor([label for _, label in items], dtype=torch.int64)
 
@@ -229,5 +230,5 @@ def _image_mode(path: Path) -> str:
         with Image.open(path) as image:
             mode = image.mode
     except (OSError, UnidentifiedImageError):
-        raise ValueError(f"{path}: not a readable image; remove or replace the file") from None
+        raise DataError(f"{path}: not a readable image; remove or replace the file") from None
     return "L" if mode in ("1", "L", "I", "I;16", "F") else "RGB"

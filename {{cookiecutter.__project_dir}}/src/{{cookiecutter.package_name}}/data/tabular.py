@@ -34,6 +34,7 @@ from torch.utils.data import TensorDataset
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
+from {{ cookiecutter.package_name }}.engine.errors import DataError
 
 TargetType = Literal["auto", "classification", "regression"]
 # An integer target with at most this many distinct values is a class label (target_type "auto").
@@ -130,13 +131,13 @@ class TabularDataModule(ResumableDataModule):
             frame["target"] = pd.Categorical.from_codes(table.target, categories=list(table.target_names))
             return frame
         if not Path(path).is_file():
-            raise ValueError(f"data.path={path}: no such file; give a CSV file with a header row")
+            raise DataError(f"data.path={path}: no such file; give a CSV file with a header row")
         try:
             frame = pd.read_csv(path)
         except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
-            raise ValueError(f"data.path={path}: not a readable CSV table ({error}); save it as UTF-8 CSV") from None
+            raise DataError(f"data.path={path}: not a readable CSV table ({error}); save it as UTF-8 CSV") from None
         if frame.empty:
-            raise ValueError(f"data.path={path}: the table has no rows; give a CSV file with data below its header")
+            raise DataError(f"data.path={path}: the table has no rows; give a CSV file with data below its header")
         return frame
 
     def _prepared(self) -> dict[str, Any]:
@@ -154,26 +155,26 @@ class TabularDataModule(ResumableDataModule):
         source = f"data.path={hp.path}" if hp.path else f"the bundled {hp.bundled} table"
         target = hp.target
         if target not in frame.columns:
-            raise ValueError(
+            raise DataError(
                 f"data.target={target!r} is not a column of {source}; its columns are {list(frame.columns)}"
             )
         labels = frame[target]
         if labels.isna().any():
             rows = (np.flatnonzero(labels.isna().to_numpy())[:5] + 2).tolist()  # file lines: +1 header, +1 1-based
-            raise ValueError(
+            raise DataError(
                 f"{source}: the target column {target!r} is empty in rows {rows} (file lines); fill or drop them"
             )
         if labels.nunique() < 2:
-            raise ValueError(
+            raise DataError(
                 f"{source}: the target column {target!r} has a single value ({labels.iloc[0]!r}): nothing to learn; "
                 "choose another data.target"
             )
         features = frame.drop(columns=[target])
         empty = [name for name in features.columns if features[name].isna().all()]
         if empty:
-            raise ValueError(f"{source}: column(s) {empty} are empty in every row; drop them from the file")
+            raise DataError(f"{source}: column(s) {empty} are empty in every row; drop them from the file")
         if features.shape[1] == 0:
-            raise ValueError(f"{source}: no feature columns besides the target {target!r}")
+            raise DataError(f"{source}: no feature columns besides the target {target!r}")
 
         task = hp.target_type if hp.target_type != "auto" else _guess_task(labels)
         if task == "classification":
@@ -184,14 +185,14 @@ class TabularDataModule(ResumableDataModule):
             counts = np.bincount(codes, minlength=len(classes))
             if counts.min() < 3:
                 rare = [classes[i] for i in np.flatnonzero(counts < 3)]
-                raise ValueError(
+                raise DataError(
                     f"{source}: class(es) {rare} of {target!r} have fewer than 3 rows, too few for a train/val/test "
                     "split; add rows, merge classes, or use data.target_type=regression for a numeric target"
                 )
             self.split_rows = split_indices(codes, len(frame), hp.val_fraction, hp.test_fraction, hp.split_seed)
         else:
             if not pd.api.types.is_numeric_dtype(labels):
-                raise ValueError(
+                raise DataError(
                     f"data.target_type=regression: the target column {target!r} of {source} is not numeric"
                 )
             classes = []
@@ -229,7 +230,7 @@ class TabularDataModule(ResumableDataModule):
         prep = self._prepared()
         missing = [name for name in [*prep["numeric"], *prep["categorical"]] if name not in frame.columns]
         if missing:
-            raise ValueError(f"rows to encode lack the column(s) {missing} the model was trained with")
+            raise DataError(f"rows to encode lack the column(s) {missing} the model was trained with")
         parts: list[np.ndarray] = []
         for name, stats in prep["numeric"].items():
             values = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64)

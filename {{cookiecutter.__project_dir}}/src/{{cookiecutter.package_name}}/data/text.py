@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.data import check_fractions
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 
 VOCAB_SIZE = 256  # byte values
 BUNDLED = "moby_dick.txt.gz"
@@ -59,24 +60,24 @@ def read_text(path: str | Path | None) -> bytes:
             return gzip.decompress(packed.read())
     path = Path(path).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"data.path: {path} does not exist; give a text file or a folder of .txt files")
+        raise MissingFileError(f"data.path: {path} does not exist; give a text file or a folder of .txt files")
     files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
     if not files:
-        raise ValueError(f"data.path: {path} has no .txt files; put the text in files ending in .txt")
+        raise DataError(f"data.path: {path} has no .txt files; put the text in files ending in .txt")
     parts = []
     for file in files:
         raw = file.read_bytes()
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise ValueError(
+            raise DataError(
                 f"data.path: {file} is not UTF-8 text (byte {error.start}: {raw[error.start : error.start + 4]!r}); "
                 f"convert it, e.g. `iconv -f latin1 -t utf-8 {file.name} > {file.stem}.utf8.txt`"
             ) from None
         if raw.strip():
             parts.append(raw)
     if not parts:
-        raise ValueError(f"data.path: {path} holds no text (every file is empty or blank)")
+        raise DataError(f"data.path: {path} holds no text (every file is empty or blank)")
     return b"\n\n".join(parts)
 
 
@@ -116,9 +117,9 @@ class TextDataModule(ResumableDataModule):
         self.save_hyperparameters()
         check_fractions(val_fraction, test_fraction)
         if block_size < 1:
-            raise ValueError(f"data.block_size must be at least 1, got {block_size}")
+            raise ConfigError(f"data.block_size must be at least 1, got {block_size}")
         if stride is not None and stride < 1:
-            raise ValueError(f"data.stride must be at least 1 (or null for block_size), got {stride}")
+            raise ConfigError(f"data.stride must be at least 1 (or null for block_size), got {stride}")
         self.stride = stride or block_size
         tokens = torch.frombuffer(bytearray(read_text(path)), dtype=torch.uint8)  # (N,) bytes
         ends = (int(len(tokens) * (1 - val_fraction - test_fraction)), int(len(tokens) * (1 - test_fraction)))
@@ -126,7 +127,7 @@ class TextDataModule(ResumableDataModule):
         for name, part in self.splits.items():
             if len(part) < block_size + 1:
                 where = "the bundled corpus" if path is None else path
-                raise ValueError(
+                raise DataError(
                     f"data: the {name} split of {where} has {len(part)} bytes, fewer than one window "
                     f"(data.block_size + 1 = {block_size + 1}); lower data.block_size or give more text "
                     f"({len(tokens)} bytes in all)"

@@ -17,8 +17,10 @@ import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from {{ cookiecutter.package_name }}.engine.errors import UserError
 
-class CheckpointError(RuntimeError):
+
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be read or does not fit the model; the message names the file and the fix."""
 
 

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import torch
 from lightning.pytorch.callbacks import ProgressBar
 
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.precision import fall_back_to_fp16_without_bf16
 from {{ cookiecutter.package_name }}.engine.runs import choose_run
 
@@ -23,10 +24,36 @@ def prepare(config, subcommand: str | None) -> None:
         torch.set_float32_matmul_precision(config["float32_matmul_precision"])
     if "trainer" not in config:
         return
+    check_hardware(config.trainer)
     prepare_loggers(config.trainer)
     drop_progress_bar_if_disabled(config.trainer)
     fall_back_to_fp16_without_bf16(config.trainer)
     choose_run(config, fit=subcommand == "fit")
+
+
+def check_hardware(trainer_config) -> None:
+    """Stop in one line when the config asks for a GPU (accelerator gpu/cuda, or FSDP) this machine lacks.
+
+    Lightning would stop too, but later and under a long traceback.
+
+    Raises:
+        ConfigError: naming the setting (and the preset that sets it) and what to do instead.
+    """
+    if torch.cuda.is_available():
+        return
+    accelerator = str(trainer_config.get("accelerator") or "auto")
+    strategy = trainer_config.get("strategy")
+    strategy_name = str(getattr(strategy, "class_path", strategy) or "")
+    if "fsdp" in strategy_name.lower():
+        raise ConfigError(
+            f"trainer.strategy={strategy_name} (configs/presets/fsdp.yaml) shards the model across CUDA GPUs, and "
+            "this machine has none: use configs/presets/ddp.yaml to train on several CPU processes instead."
+        )
+    if accelerator in ("gpu", "cuda"):
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} (the gpu and fsdp presets set it) needs a CUDA GPU, and this machine "
+            "has none visible to torch: leave the preset out to train on the CPU, or run on a GPU machine."
+        )
 
 
 def wandb_is_configured() -> bool:

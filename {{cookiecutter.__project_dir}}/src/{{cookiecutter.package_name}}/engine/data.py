@@ -30,6 +30,8 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
     """Refuse split fractions that are outside (0, 1) or leave no training data.
@@ -39,9 +41,9 @@ def check_fractions(val_fraction: float, test_fraction: float) -> None:
     """
     for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
         if not 0.0 < value < 1.0:
-            raise ValueError(f"data.{name} must be between 0 and 1 (exclusive), got {value}")
+            raise ConfigError(f"data.{name} must be between 0 and 1 (exclusive), got {value}")
     if val_fraction + test_fraction >= 1.0:
-        raise ValueError(
+        raise ConfigError(
             f"data.val_fraction + data.test_fraction must be below 1 to leave training data, "
             f"got {val_fraction} + {test_fraction}"
         )
@@ -130,9 +132,9 @@ class ResumableDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         if batch_size < 1:
-            raise ValueError(f"data.batch_size must be at least 1, got {batch_size}")
+            raise ConfigError(f"data.batch_size must be at least 1, got {batch_size}")
         if num_workers < 0:
-            raise ValueError(f"data.num_workers must be 0 or more, got {num_workers}")
+            raise ConfigError(f"data.num_workers must be 0 or more, got {num_workers}")
         self.batch_size, self.num_workers = batch_size, num_workers
         self.pin_memory, self.persistent_workers = pin_memory, persistent_workers
         self.train_set: Dataset | None = None
@@ -162,7 +164,7 @@ class ResumableDataModule(L.LightningDataModule):
         """
         size = len(self.train_set) if self.train_set is not None else None
         if size is not None and self.batch_size > size:
-            raise ValueError(
+            raise ConfigError(
                 f"data.batch_size={self.batch_size} is larger than the training split ({size} samples): "
                 f"every epoch would be one short batch. Use at most {size}."
             )

@@ -13,6 +13,8 @@ import os
 import lightning as L
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
+from {{ cookiecutter.package_name }}.engine.errors import LaunchError
+
 
 def slurm_job_id() -> str | None:
     """The id of the SLURM job this process belongs to, ``<array job>_<task>`` for array jobs.
@@ -50,7 +52,7 @@ def check_world_size(trainer: L.Trainer) -> None:
     asked = trainer.num_nodes * trainer.num_devices
     if asked == started:
         return
-    raise RuntimeError(
+    raise LaunchError(
         f"trainer.num_nodes={trainer.num_nodes} x trainer.devices={trainer.num_devices} asks for {asked} processes, "
         f"but {launcher} started {started}. Start one task per device (sbatch --nodes=N --ntasks-per-node=D, "
         f"or torchrun --nnodes=N --nproc-per-node=D) and set --trainer.num_nodes=N --trainer.devices=D to match."

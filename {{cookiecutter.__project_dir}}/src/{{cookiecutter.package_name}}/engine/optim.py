@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+
 
 def parameter_groups(parameters: Iterable[tuple[str, nn.Parameter]]) -> list[dict[str, Any]]:
     """Split trainable parameters into a decayed group (weight matrices, conv kernels, embeddings: ndim >= 2)
@@ -63,13 +65,13 @@ class WarmupCosine(LRScheduler):
         min_lr_ratio: float = 0.01,
     ) -> None:
         if total_steps is None or total_steps < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"WarmupCosine.total_steps must be a positive number of optimizer steps, got {total_steps}"
             )
         if not 0.0 <= warmup_ratio < 1.0:
-            raise ValueError(f"lr_scheduler.warmup_ratio must be in [0, 1), got {warmup_ratio}")
+            raise ConfigError(f"lr_scheduler.warmup_ratio must be in [0, 1), got {warmup_ratio}")
         if not 0.0 <= min_lr_ratio <= 1.0:
-            raise ValueError(f"lr_scheduler.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+            raise ConfigError(f"lr_scheduler.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
         self.total_steps, self.warmup_ratio, self.min_lr_ratio = total_steps, warmup_ratio, min_lr_ratio
         self.warmup_steps = int(warmup_ratio * total_steps)
         super().__init__(optimizer)

@@ -15,6 +15,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+
 
 def fall_back_to_fp16_without_bf16(trainer_config) -> None:
     """Turn ``bf16-mixed`` into ``16-mixed`` (with loss scaling) on CUDA GPUs without bfloat16 (before Ampere).
@@ -54,6 +56,6 @@ def clip_gradients_under_fsdp(trainer: L.Trainer, gradient_clip_val: float | Non
     if not isinstance(trainer.model, FullyShardedDataParallel) or not gradient_clip_val:
         return False
     if algorithm not in (None, "norm"):
-        raise ValueError(f"trainer.gradient_clip_algorithm={algorithm!r}: FSDP clips by norm; set it to norm")
+        raise ConfigError(f"trainer.gradient_clip_algorithm={algorithm!r}: FSDP clips by norm; set it to norm")
     trainer.model.clip_grad_norm_(gradient_clip_val)
     return True

@@ -13,6 +13,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
 
 
@@ -59,7 +60,7 @@ def best_checkpoint(root: str | Path = "logs") -> Path:
     """
     found = [path for path in Path(root).glob("**/checkpoints/*.ckpt") if path.is_file()]
     if not found:
-        raise FileNotFoundError(f"no checkpoint under {root}/: train first (make train) or pass one (CKPT=path)")
+        raise MissingFileError(f"no checkpoint under {root}/: train first (make train) or pass one (CKPT=path)")
     run = max(found, key=lambda path: path.stat().st_mtime).parent.parent
     summary = run / "test_metrics.json"
     if summary.is_file():
@@ -184,7 +185,7 @@ def _run_to_resume(trainer_config) -> Path:
         run = latest_run(trainer_config)
     if run is None or latest_checkpoint(run) is None:
         where = run or experiment_dir(trainer_config)
-        raise ValueError(f"--resume: no run with a checkpoint in {where}; start one with `make train`")
+        raise ConfigError(f"--resume: no run with a checkpoint in {where}; start one with `make train`")
     return run
 
 

@@ -8,6 +8,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
 
 
@@ -44,9 +45,9 @@ class ImageClassifier(TrainingModule):
         channels_last: bool = False,
     ) -> None:
         if num_classes < 2:
-            raise ValueError(f"model.num_classes must be at least 2, got {num_classes}")
+            raise ConfigError(f"model.num_classes must be at least 2, got {num_classes}")
         if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"model.label_smoothing must be in [0, 1), got {label_smoothing}")
+            raise ConfigError(f"model.label_smoothing must be in [0, 1), got {label_smoothing}")
         super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last)
         self.set_metrics(
             MetricCollection(

@@ -9,6 +9,7 @@ from torch import nn
 from torchmetrics import MeanMetric, MetricCollection
 
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
 
 
@@ -86,11 +87,11 @@ class LanguageModel(TrainingModule):
         """
         block_size = self.net.block_size
         if temperature <= 0:
-            raise ValueError(f"temperature must be above 0, got {temperature}")
+            raise ConfigError(f"temperature must be above 0, got {temperature}")
         if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be at least 1 (or None for all tokens), got {top_k}")
+            raise ConfigError(f"top_k must be at least 1 (or None for all tokens), got {top_k}")
         if tokens.shape[1] == 0 or tokens.shape[1] > block_size:
-            raise ValueError(
+            raise ConfigError(
                 f"the prompt has {tokens.shape[1]} tokens (UTF-8 bytes); it must have 1 to {block_size} "
                 "(the model's block_size): shorten it"
             )

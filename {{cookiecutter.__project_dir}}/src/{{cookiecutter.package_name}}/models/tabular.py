@@ -11,6 +11,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
 from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 
 
 class TabularModel(TrainingModule):
@@ -47,9 +48,9 @@ class TabularModel(TrainingModule):
         channels_last: bool = False,
     ) -> None:
         if task == "classification" and num_outputs < 2:
-            raise ValueError(f"model.num_outputs must be at least 2 classes for classification, got {num_outputs}")
+            raise ConfigError(f"model.num_outputs must be at least 2 classes for classification, got {num_outputs}")
         if task == "regression" and num_outputs != 1:
-            raise ValueError(f"model.num_outputs must be 1 for regression, got {num_outputs}")
+            raise ConfigError(f"model.num_outputs must be 1 for regression, got {num_outputs}")
         super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last)
         if task == "classification":
             metrics = {

@@ -56,7 +56,7 @@ class CNN(nn.Module):
                 f"channels={list(channels)}, num_classes={num_classes}"
             )
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"CNN dropout must be in [0, 1), got {dropout}")
+            raise ValueError(f"model.init_args.net.init_args.dropout must be in [0, 1), got {dropout}")
         widths = [in_channels, *channels]
         self.blocks = nn.Sequential(*(ConvBlock(c_in, c_out) for c_in, c_out in pairwise(widths)))
         self.dropout = nn.Dropout(dropout)

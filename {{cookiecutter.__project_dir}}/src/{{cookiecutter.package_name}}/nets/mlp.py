@@ -36,7 +36,7 @@ class MLP(nn.Module):
                 f"hidden_sizes={list(hidden_sizes)}, num_classes={num_classes}"
             )
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"MLP dropout must be in [0, 1), got {dropout}")
+            raise ValueError(f"model.init_args.net.init_args.dropout must be in [0, 1), got {dropout}")
         layers: list[nn.Module] = [nn.Flatten()]
         width = in_channels * image_size**2
         for hidden in hidden_sizes:

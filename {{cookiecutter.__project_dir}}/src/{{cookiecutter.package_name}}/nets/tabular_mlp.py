@@ -36,7 +36,7 @@ class TabularMLP(nn.Module):
                 f"out_features={out_features}, hidden_sizes={list(hidden_sizes)}"
             )
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"TabularMLP dropout must be in [0, 1), got {dropout}")
+            raise ValueError(f"model.init_args.net.init_args.dropout must be in [0, 1), got {dropout}")
         layers: list[nn.Module] = []
         width = in_features
         for hidden in hidden_sizes:

@@ -5,6 +5,7 @@ import torch
 from lightning.pytorch.callbacks import BaseFinetuning
 from torch import nn
 
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.optim import parameter_groups
 
 
@@ -35,7 +36,7 @@ class BackboneFreeze(BaseFinetuning):
     def __init__(self, unfreeze_at_epoch: int = 1, backbone_lr_ratio: float = 0.1, train_bn: bool = False) -> None:
         super().__init__()
         if unfreeze_at_epoch < 0 or not 0.0 < backbone_lr_ratio <= 1.0:
-            raise ValueError(
+            raise ConfigError(
                 f"BackboneFreeze: unfreeze_at_epoch must be >= 0 and backbone_lr_ratio in (0, 1], "
                 f"got {unfreeze_at_epoch} and {backbone_lr_ratio}"
             )
@@ -45,7 +46,7 @@ class BackboneFreeze(BaseFinetuning):
     def backbone(pl_module: L.LightningModule) -> nn.Module:
         backbone = getattr(getattr(pl_module, "net", None), "backbone", None)
         if not isinstance(backbone, nn.Module):
-            raise ValueError(
+            raise ConfigError(
                 f"BackboneFreeze: model.net ({type(getattr(pl_module, 'net', None)).__name__}) has no `backbone` "
                 "module to freeze; use a net with one (nets.CNN, nets.PretrainedNet) or remove the callback"
             )

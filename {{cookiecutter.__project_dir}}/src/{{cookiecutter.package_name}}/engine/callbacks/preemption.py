@@ -22,6 +22,7 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
 
@@ -36,7 +37,7 @@ class Preempted(SystemExit):
 
 def _signal(name: str, field: str) -> signal.Signals:
     if not name.startswith("SIG") or not hasattr(signal, name):
-        raise ValueError(f"PreemptionCheckpoint.{field}: {name!r} is not a signal name; use e.g. SIGUSR1 or SIGTERM")
+        raise ConfigError(f"PreemptionCheckpoint.{field}: {name!r} is not a signal name; use e.g. SIGUSR1 or SIGTERM")
     return signal.Signals[name]
 
 

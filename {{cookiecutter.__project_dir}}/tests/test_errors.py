@@ -1,0 +1,73 @@
+"""Every class of user error ends in one line that names the file or field, exit status 2, no traceback."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS, ROOT, shrunk_args, user_error
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.engine import config as run_config
+
+
+def test_a_yaml_syntax_error_names_its_file_line_and_column(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("trainer:\n  max_epochs: [1\n")
+    with user_error(rf"{broken}: not valid YAML at line 3, column 1"):
+        main(["fit", *shrunk_args(tmp_path), f"--config={broken}"])
+
+
+def test_a_value_a_class_refuses_is_reported_alone(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # The constructor's own message, without jsonargparse's type-union noise around it.
+    with user_error(r"^model\.init_args\.net\.init_args\.dropout must be in \[0, 1\), got 1\.5$"):
+        main(["fit", *shrunk_args(tmp_path), "--model.init_args.net.init_args.dropout=1.5"])
+    err = capsys.readouterr().err
+    assert err.rstrip().splitlines()[-1] == "error: model.init_args.net.init_args.dropout must be in [0, 1), got 1.5"
+    assert "NoneType" not in err and "Namespace(" not in err
+
+
+def test_an_unreadable_checkpoint_is_named(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint")
+    with user_error(rf"{garbage}: not a readable checkpoint"):
+        main(["test", *shrunk_args(tmp_path), f"--ckpt_path={garbage}"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the presets are valid here")
+@pytest.mark.parametrize(
+    ("preset", "message"),
+    [
+        ("gpu", r"trainer\.accelerator=gpu .* needs a CUDA GPU"),
+        ("fsdp", r"trainer\.strategy=.*FSDPStrategy \(configs/presets/fsdp\.yaml\) .* use configs/presets/ddp\.yaml"),
+    ],
+)
+def test_a_gpu_preset_on_a_machine_without_one_says_so(tmp_path: Path, preset: str, message: str) -> None:
+    with user_error(message):
+        main(["fit", *shrunk_args(tmp_path), f"--config={CONFIGS / 'presets' / f'{preset}.yaml'}"])
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only the user's mistakes are shortened: an error of our own code must stay debuggable.
+    def broken(*args, **kwargs):
+        raise KeyError("a bug in prepare")
+
+    monkeypatch.setattr(run_config, "prepare", broken)
+    with pytest.raises(KeyError, match="a bug in prepare"):
+        main(["fit", *shrunk_args(tmp_path)])
+
+
+@pytest.mark.slow
+def test_the_command_line_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
+    # A fresh process, as `make train CONFIG=...` runs: stderr ends with the message, and holds no traceback.
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "test", *shrunk_args(tmp_path)]
+    done = subprocess.run(
+        [*command, f"--ckpt_path={tmp_path / 'nowhere.ckpt'}"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.rstrip().splitlines()[-1] == f"error: {tmp_path / 'nowhere.ckpt'}: no such checkpoint. " + (
+        f"`ls {tmp_path}` shows the ones there are."
+    )
