@@ -55,7 +55,7 @@ PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "c
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("optim", "precision", "quiet", "runs")]
 PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
-    for name in ("__init__", "finetuning", "finite", "preemption", "progress", "random_state")
+    for name in ("__init__", "finetuning", "finite", "plots", "preemption", "progress", "random_state")
 ]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.

@@ -146,6 +146,7 @@ def test_own_folder_of_text_trains_below_its_unigram_entropy_and_generates(
     # per byte is the best possible; letters alone (the unigram entropy) need about 3.6.
     assert unigram_bits(read_text(folder)) > 3.0
     assert summary["metrics"]["test/bpb"] < 0.6  # measured: 0.35
+    assert (run / "curves.png").is_file() and not (run / "confusion_matrix.png").exists()
     assert summary["metrics"]["test/ppl"] == pytest.approx(2 ** summary["metrics"]["test/bpb"], rel=1e-4)
 
     # The checkpoint alone rebuilds the model and samples: `make generate CKPT=... PROMPT=...`.

@@ -11,6 +11,7 @@ from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.cli import CLI, main
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
+from {{ cookiecutter.package_name }}.engine.callbacks import RunPlots
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
 from {{ cookiecutter.package_name }}.engine.data import split_indices
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
@@ -30,6 +31,10 @@ class StopAfterEpoch(L.Callback):
             trainer.should_stop = True
 
 
+def plot_history(cli: CLI) -> dict:
+    return next(c for c in cli.trainer.callbacks if isinstance(c, RunPlots)).history
+
+
 def assert_same_end_state(reference: CLI, resumed: CLI) -> None:
     assert resumed.trainer.global_step == reference.trainer.global_step
     expected, actual = reference.model.state_dict(), resumed.model.state_dict()
@@ -43,6 +48,8 @@ def assert_same_end_state(reference: CLI, resumed: CLI) -> None:
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(actual_opt["state"][index][name])), (index, name)
     scheduler = reference.trainer.lr_scheduler_configs[0].scheduler
     assert resumed.trainer.lr_scheduler_configs[0].scheduler.state_dict()["last_epoch"] == scheduler.last_epoch
+    # curves.png of the resumed run draws the whole run, the part before the interruption included.
+    assert plot_history(resumed) == plot_history(reference)
     metrics = reference.trainer.callback_metrics
     assert metrics.keys() == resumed.trainer.callback_metrics.keys()
     for name, value in metrics.items():

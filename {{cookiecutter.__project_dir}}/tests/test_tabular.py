@@ -67,6 +67,7 @@ def test_own_csv_trains_to_85_percent_and_a_raw_row_is_predicted_from_the_checkp
     run = Path(cli.trainer.checkpoint_callback.dirpath).parent
     summary = json.loads((run / "test_metrics.json").read_text())
     assert summary["metrics"]["test/acc"] >= 0.85  # measured: 0.94 at the default 40 epochs
+    assert (run / "curves.png").is_file() and (run / "confusion_matrix.png").is_file()
 
     # Later, with only the checkpoint: the preprocessing and the class names travel in it.
     best = summary["checkpoint"]
@@ -83,7 +84,9 @@ def test_own_csv_trains_to_85_percent_and_a_raw_row_is_predicted_from_the_checkp
 def test_regression_on_the_bundled_diabetes_table_beats_the_mean(tmp_path: Path) -> None:
     regression = CONFIGS / "experiments" / "tabular-regression.yaml"
     cli = main(["fit", *shrunk_args(tmp_path), f"--config={regression}", "--trainer.max_epochs=30"])
-    metrics = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
+    run = Path(cli.trainer.checkpoint_callback.dirpath).parent
+    metrics = json.loads((run / "test_metrics.json").read_text())
+    assert (run / "curves.png").is_file() and not (run / "confusion_matrix.png").exists()  # no classes to confuse
     # Predicting the training mean gives R2 <= 0 and an MAE of about 64 (disease-progression units).
     assert metrics["metrics"]["test/r2"] > 0.1
     assert metrics["metrics"]["test/mae"] < 55

@@ -4,11 +4,13 @@ import csv
 import json
 from pathlib import Path
 
+import matplotlib.image
 import pytest
 import torch
 from conftest import shrunk_args
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.engine.callbacks import RunPlots
 from {{ cookiecutter.package_name }}.models import ImageClassifier
 
 
@@ -38,7 +40,8 @@ def test_run_folder_holds_config_checkpoints_and_metrics(trained) -> None:
     checkpoints = {p.name for p in (run / "checkpoints").iterdir()}
     assert "last.ckpt" in checkpoints
     assert len(checkpoints) == 2  # last + the best by val/acc
-    assert {"config.yaml", "test_metrics.json", "metrics.csv", "hparams.yaml"} <= {p.name for p in run.iterdir()}
+    expected = {"config.yaml", "test_metrics.json", "metrics.csv", "hparams.yaml", "curves.png", "confusion_matrix.png"}
+    assert expected <= {p.name for p in run.iterdir()}
     summary = json.loads((run / "test_metrics.json").read_text())
     assert Path(summary["checkpoint"]).name in checkpoints - {"last.ckpt"}
 
@@ -53,6 +56,29 @@ def test_train_loss_is_logged_every_log_every_n_steps_across_epochs(trained) -> 
         steps = [int(row["step"]) for row in csv.DictReader(file) if row["train/loss"]]
     assert steps == list(range(every - 1, cli.trainer.global_step, every))
     assert len(steps) == 20  # 80 steps
+
+
+@pytest.mark.slow
+def test_curves_confusion_matrix_and_gradient_norm_come_from_the_run(trained) -> None:
+    cli, run = trained
+    plots = next(c for c in cli.trainer.callbacks if isinstance(c, RunPlots))
+    every, steps = cli.trainer.log_every_n_steps, cli.trainer.global_step
+    assert [step for step, _ in plots.history["train/loss"]] == list(range(every, steps + 1, every))
+    assert [step for step, _ in plots.history["val/acc"]] == list(range(10, steps + 1, 10))  # one per epoch
+    for name in ("curves.png", "confusion_matrix.png"):
+        height, width, _ = matplotlib.image.imread(run / name).shape  # a PNG that reads back
+        assert height >= 300 and width >= 300
+    # The matrix drawn is the test split's: its diagonal share is the test accuracy.
+    matrix = cli.model.epoch_tensors["test/confusion_matrix"]
+    summary = json.loads((run / "test_metrics.json").read_text())
+    assert matrix.shape == (10, 10)
+    assert matrix.trace() / matrix.sum() == pytest.approx(summary["metrics"]["test/acc"], abs=1e-6)
+    # The gradient norm is written on the logging steps only, beside train/loss.
+    with (run / "metrics.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    norms = [(int(row["step"]), float(row["train/grad_norm"])) for row in rows if row["train/grad_norm"]]
+    assert [step for step, _ in norms] == [int(row["step"]) for row in rows if row["train/loss"]]
+    assert all(0 < norm < 100 for _, norm in norms)
 
 
 @pytest.mark.slow

@@ -192,9 +192,7 @@ class TabularDataModule(ResumableDataModule):
             self.split_rows = split_indices(codes, len(frame), hp.val_fraction, hp.test_fraction, hp.split_seed)
         else:
             if not pd.api.types.is_numeric_dtype(labels):
-                raise DataError(
-                    f"data.target_type=regression: the target column {target!r} of {source} is not numeric"
-                )
+                raise DataError(f"data.target_type=regression: the target column {target!r} of {source} is not numeric")
             classes = []
             self.split_rows = split_indices(None, len(frame), hp.val_fraction, hp.test_fraction, hp.split_seed)
 

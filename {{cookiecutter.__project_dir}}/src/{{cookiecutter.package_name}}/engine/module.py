@@ -18,6 +18,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import grad_norm
 from torch import nn
 from torchmetrics import MetricCollection
 
@@ -81,6 +82,7 @@ class TrainingModule(L.LightningModule):
         self.optimizer_factory: Callable[..., torch.optim.Optimizer] = optimizer
         self.lr_scheduler_factory = lr_scheduler
         self.train_metrics = self.val_metrics = self.test_metrics = MetricCollection({})
+        self.epoch_tensors: dict[str, torch.Tensor] = {}  # non-scalar results of the last computed metrics
 
     # ---- what a task module provides ---------------------------------------------------------
     def shared_step(self, batch: Any, metrics: MetricCollection) -> torch.Tensor:
@@ -152,8 +154,21 @@ class TrainingModule(L.LightningModule):
         if not metrics:
             return
         # compute() already gathers the states of every process; sync_dist only quiets Lightning.
-        self.log_dict(metrics.compute(), prog_bar=prog_bar, sync_dist=True)
+        results = metrics.compute()
+        scalars = {name: value for name, value in results.items() if value.numel() == 1}
+        # Tensors such as a confusion matrix are not logged as numbers: callbacks.RunPlots draws them.
+        self.epoch_tensors = {name: value for name, value in results.items() if value.numel() > 1}
+        self.log_dict(scalars, prog_bar=prog_bar, sync_dist=True)
         metrics.reset()
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # The gradient norm before clipping (after AMP unscaling), on the steps the logger writes only:
+        # Lightning's grad_norm walks every parameter. Under FSDP it is this process's shard's norm.
+        every = self.trainer.log_every_n_steps
+        if every and (self.trainer.global_step + 1) % every == 0:
+            norms = grad_norm(self, norm_type=2)
+            if norms:
+                self.log("train/grad_norm", norms["grad_2.0_norm_total"])
 
     # ---- optimisation ---------------------------------------------------------------------------
     def configure_gradient_clipping(

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
@@ -57,6 +57,8 @@ class ImageClassifier(TrainingModule):
                 }
             )
         )
+        # Test only (no cost in training): callbacks.RunPlots draws it as confusion_matrix.png.
+        self.test_metrics.add_metrics({"confusion_matrix": MulticlassConfusionMatrix(num_classes)})
 
     def shared_step(self, batch: tuple[torch.Tensor, torch.Tensor], metrics: MetricCollection) -> torch.Tensor:
         images, labels = batch  # (B, C, H, W), (B,)

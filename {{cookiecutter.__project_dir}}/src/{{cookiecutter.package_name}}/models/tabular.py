@@ -7,11 +7,11 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import MeanAbsoluteError, MetricCollection, R2Score
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
-from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
 
 
 class TabularModel(TrainingModule):
@@ -60,6 +60,9 @@ class TabularModel(TrainingModule):
         else:
             metrics = {"mae": MeanAbsoluteError(), "r2": R2Score()}
         self.set_metrics(MetricCollection(metrics))
+        if task == "classification":
+            # Test only (no cost in training): callbacks.RunPlots draws it as confusion_matrix.png.
+            self.test_metrics.add_metrics({"confusion_matrix": MulticlassConfusionMatrix(num_outputs)})
 
     def shared_step(self, batch: tuple[torch.Tensor, torch.Tensor], metrics: MetricCollection) -> torch.Tensor:
         features, targets = batch  # (B, F), (B,) class indices or standardised values

@@ -2,6 +2,7 @@
 
 from .finetuning import BackboneFreeze
 from .finite import NonFiniteError, StopOnNonFinite
+from .plots import RunPlots
 from .preemption import PreemptionCheckpoint
 from .progress import ThrottledRichProgressBar
 from .random_state import RandomStateCheckpoint
@@ -11,6 +12,7 @@ __all__ = [
     "NonFiniteError",
     "PreemptionCheckpoint",
     "RandomStateCheckpoint",
+    "RunPlots",
     "StopOnNonFinite",
     "ThrottledRichProgressBar",
 ]
