@@ -49,7 +49,7 @@ PROJECT_FILES = [".gitignore", "AGENTS.md", "CLAUDE.md", "LICENSE", "Makefile", 
 PROJECT_FILES += [".github/workflows/ci.yml", ".pre-commit-config.yaml"]
 PROJECT_FILES += ["scripts/agent_guides.py", "scripts/update_template.py"]
 # The reusable core and the CLI: in every bake, whatever the task.
-PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py"]
+PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py", "sweep.py"]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "config", "data", "launch", "module")]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("optim", "precision", "quiet", "runs")]
@@ -58,6 +58,7 @@ PACKAGE_FILES += [
     for name in ("__init__", "finetuning", "finite", "plots", "preemption", "progress", "random_state")
 ]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
+TEST_FILES += ["test_sweep.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
 TASK_PACKAGE_FILES = {
     "image-classification": [
@@ -88,7 +89,7 @@ TASK_CONFIG_FILES = {
 
 def expected_files(slug: str, package: str, include_slurm: bool, task: str = "image-classification") -> set[str]:
     """The exact file set of a bake: nothing missing, nothing extra."""
-    files = {*PROJECT_FILES, f".claude/agents/{slug}.md", "configs/default.yaml"}
+    files = {*PROJECT_FILES, f".claude/agents/{slug}.md", "configs/default.yaml", "configs/sweep.yaml"}
     files |= {f"configs/presets/{name}.yaml" for name in PRESETS}
     files |= {f"configs/{name}" for name in TASK_CONFIG_FILES[task]}
     files |= {f"src/{package}/{name}" for name in [*PACKAGE_FILES, *TASK_PACKAGE_FILES[task]]}

@@ -1,0 +1,191 @@
+"""Hyperparameter search with Optuna (https://optuna.org): ``make sweep`` (``python -m {{ cookiecutter.package_name }}.sweep``).
+
+The search space, the metric and the study's settings are one YAML file (``configs/sweep.yaml``).
+Each trial is a normal run of ``fit`` (its own run folder, checkpoints and logger run) from the
+base config plus the trial's values as ``--key=value`` overrides. Bad trials are pruned from the
+validation metric after each epoch (Optuna's pruner through ``optuna_integration``'s
+PyTorchLightningPruningCallback). The study lives in a database (SQLite by default), so:
+
+- a killed sweep continues where it stopped: run the same command again. A trial killed mid-run
+  stops sending heartbeats; once ``grace_period`` seconds have passed it is marked failed and its
+  values are tried again (``RetryHeartbeatStaleTrialCallback``);
+- several processes can share one study (``scripts/slurm/sweep.sbatch``: a SLURM job array); the
+  study ends once it has ``n_trials`` finished (complete or pruned) trials, however many ran them.
+
+When it ends, the best trial's full config (its run folder's ``config.yaml``) is copied to
+``<sweep folder>/best.yaml``: ``make train CONFIG=<sweep folder>/best.yaml`` trains it again.
+A trial stopped by a non-finite loss (StopOnNonFinite) counts as failed and the search goes on.
+"""
+
+import shutil
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+from unittest import mock
+
+import lightning as L
+
+from {{ cookiecutter.package_name }}.cli import main as cli_main
+from {{ cookiecutter.package_name }}.engine.callbacks import NonFiniteError
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, exit_on_user_error
+from {{ cookiecutter.package_name }}.engine.runs import run_dir
+
+try:
+    import optuna
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+    from optuna_integration import PyTorchLightningPruningCallback
+except ImportError as error:  # the `sweep` extra; make install includes it
+    raise SystemExit(
+        f"sweep: {error.name} is not installed; install the sweep extra: pip install -e '.[sweep]'"
+    ) from None
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def suggest(trial: optuna.Trial, name: str, spec: dict[str, Any]) -> Any:
+    """One value for the config key ``name`` from its ``spec`` in the sweep file's ``params``.
+
+    ``{type: float|int, low, high, log: false, step: null}`` or ``{type: categorical, choices: [...]}``.
+
+    Raises:
+        ConfigError: an unknown ``type`` or missing bounds, naming ``params.<name>``.
+    """
+    kind = spec.get("type")
+    try:
+        if kind == "float":
+            return trial.suggest_float(
+                name, spec["low"], spec["high"], log=spec.get("log", False), step=spec.get("step")
+            )
+        if kind == "int":
+            return trial.suggest_int(
+                name, spec["low"], spec["high"], log=spec.get("log", False), step=spec.get("step", 1)
+            )
+        if kind == "categorical":
+            return trial.suggest_categorical(name, spec["choices"])
+    except KeyError as missing:
+        raise ConfigError(f"params.{name}: {kind} needs {missing.args[0]!r}") from None
+    raise ConfigError(f"params.{name}.type must be float, int or categorical, got {kind!r}")
+
+
+def sweep(
+    params: dict[str, dict[str, Any]],
+    metric: str,
+    direction: Literal["minimize", "maximize"],
+    train_config: str = "configs/default.yaml",
+    args: list[str] | None = None,
+    study_name: str = "sweep",
+    folder: str = "logs/sweeps",
+    storage: str | None = None,
+    n_trials: int = 20,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
+    heartbeat_interval: int = 30,
+    grace_period: int = 120,
+) -> optuna.Study:
+    """Run (or continue) the study until it has ``n_trials`` finished trials; return it.
+
+    Args:
+        params: config key (as on the command line, e.g. ``model.init_args.optimizer.init_args.lr``)
+            -> its search space (see :func:`suggest`).
+        metric: the logged validation metric to optimise and prune on (e.g. ``val/acc``), once per epoch.
+        direction: ``maximize`` or ``minimize`` ``metric``.
+        train_config: the base config of every trial (what ``make train`` uses).
+        args: more ``fit`` arguments for every trial (e.g. ``--trainer.max_epochs=10``).
+        study_name: the study's name in the storage; the sweep folder is ``<folder>/<study_name>``.
+        folder: where sweep folders go.
+        storage: an Optuna storage URL; default ``sqlite:///<sweep folder>/study.db``.
+        n_trials: finished (complete or pruned) trials the study ends with, over all processes.
+        sampler: an Optuna sampler (default TPESampler(seed=0)).
+        pruner: an Optuna pruner (default MedianPruner: stop a trial whose metric after an epoch is
+            worse than the median of earlier trials after that epoch).
+        heartbeat_interval, grace_period: seconds; a trial without a heartbeat for ``grace_period``
+            (its process was killed) is marked failed and retried once.
+
+    Raises:
+        ConfigError: a bad ``params`` entry, or a metric the runs do not log.
+    """
+    if n_trials < 1:
+        raise ConfigError(f"n_trials must be at least 1, got {n_trials}")
+    sweep_dir = Path(folder) / study_name
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        # optuna marks heartbeat_interval experimental (ExperimentalWarning) since 2.9; it is what
+        # lets a killed trial be found and retried.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        database = RDBStorage(
+            storage or f"sqlite:///{sweep_dir / 'study.db'}",
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period,
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
+        )
+    study = optuna.create_study(
+        study_name=study_name,
+        storage=database,
+        load_if_exists=True,
+        direction=direction,
+        sampler=sampler or optuna.samplers.TPESampler(seed=0),
+        pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
+    )
+
+    def objective(trial: optuna.Trial) -> float:
+        overrides = [f"--{name}={suggest(trial, name, spec)}" for name, spec in params.items()]
+        # Built as `fit` builds it (run folder, config.yaml, callbacks), then fit with the pruning
+        # callback added; selection is on validation, so the test split stays for the final model.
+        with mock.patch.object(sys, "argv", sys.argv[:1]):  # LightningCLI warns when it sees both argv and args
+            cli = cli_main([f"--config={train_config}", *(args or []), *overrides], run=False)
+        pruning = PyTorchLightningPruningCallback(trial, monitor=metric)
+        cli.trainer.callbacks.append(pruning)
+        trial.set_user_attr("run_dir", str(run_dir(cli.trainer)))
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        return score(cli.trainer, metric, direction)
+
+    finished = len(study.get_trials(deepcopy=False, states=FINISHED))
+    if finished < n_trials:
+        print(f"sweep: study {study_name!r} has {finished} of {n_trials} finished trials; storage {database.url}")
+        study.optimize(objective, callbacks=[MaxTrialsCallback(n_trials, states=FINISHED)], catch=(NonFiniteError,))
+    write_best(study, sweep_dir)
+    return study
+
+
+def score(trainer: L.Trainer, metric: str, direction: str) -> float:
+    """The trial's value: the best ``metric`` of the run (its best checkpoint's), else its last value."""
+    checkpoint = trainer.checkpoint_callback
+    if checkpoint is not None and checkpoint.monitor == metric and checkpoint.best_model_score is not None:
+        return float(checkpoint.best_model_score)
+    value = trainer.callback_metrics.get(metric)
+    if value is None:
+        raise ConfigError(f"metric={metric!r} is not logged by the runs; logged: {sorted(trainer.callback_metrics)}")
+    return float(value)
+
+
+def write_best(study: optuna.Study, sweep_dir: Path) -> None:
+    """Copy the best trial's config to ``best.yaml`` and print it; say so if no trial has completed."""
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not completed:
+        print("sweep: no trial has completed yet; run the same command again to continue")
+        return
+    best = study.best_trial
+    source = Path(best.user_attrs["run_dir"]) / "config.yaml"
+    target = sweep_dir / "best.yaml"
+    shutil.copyfile(source, target)
+    states = [trial.state.name.lower() for trial in study.get_trials(deepcopy=False)]
+    counts = ", ".join(f"{states.count(state)} {state}" for state in sorted(set(states)))
+    print(f"sweep: {len(states)} trials ({counts}); best is trial {best.number}: value {best.value:.6g}")
+    for name, value in best.params.items():
+        print(f"  {name} = {value}")
+    print(f"sweep: its run folder is {best.user_attrs['run_dir']}; train it again with: make train CONFIG={target}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m {{ cookiecutter.package_name }}.sweep --config configs/sweep.yaml [--n_trials=N ...]``."""
+    from jsonargparse import auto_cli
+
+    with exit_on_user_error("sweep"):
+        auto_cli(sweep, args=argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""make sweep: an Optuna study killed after its first trial continues to its trial count, and names its best config."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import ROOT, shrunk_args
+from optuna.trial import TrialState
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.sweep import sweep
+
+
+def write_sweep(tmp_path: Path, n_trials: int = 3) -> Path:
+    """A tiny study: learning rate only, 2-epoch shrunk runs, heartbeats every second (stale after 2 s)."""
+    spec = {
+        "study_name": "tiny",
+        "folder": str(tmp_path / "sweeps"),
+        "train_config": str(ROOT / "configs" / "default.yaml"),
+        "args": [arg for arg in shrunk_args(tmp_path) if not arg.startswith("--config=")]
+        + ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.enable_progress_bar=false"],
+        "metric": "val/loss",
+        "direction": "minimize",
+        "n_trials": n_trials,
+        "params": {"model.init_args.optimizer.init_args.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}},
+        "heartbeat_interval": 1,
+        "grace_period": 2,
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
+    if not (tmp_path / "sweeps" / "tiny" / "study.db").exists():
+        return []
+    database = tmp_path / "sweeps" / "tiny" / "study.db"
+    try:
+        return optuna.load_study(study_name="tiny", storage=f"sqlite:///{database}").get_trials()
+    except KeyError:  # the database exists, the study not yet
+        return []
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_continues_to_its_trial_count(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.sweep", f"--config={write_sweep(tmp_path)}"]
+    first = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not any(t.state == TrialState.COMPLETE for t in trials(tmp_path)):
+            assert first.poll() is None and time.monotonic() < deadline, "the first trial did not complete"
+            time.sleep(0.2)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # as a node failure or `scancel` would: no clean-up at all
+        first.wait()
+    killed = [t for t in trials(tmp_path) if t.state == TrialState.RUNNING]
+    assert len([t for t in trials(tmp_path) if t.state == TrialState.COMPLETE]) == 1
+
+    time.sleep(2.5)  # past grace_period: the killed trial's heartbeat is stale
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "has 1 of 3 finished trials" in done.stdout
+
+    final = trials(tmp_path)
+    finished = [t for t in final if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(finished) == 3
+    for stale in killed:  # a trial killed mid-run is marked failed and its values tried again
+        assert final[stale.number].state == TrialState.FAIL
+        retries = [t for t in final if t.system_attrs.get("failed_trial") == stale.number]
+        assert [t.params for t in retries] == [stale.params]
+    # Every trial is a normal run with its own run folder and config.
+    run_dirs = {t.user_attrs["run_dir"] for t in finished}
+    assert len(run_dirs) == 3 and all((Path(d) / "config.yaml").is_file() for d in run_dirs)
+    # The best trial's config trains as it is (make train CONFIG=...best.yaml).
+    best = tmp_path / "sweeps" / "tiny" / "best.yaml"
+    assert f"train it again with: make train CONFIG={best}" in done.stdout
+    study_best = min(finished, key=lambda t: t.value if t.value is not None else float("inf"))
+    config = yaml.safe_load(best.read_text())
+    assert (
+        config["model"]["init_args"]["optimizer"]["init_args"]["lr"]
+        == study_best.params["model.init_args.optimizer.init_args.lr"]
+    )
+    assert main([f"--config={best}"], run=False).trainer.max_epochs == 2
+
+
+def test_a_bad_search_space_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"params\.model\.init_args\.net\.init_args\.dropout\.type must be float, int or categorical"
+    ):
+        sweep(
+            params={"model.init_args.net.init_args.dropout": {"type": "uniform", "low": 0, "high": 1}},
+            metric="val/loss",
+            direction="minimize",
+            args=[arg for arg in shrunk_args(tmp_path) if not arg.startswith("--config=")],
+            folder=str(tmp_path / "sweeps"),
+            n_trials=1,
+        )
