@@ -99,6 +99,8 @@ class GPT(nn.Module):
                 f"model.init_args.net.init_args.n_head ({n_head}) must divide n_embd ({n_embd}): "
                 "each head gets n_embd / n_head channels"
             )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"model.init_args.net.init_args.dropout must be in [0, 1), got {dropout}")
         self.block_size = block_size
         self.activation_checkpointing = activation_checkpointing
         self.token_embedding = nn.Embedding(vocab_size, n_embd)
