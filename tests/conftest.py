@@ -19,7 +19,7 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE_SYNTAX = re.compile(r"\{\{|\}\}|\{%|%\}")
-PRESETS = ("ddp", "debug", "fsdp", "gpu", "profile")
+PRESETS = ("ddp", "debug", "fsdp", "gpu", "profile", "trace")
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,7 @@
 """The config system: printing, presets, and bad configs that fail before training."""
 
+import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.callbacks import PreemptionCheckpoint
 from {{ cookiecutter.package_name }}.engine.config import wandb_is_configured
 from {{ cookiecutter.package_name }}.engine.precision import fall_back_to_fp16_without_bf16
+from {{ cookiecutter.package_name }}.engine.runs import run_dir
 
 PRESETS = sorted(path.stem for path in (CONFIGS / "presets").glob("*.yaml"))
 
@@ -78,7 +81,7 @@ def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> No
 
 
 def test_every_preset_is_in_the_suite() -> None:
-    assert PRESETS == ["ddp", "debug", "fsdp", "gpu", "profile"]
+    assert PRESETS == ["ddp", "debug", "fsdp", "gpu", "profile", "trace"]
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -91,7 +94,33 @@ def test_presets_stack_on_the_default(capsys: pytest.CaptureFixture, preset: str
         else:
             assert printed["trainer"][key] == value, key
     default_epochs = yaml.safe_load((CONFIGS / "default.yaml").read_text())["trainer"]["max_epochs"]
-    assert printed["trainer"]["max_epochs"] == (2 if preset == "profile" else default_epochs)  # the default stays
+    expected_epochs = {"profile": 2, "trace": 1}.get(preset, default_epochs)
+    assert printed["trainer"]["max_epochs"] == expected_epochs  # the default stays unless the preset sets it
+
+
+@pytest.mark.slow
+def test_the_trace_preset_writes_a_timeline_and_names_its_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    preset = CONFIGS / "presets" / "trace.yaml"
+    with caplog.at_level(logging.INFO):
+        cli = main(["fit", *shrunk_args(tmp_path), f"--config={preset}", "--test_after_fit=false"])
+    run = run_dir(cli.trainer)
+    (timeline,) = run.glob("fit-trace-*training_step*.pt.trace.json")  # Chrome trace format: Perfetto opens it
+    events = json.loads(timeline.read_text())["traceEvents"]
+    assert any(event.get("name") == "aten::convolution" or event.get("name", "").startswith("aten::") for event in events)
+    table = (run / "fit-trace.txt").read_text()
+    assert "Self CPU" in table  # torch.profiler's operator table
+    named = {line.rsplit(" ", 1)[-1] for line in caplog.messages if line.startswith("Profiler report written to")}
+    assert {str(timeline), str(run / "fit-trace.txt")} <= named
+
+
+def test_gradient_accumulation_counts_optimizer_steps(tmp_path: Path) -> None:
+    # trainer.accumulate_grad_batches=2: one optimizer step per 2 batches, and the schedule's length
+    # (estimated_stepping_batches) counts optimizer steps, so warm-up and decay end where they should.
+    args = ["fit", *shrunk_args(tmp_path), "--trainer.accumulate_grad_batches=2", "--test_after_fit=false"]
+    cli = main([*args, "--trainer.limit_train_batches=10", "--trainer.limit_val_batches=2"])
+    assert cli.trainer.global_step == 5
+    scheduler = cli.trainer.lr_scheduler_configs[0].scheduler
+    assert scheduler.total_steps == 5 and scheduler.last_epoch == 5
 
 
 def test_gpu_preset_uses_the_chosen_precision_and_tf32() -> None:

@@ -29,6 +29,7 @@ from {{ cookiecutter.package_name }}.engine.runs import (
     evaluate_best_checkpoint,
     keep_csv_metrics,
     profile_into_run_dir,
+    report_profiler_files,
 )
 
 # Lightning's own names for checkpoints that are not a file path (trainer.fit(ckpt_path=...)).
@@ -141,6 +142,7 @@ class CLI(LightningCLI):
     def after_fit(self) -> None:
         if self.config.fit.test_after_fit and not self.trainer.interrupted:
             evaluate_best_checkpoint(self.trainer, self.model, self.datamodule)
+        report_profiler_files(self.trainer)
 
 
 def _is_checkpoint_file(ckpt_path: str | None) -> bool:

@@ -214,6 +214,16 @@ def profile_into_run_dir(trainer: L.Trainer) -> None:
         profiler.dirpath = run_dir(trainer)
 
 
+def report_profiler_files(trainer: L.Trainer) -> None:
+    """Name the files a file-writing profiler left in its folder (the ``profile`` and ``trace`` presets)."""
+    profiler = trainer.profiler
+    filename, dirpath = getattr(profiler, "filename", None), getattr(profiler, "dirpath", None)
+    if not trainer.is_global_zero or not filename or dirpath is None:
+        return
+    for path in sorted(Path(dirpath).glob(f"*{filename}*")):
+        rank_zero_info(f"Profiler report written to {path}")
+
+
 def evaluate_best_checkpoint(trainer: L.Trainer, model: L.LightningModule, datamodule: L.LightningDataModule) -> None:
     """Test the best checkpoint of the fit that just ended and write ``test_metrics.json`` into the run folder.
 
