@@ -181,7 +181,11 @@ def test_sigterm_saves_a_checkpoint_and_make_resume_finishes_the_run(tmp_path: P
         timeout=300,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert f"Resuming run {saved.parent.parent} from {saved}" in run.stdout + run.stderr
+    output = run.stdout + run.stderr
+    assert f"Resuming run {saved.parent.parent} from {saved}" in output
+    # Lightning's "Previous log files in this directory will be deleted" (nothing is) gives way to one line of ours.
+    assert "will be deleted" not in output and "exists and is not empty" not in output
+    assert f"Continuing in {saved.parent.parent}: its checkpoints and logged metrics are kept" in output
     last = checkpoints.read_checkpoint(saved.parent / "last.ckpt")
     assert last["global_step"] == step + 20
     assert len(list(tmp_path.rglob("config.yaml"))) == 1  # one run folder, continued

@@ -23,13 +23,14 @@ from {{ cookiecutter.package_name }}.engine.errors import (
     readable_parser_message,
 )
 from {{ cookiecutter.package_name }}.engine.launch import check_world_size
-from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
+from {{ cookiecutter.package_name }}.engine.quiet import replace_resume_warnings, silence_dependency_noise
 from {{ cookiecutter.package_name }}.engine.runs import (
     SaveConfigToRunDir,
     evaluate_best_checkpoint,
     keep_csv_metrics,
     profile_into_run_dir,
     report_profiler_files,
+    run_dir,
 )
 
 # Lightning's own names for checkpoints that are not a file path (trainer.fit(ckpt_path=...)).
@@ -136,6 +137,9 @@ class CLI(LightningCLI):
 
     def before_fit(self) -> None:
         self._check_ckpt_path()
+        ckpt_path = self.config_init.fit.get("ckpt_path")
+        if ckpt_path and self.trainer.is_global_zero:
+            replace_resume_warnings(str(run_dir(self.trainer)))
         keep_csv_metrics(self.trainer)
         profile_into_run_dir(self.trainer)
 

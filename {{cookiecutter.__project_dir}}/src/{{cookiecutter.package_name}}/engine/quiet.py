@@ -14,6 +14,15 @@ LEAFSPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 LITLOGGER_TIP = "Tip: For seamless cloud logging"
 
 
+# lightning 2.6 when a run continues in its own folder (make resume, a requeued SLURM job): the
+# CSV logger says "Previous log files in this directory will be deleted" (engine.runs moves
+# metrics.csv aside first, so nothing is lost) and ModelCheckpoint that the folder is not empty.
+RESUME_WARNINGS = (
+    r"Experiment logs directory .* exists and is not empty",
+    r"Checkpoint directory .* exists and is not empty",
+)
+
+
 class _DropLitLoggerTip(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return LITLOGGER_TIP not in record.getMessage()
@@ -25,3 +34,13 @@ def silence_dependency_noise() -> None:
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(existing, _DropLitLoggerTip) for existing in logger.filters):
         logger.addFilter(_DropLitLoggerTip())
+
+
+def replace_resume_warnings(run_dir: str) -> None:
+    """Drop Lightning's alarming-but-harmless warnings of a resumed run, and say in one line what happens."""
+    for message in RESUME_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").info(
+        f"Continuing in {run_dir}: its checkpoints and logged metrics are kept (a CSV logger's earlier rows "
+        "move to metrics-<n>.csv)."
+    )
