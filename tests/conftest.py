@@ -95,7 +95,7 @@ def expected_files(slug: str, package: str, include_slurm: bool, task: str = "im
     files |= {f"src/{package}/{name}" for name in [*PACKAGE_FILES, *TASK_PACKAGE_FILES[task]]}
     files |= {f"tests/{name}" for name in [*TEST_FILES, *TASK_TEST_FILES[task]]}
     if include_slurm:
-        files |= {"scripts/slurm/train.sbatch", "tests/test_slurm_script.py"}
+        files |= {"scripts/slurm/sweep.sbatch", "scripts/slurm/train.sbatch", "tests/test_slurm_script.py"}
     return files
 
 

@@ -13,6 +13,7 @@ from conftest import ROOT
 from {{ cookiecutter.package_name }}.cli import main
 
 SCRIPT = ROOT / "scripts" / "slurm" / "train.sbatch"
+SWEEP_SCRIPT = ROOT / "scripts" / "slurm" / "sweep.sbatch"
 
 
 def sbatch_options() -> dict[str, str]:
@@ -50,7 +51,7 @@ def test_the_command_it_runs_parses(capsys: pytest.CaptureFixture) -> None:
     assert trainer["accelerator"] == "gpu"
 
 
-def run_script(tmp_path: Path, srun_status: int = 0, args: tuple[str, ...] = (), **env: str):
+def run_script(tmp_path: Path, srun_status: int = 0, args: tuple[str, ...] = (), script: Path = SCRIPT, **env: str):
     """Run the batch script as slurmd would, with a fake srun that records its arguments."""
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
@@ -60,7 +61,7 @@ def run_script(tmp_path: Path, srun_status: int = 0, args: tuple[str, ...] = (),
     allocation |= {"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_SUBMIT_DIR": str(ROOT)}
     environment = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", **allocation, **env}
     environment = {key: value for key, value in environment.items() if value != "unset"}
-    done = subprocess.run(["bash", str(SCRIPT), *args], env=environment, capture_output=True, text=True)
+    done = subprocess.run(["bash", str(script), *args], env=environment, capture_output=True, text=True)
     srun_args = (tmp_path / "srun-args").read_text().splitlines() if (tmp_path / "srun-args").exists() else None
     return done, srun_args
 
@@ -94,3 +95,28 @@ def test_script_refuses_a_task_count_unequal_to_the_gpu_count(tmp_path: Path) ->
     done, srun_args = run_script(tmp_path, SLURM_GPUS_ON_NODE="8")
     assert done.returncode == 2 and srun_args is None
     assert "--gpus-per-node=8 but --ntasks-per-node=4" in done.stderr
+
+
+def test_the_sweep_array_runs_workers_of_one_study_with_the_gpu_preset(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    subprocess.run(["bash", "-n", str(SWEEP_SCRIPT)], check=True)
+    assert re.search(r"^#SBATCH --array=\S+", SWEEP_SCRIPT.read_text(), flags=re.MULTILINE)
+    done, srun_args = run_script(tmp_path, args=("--n_trials=40",), script=SWEEP_SCRIPT, SLURM_ARRAY_TASK_ID="1")
+    assert done.returncode == 0, done.stderr
+    module = srun_args.index("{{ cookiecutter.package_name }}.sweep")
+    assert srun_args[module + 1 :] == [
+        "--config",
+        "configs/sweep.yaml",
+        "--args+=--config=configs/presets/gpu.yaml",
+        "--n_trials=40",
+    ]
+    # The arguments parse: every worker reads the same sweep file, so they share its study.
+    from {{ cookiecutter.package_name }}.sweep import main as sweep_main
+
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        sweep_main([*srun_args[module + 1 :], "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["args"][-1] == "--config=configs/presets/gpu.yaml" and printed["n_trials"] == 40

@@ -325,6 +325,11 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         # The order alternates (project first, then plain first, ...): a machine that drifts
         # faster or slower during a pair then favours neither path.
         for path in ("project", "plain") if repeat % 2 else ("plain", "project"):
+            print(
+                f"bench: pair {repeat}/{args.repeats}, {path} path: {args.steps} steps in a fresh process ...",
+                file=sys.stderr,
+                flush=True,
+            )
             run = run_in_fresh_process(config, path, args.steps, extra)
             if path == "plain":
                 plain.append(run["step_ms"])

@@ -17,6 +17,7 @@ When it ends, the best trial's full config (its run folder's ``config.yaml``) is
 A trial stopped by a non-finite loss (StopOnNonFinite) counts as failed and the search goes on.
 """
 
+import datetime
 import shutil
 import sys
 import warnings
@@ -132,6 +133,9 @@ def sweep(
 
     def objective(trial: optuna.Trial) -> float:
         overrides = [f"--{name}={suggest(trial, name, spec)}" for name, spec in params.items()]
+        # Its own run folder, named after the trial (under SLURM too, where a run is otherwise named
+        # after the job: the trials of one array task would share it).
+        overrides.append(f"--trainer.logger.init_args.version={study_name}-trial{trial.number}")
         # Built as `fit` builds it (run folder, config.yaml, callbacks), then fit with the pruning
         # callback added; selection is on validation, so the test split stays for the final model.
         with mock.patch.object(sys, "argv", sys.argv[:1]):  # LightningCLI warns when it sees both argv and args
@@ -142,12 +146,29 @@ def sweep(
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         return score(cli.trainer, metric, direction)
 
+    fail_trials_killed_before_their_first_heartbeat(study, database, grace_period)
     finished = len(study.get_trials(deepcopy=False, states=FINISHED))
     if finished < n_trials:
         print(f"sweep: study {study_name!r} has {finished} of {n_trials} finished trials; storage {database.url}")
         study.optimize(objective, callbacks=[MaxTrialsCallback(n_trials, states=FINISHED)], catch=(NonFiniteError,))
     write_best(study, sweep_dir)
     return study
+
+
+def fail_trials_killed_before_their_first_heartbeat(
+    study: optuna.Study, storage: RDBStorage, grace_period: int
+) -> None:
+    """Mark failed the trials that have been RUNNING, without any values, for over ``grace_period`` s.
+
+    Optuna finds a killed trial by its stale heartbeat, but a process killed between creating a
+    trial and its first heartbeat leaves a trial that stays RUNNING forever. A live trial has its
+    values within milliseconds, so one without values after the grace period is dead.
+    """
+    now = datetime.datetime.now()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        age = (now - trial.datetime_start).total_seconds() if trial.datetime_start else 0.0
+        if not trial.params and age > grace_period:
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
 
 
 def score(trainer: L.Trainer, metric: str, direction: str) -> float:
