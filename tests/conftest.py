@@ -52,7 +52,7 @@ PROJECT_FILES += ["scripts/agent_guides.py", "scripts/update_template.py"]
 PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py", "sweep.py"]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "config", "data", "launch", "module")]
-PACKAGE_FILES += [f"engine/{name}.py" for name in ("optim", "precision", "quiet", "runs")]
+PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "optim", "precision", "quiet", "runs")]
 PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
     for name in ("__init__", "finetuning", "finite", "plots", "preemption", "progress", "random_state")

@@ -99,14 +99,16 @@ def test_presets_stack_on_the_default(capsys: pytest.CaptureFixture, preset: str
 
 
 @pytest.mark.slow
-def test_the_trace_preset_writes_a_timeline_and_names_its_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_trace_preset_writes_a_timeline_and_names_its_files(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     preset = CONFIGS / "presets" / "trace.yaml"
     with caplog.at_level(logging.INFO):
         cli = main(["fit", *shrunk_args(tmp_path), f"--config={preset}", "--test_after_fit=false"])
     run = run_dir(cli.trainer)
     (timeline,) = run.glob("fit-trace-*training_step*.pt.trace.json")  # Chrome trace format: Perfetto opens it
     events = json.loads(timeline.read_text())["traceEvents"]
-    assert any(event.get("name") == "aten::convolution" or event.get("name", "").startswith("aten::") for event in events)
+    assert any(event.get("name", "").startswith("aten::") for event in events)  # the operators, on a timeline
     table = (run / "fit-trace.txt").read_text()
     assert "Self CPU" in table  # torch.profiler's operator table
     named = {line.rsplit(" ", 1)[-1] for line in caplog.messages if line.startswith("Profiler report written to")}

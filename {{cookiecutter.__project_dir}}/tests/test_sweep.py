@@ -17,6 +17,8 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.sweep import sweep
 
+LEARNING_RATE = {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}
+
 
 def write_sweep(tmp_path: Path, n_trials: int = 3) -> Path:
     """A tiny study: learning rate only, 2-epoch shrunk runs, heartbeats every second (stale after 2 s)."""
@@ -29,7 +31,7 @@ def write_sweep(tmp_path: Path, n_trials: int = 3) -> Path:
         "metric": "val/loss",
         "direction": "minimize",
         "n_trials": n_trials,
-        "params": {"model.init_args.optimizer.init_args.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}},
+        "params": {"model.init_args.optimizer.init_args.lr": LEARNING_RATE},
         "heartbeat_interval": 1,
         "grace_period": 2,
     }
@@ -92,12 +94,15 @@ def test_a_killed_sweep_continues_to_its_trial_count(tmp_path: Path) -> None:
     assert main([f"--config={best}"], run=False).trainer.max_epochs == 2
 
 
+UNIFORM = {"type": "uniform", "low": 0, "high": 1}  # not an Optuna distribution name here
+
+
 def test_a_bad_search_space_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError, match=r"params\.model\.init_args\.net\.init_args\.dropout\.type must be float, int or categorical"
     ):
         sweep(
-            params={"model.init_args.net.init_args.dropout": {"type": "uniform", "low": 0, "high": 1}},
+            params={"model.init_args.net.init_args.dropout": UNIFORM},
             metric="val/loss",
             direction="minimize",
             args=[arg for arg in shrunk_args(tmp_path) if not arg.startswith("--config=")],
