@@ -77,7 +77,9 @@ def test_second_bake_tabular_passes_its_own_tests_and_trains(cookies) -> None:
     with installed(project, project.name):
         assert requirements_met(project.name) == []
         make(project, "lint")
-        make(project, "test")
+        # The quick tests here; the whole suite of this bake runs in CI on the declared version floors
+        # (.ci/floors), which keeps this template suite within its time budget.
+        make(project, "test", args="-m 'not slow'")
         # The bundled breast cancer table, the default 40 epochs (about 15 s on 2 cores).
         make(project, "train")
         (summary_path,) = (project / "logs").rglob("test_metrics.json")
@@ -107,7 +109,9 @@ def test_third_bake_language_model_passes_its_own_tests_trains_and_generates(coo
     with installed(project, project.name):
         assert requirements_met(project.name) == []
         make(project, "lint")
-        make(project, "test")
+        # The quick tests here; the whole suite of this bake runs in CI on the declared version floors
+        # (.ci/floors), which keeps this template suite within its time budget.
+        make(project, "test", args="-m 'not slow'")
         # `make train` on the bundled corpus with a one-block GPT for 150 steps (29 s): it learns
         # common letter sequences, below the corpus's unigram entropy of 4.53 bits per byte (3.76
         # measured). The default model's full run reaches 2.26 (docs/benchmarks.md).
