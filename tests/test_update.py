@@ -25,7 +25,10 @@ def release(template: Path, message: str) -> None:
 
 def update(project: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["make", "update-template", f"PYTHON={sys.executable}"], cwd=project, capture_output=True, text=True
+        ["make", "--no-print-directory", "update-template", f"PYTHON={sys.executable}"],
+        cwd=project,
+        capture_output=True,
+        text=True,
     )
 
 
@@ -66,7 +69,10 @@ def test_update_template_applies_a_release_and_keeps_the_users_edits(tmp_path: P
     assert done.returncode == 0, done.stdout + done.stderr
     assert "applied cleanly" in done.stdout
     assert "max_epochs: 7" in config.read_text()  # the user's edit stayed
-    hello = subprocess.run(["make", "hello"], cwd=project, capture_output=True, text=True, check=True)
+    # --no-print-directory: under a parent make (CI runs `make test`) make would add its own lines.
+    hello = subprocess.run(
+        ["make", "--no-print-directory", "hello"], cwd=project, capture_output=True, text=True, check=True
+    )
     assert hello.stdout.strip() == "hello"  # the release arrived
     assert sorted(git(project, "diff", "HEAD", "--name-only").split()) == [".cruft.json", "Makefile"]
     git(project, "commit", "--quiet", "-am", "Template v2")

@@ -120,7 +120,9 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path: Path) -> None:
     # trainer.accumulate_grad_batches=2: one optimizer step per 2 batches, and the schedule's length
     # (estimated_stepping_batches) counts optimizer steps, so warm-up and decay end where they should.
     args = ["fit", *shrunk_args(tmp_path), "--trainer.accumulate_grad_batches=2", "--test_after_fit=false"]
-    cli = main([*args, "--trainer.limit_train_batches=6", "--trainer.limit_val_batches=2"])
+    cli = main(
+        [*args, "--trainer.limit_train_batches=6", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1"]
+    )
     batches = cli.trainer.num_training_batches  # 6, or fewer for a small table
     assert cli.trainer.global_step == math.ceil(batches / 2)  # the last, odd batch steps on its own
     scheduler = cli.trainer.lr_scheduler_configs[0].scheduler

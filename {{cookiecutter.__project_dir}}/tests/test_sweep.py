@@ -21,13 +21,14 @@ LEARNING_RATE = {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}
 
 
 def write_sweep(tmp_path: Path, n_trials: int = 3) -> Path:
-    """A tiny study: learning rate only, 2-epoch shrunk runs, heartbeats every second (stale after 2 s)."""
+    """A tiny study: learning rate only, runs of 2 epochs of 4 batches, heartbeats every second (stale after 2 s)."""
     spec = {
         "study_name": "tiny",
         "folder": str(tmp_path / "sweeps"),
         "train_config": str(ROOT / "configs" / "default.yaml"),
         "args": [arg for arg in shrunk_args(tmp_path) if not arg.startswith("--config=")]
-        + ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.enable_progress_bar=false"],
+        + ["--trainer.max_epochs=2", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2"]
+        + ["--trainer.log_every_n_steps=2", "--test_after_fit=false", "--trainer.enable_progress_bar=false"],
         "metric": "val/loss",
         "direction": "minimize",
         "n_trials": n_trials,
