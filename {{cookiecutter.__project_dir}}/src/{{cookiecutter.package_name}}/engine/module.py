@@ -119,13 +119,17 @@ class TrainingModule(L.LightningModule):
             self.net.compile(mode=self.hparams.compile_mode)
 
     # ---- steps and logging ----------------------------------------------------------------------
+    def _logger_writes_this_step(self) -> bool:
+        # Lightning writes when its count of optimizer steps since the start of the fit, plus one,
+        # is a multiple of log_every_n_steps (0: never).
+        every = self.trainer.log_every_n_steps
+        return bool(every) and (self.trainer.global_step + 1) % every == 0
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         loss = self.shared_step(batch, self.train_metrics)
         # Only on the steps the logger writes: each self.log costs Lightning about as much as a small
-        # model's step (make bench). Lightning writes when its count of optimizer steps since the
-        # start of the fit, plus one, is a multiple of log_every_n_steps (0: never).
-        every = self.trainer.log_every_n_steps
-        if every and (self.trainer.global_step + 1) % every == 0:
+        # model's step (make bench).
+        if self._logger_writes_this_step():
             self.log("train/loss", loss, prog_bar=True)
         return loss
 
@@ -164,8 +168,7 @@ class TrainingModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # The gradient norm before clipping (after AMP unscaling), on the steps the logger writes only:
         # Lightning's grad_norm walks every parameter. Under FSDP it is this process's shard's norm.
-        every = self.trainer.log_every_n_steps
-        if every and (self.trainer.global_step + 1) % every == 0:
+        if self._logger_writes_this_step():
             norms = grad_norm(self, norm_type=2)
             if norms:
                 self.log("train/grad_norm", norms["grad_2.0_norm_total"])
