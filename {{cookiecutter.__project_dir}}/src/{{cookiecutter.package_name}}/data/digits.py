@@ -5,14 +5,18 @@ of the UCI "Optical Recognition of Handwritten Digits" data (Alpaydin & Kaynak, 
 inside scikit-learn, so training works offline with nothing to download.
 """
 
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from sklearn.datasets import load_digits
 from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
+from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine.inference import Standardize
 
 _PIXEL_MAX = 16.0  # digits pixels are integer counts in [0, 16]
 
@@ -49,6 +53,7 @@ class DigitsDataModule(ResumableDataModule):
     num_classes = 10
     num_channels = 1
     image_shape = (1, 8, 8)
+    class_names = tuple(str(digit) for digit in range(10))
 
     def __init__(
         self,
@@ -96,6 +101,61 @@ class DigitsDataModule(ResumableDataModule):
         if self.mean is None or self.std is None:
             raise RuntimeError("DigitsDataModule.normalize needs the train statistics: call setup() first")
         return (images - self.mean) / self.std
+
+    # ---- inference: raw pixel values 0-16, as load_digits gives them --------------------------------
+    def inference_transform(self) -> Standardize:
+        """Raw images (B, 1, 8, 8), pixel values 0-16 -> the normalised images the net trained on.
+
+        Raises:
+            RuntimeError: before :meth:`setup` (or loading a checkpoint) set the statistics.
+        """
+        self.normalize(torch.zeros(()))  # the same check, the same message
+        return Standardize(self.mean, self.std, scale=1.0 / _PIXEL_MAX)
+
+    def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw images (N, 1, 8, 8) float32 0-16 and labels (N,) of ``split`` ("all" for the whole set)."""
+        images, labels = load_digits(return_X_y=True)
+        rows = slice(None) if split == "all" else self.split_indices[split]
+        images = torch.as_tensor(images, dtype=torch.float32).reshape(-1, *self.image_shape)
+        return images[rows], torch.as_tensor(labels, dtype=torch.int64)[rows]
+
+    def raw_description(self) -> str:
+        return "8x8 grey-scale digit images, float pixel values 0 (white) to 16 (black), as sklearn's load_digits"
+
+    def test_ids(self) -> list[int]:
+        """Row numbers of the test images in ``sklearn.datasets.load_digits()``."""
+        return self.split_indices["test"].tolist()
+
+    def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
+        """Images from a ``.npy`` array (N, 8, 8) or (N, 64), or a CSV of 64 pixel values (0-16) per row, no header.
+
+        Ids are the row numbers (0-based).
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: another suffix, or rows that are not 64 values in [0, 16].
+        """
+        file = Path(path)
+        if not file.is_file():
+            raise MissingFileError(
+                f"INPUTS={path}: no such file; give a .npy array or a CSV of 64 pixel values per row"
+            )
+        if file.suffix == ".npy":
+            values = np.load(file, allow_pickle=False)
+        elif file.suffix == ".csv":
+            values = np.loadtxt(file, delimiter=",", ndmin=2)
+        else:
+            raise DataError(f"INPUTS={path}: digits are read from .npy or .csv files, not {file.suffix or 'no suffix'}")
+        values = np.asarray(values, dtype=np.float32)
+        if values.size == 0 or values.size % 64 or values.reshape(len(values), -1).shape[1] != 64:
+            raise DataError(f"INPUTS={path}: each row must hold 64 pixel values (8x8), got shape {list(values.shape)}")
+        if values.min() < 0 or values.max() > _PIXEL_MAX:
+            raise DataError(
+                f"INPUTS={path}: pixel values must be in [0, 16] (as sklearn's digits), got "
+                f"{values.min()} to {values.max()}"
+            )
+        images = torch.from_numpy(values.reshape(-1, *self.image_shape).copy())
+        return [str(i) for i in range(len(images))], images
 
     def state_dict(self) -> dict[str, Any]:
         """Normalisation statistics (for inference) and, from the base, where a resumed run's data starts."""

@@ -28,9 +28,10 @@ import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from sklearn.model_selection import train_test_split
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
 
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
@@ -141,6 +142,7 @@ class ResumableDataModule(L.LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
         self.predict_set: Dataset | None = None
+        self.predict_ids: list[str] = []  # an id per predict sample, for the predictions file
         self._resume_at = (0, 0)  # (epoch, batches of it done), from a checkpoint
 
     def transform_batch(self, batch: Any, training: bool) -> Any:
@@ -217,6 +219,69 @@ class ResumableDataModule(L.LightningDataModule):
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
         )
+
+    # ---- inference: raw inputs as a user holds them (engine.inference, make predict/export/serve) ----
+    def inference_transform(self) -> nn.Module:
+        """Raw inputs (B, ...) -> the net's inputs, as a module exported inside the model graph (identity here).
+
+        Override when training batches are normalised or encoded: the returned module must do the
+        same with plain tensor operations, from statistics saved in the checkpoint.
+        """
+        return nn.Identity()
+
+    def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw inputs (N, ...) of a split, as :meth:`inference_transform` takes them, and their targets (N, ...).
+
+        Used to trace an export and to measure it (parity and accuracy). Call after :meth:`setup`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement raw_inputs(split) for export")
+
+    def dynamic_dims(self) -> dict[int, Any]:
+        """The axes of a raw input that an export leaves free (``torch.export.Dim``): the batch, here."""
+        return {0: torch.export.Dim("batch", min=1, max=1 << 20)}
+
+    def raw_description(self) -> str:
+        """What a raw input is, in words (units, range), for an export's model card."""
+        return "see the DataModule's raw_inputs"
+
+    def inputs_from_json(self, inputs: list[Any]) -> torch.Tensor:
+        """Raw inputs (B, ...) from a JSON request's ``inputs`` list (``make serve``).
+
+        The default takes nested lists of numbers shaped like one :meth:`raw_inputs` row each.
+
+        Raises:
+            ValueError: not numbers, or a row of the wrong shape; the message says the shape expected.
+        """
+        expected = tuple(self.raw_inputs("test")[0].shape[1:])
+        try:
+            batch = torch.tensor(inputs, dtype=torch.float32)
+        except (TypeError, ValueError):
+            raise DataError(f"inputs must be a list of numeric arrays of shape {list(expected)}") from None
+        if tuple(batch.shape[1:]) != expected:
+            raise DataError(f"each input must have shape {list(expected)}, got {list(batch.shape[1:])}")
+        return batch
+
+    def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
+        """Ids and raw inputs (N, ...) read from a user's file or folder (``make predict INPUTS=...``).
+
+        Raises:
+            ValueError: this DataModule reads no input files, or the file is not what it reads.
+        """
+        raise DataError(f"{type(self).__name__} reads no input files; predict over the test split (no INPUTS=)")
+
+    def use_inputs(self, path: str | None) -> None:
+        """Predict over ``path`` (see :meth:`read_inputs`), or over the test split when None. Call after setup."""
+        if path is None:
+            self.predict_set, self.predict_ids = None, [str(i) for i in self.test_ids()]
+            return
+        ids, raw = self.read_inputs(path)
+        with torch.no_grad():
+            self.predict_set = TensorDataset(self.inference_transform()(raw))
+        self.predict_ids = ids
+
+    def test_ids(self) -> list[Any]:
+        """An id for each test sample, in order (default: its position in the test split)."""
+        return list(range(len(self.test_set))) if self.test_set is not None else []
 
     def state_dict(self) -> dict[str, Any]:
         """Where a resumed run's training data starts: the epoch and the batches of it already trained on."""

@@ -103,6 +103,42 @@ class TrainingModule(L.LightningModule):
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
 
+    # ---- inference (engine.inference): what a user reads; the defaults are a classifier's -----------
+    def output_head(self) -> nn.Module:
+        """The net's output -> what a user reads, exported inside the model graph.
+
+        Default: class probabilities, a softmax over the last dimension (B, num_classes).
+        """
+        return nn.Softmax(dim=-1)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """The :meth:`output_head` of the net's output for the inputs ``batch[0]`` (default: probabilities)."""
+        return self.output_head()(self(batch[0]))
+
+    def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
+        """One readable record per row of ``outputs`` (B, num_classes): the likeliest class and its probability."""
+        probability, index = outputs.max(dim=-1)
+        names = class_names or [str(i) for i in range(outputs.shape[-1])]
+        return [
+            {"label": names[i], "probability": round(p, 6)}
+            for i, p in zip(index.tolist(), probability.tolist(), strict=True)
+        ]
+
+    def response(self, outputs: torch.Tensor, class_names: list[str]) -> dict[str, Any]:
+        """The JSON answer of ``make serve`` for ``outputs`` (B, num_classes): labels and every probability."""
+        return {
+            "labels": [record["label"] for record in self.describe(outputs, class_names)],
+            "probabilities": outputs.tolist(),
+        }
+
+    def output_description(self) -> str:
+        """What :meth:`output_head` returns, in words, for an export's model card."""
+        return "class probabilities (softmax), one column per class"
+
+    def score(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        """Quality of outputs (B, num_classes) against targets (B,): accuracy (for export checks and int8)."""
+        return {"acc": (outputs.argmax(dim=-1) == targets).float().mean().item()}
+
     # ---- the net --------------------------------------------------------------------------------
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """The net's output for ``inputs`` (task-specific shapes, see the task module)."""

@@ -66,7 +66,3 @@ class ImageClassifier(TrainingModule):
         loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
         metrics.update(logits.detach(), labels)
         return loss
-
-    def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
-        """Class probabilities (B, num_classes) for the images of ``batch``."""
-        return self(batch[0]).softmax(dim=-1)

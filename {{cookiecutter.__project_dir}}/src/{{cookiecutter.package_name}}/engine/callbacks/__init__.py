@@ -3,6 +3,7 @@
 from .finetuning import BackboneFreeze
 from .finite import NonFiniteError, StopOnNonFinite
 from .plots import RunPlots
+from .predictions import PredictionWriter
 from .preemption import PreemptionCheckpoint
 from .progress import ThrottledRichProgressBar
 from .random_state import RandomStateCheckpoint
@@ -10,6 +11,7 @@ from .random_state import RandomStateCheckpoint
 __all__ = [
     "BackboneFreeze",
     "NonFiniteError",
+    "PredictionWriter",
     "PreemptionCheckpoint",
     "RandomStateCheckpoint",
     "RunPlots",

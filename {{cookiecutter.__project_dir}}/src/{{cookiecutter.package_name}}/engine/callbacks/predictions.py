@@ -1,0 +1,98 @@
+"""``PredictionWriter``: predictions streamed to a file a person reads, through Lightning's ``BasePredictionWriter``.
+
+https://lightning.ai/docs/pytorch/stable/api/lightning.pytorch.callbacks.BasePredictionWriter.html
+"""
+
+import csv
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.utilities import rank_zero_info
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Writes one row per predicted sample: its id, then the task module's ``describe`` record.
+
+    For a classifier a row is ``id,label,probability``; regression writes ``id,prediction``; the
+    language model writes ``prompt`` and ``completion``. Rows are written after every batch, so
+    memory stays flat on a large input set. Ids come from the DataModule (``predict_ids``: row
+    numbers of the test split, file names, CSV rows); class names from its ``class_names``.
+
+    Args:
+        path: the file; its suffix picks the format: ``.csv`` or ``.jsonl``. Default:
+            ``predictions.csv`` in the run folder of the checkpoint being predicted with
+            (``<run>/checkpoints/x.ckpt`` -> ``<run>/predictions.csv``), else in the working folder.
+        file_format: used for the default path: "csv" or "jsonl".
+
+    Under DDP each process writes its own share to ``<stem>.rank<N><suffix>``.
+    """
+
+    def __init__(self, path: str | None = None, file_format: Literal["csv", "jsonl"] = "csv") -> None:
+        super().__init__(write_interval="batch")
+        self.path, self.file_format = path, file_format
+        self.written: Path | None = None
+        self._file: Any = None
+        self._csv: csv.DictWriter | None = None
+        self._count = 0
+
+    @staticmethod
+    def default_path(ckpt_path: str | Path | None, file_format: str = "csv") -> Path:
+        """``<run>/predictions.<file_format>`` for a checkpoint in ``<run>/checkpoints/``, else the working folder's."""
+        ckpt = Path(ckpt_path) if ckpt_path else None
+        folder = ckpt.parent.parent if ckpt is not None and ckpt.parent.name == "checkpoints" else Path()
+        return folder / f"predictions.{file_format}"
+
+    def output_path(self, trainer: L.Trainer) -> Path:
+        """Where this process writes (see the class docstring)."""
+        path = Path(self.path) if self.path is not None else self.default_path(trainer.ckpt_path, self.file_format)
+        if trainer.world_size > 1:
+            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
+        return path
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.written = self.output_path(trainer)
+        self.written.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.written.open("w", newline="", encoding="utf-8")
+        self._csv, self._count = None, 0
+
+    def write_on_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        prediction: torch.Tensor,
+        batch_indices: list[int] | None,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int,
+    ) -> None:
+        datamodule = trainer.datamodule
+        class_names = [str(name) for name in getattr(datamodule, "class_names", None) or []]
+        records = pl_module.describe(prediction.detach().float().cpu(), class_names)
+        if batch_indices is None:  # a sampler Lightning cannot see into: positions in order
+            batch_indices = range(self._count, self._count + len(records))
+        ids = getattr(datamodule, "predict_ids", None) or []
+        for index, record in zip(batch_indices, records, strict=True):
+            row = {"id": ids[index] if index < len(ids) else str(index), **record}
+            if self.written.suffix == ".jsonl":
+                self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
+                continue
+            if self._csv is None:
+                self._csv = csv.DictWriter(self._file, fieldnames=list(row))
+                self._csv.writeheader()
+            self._csv.writerow(row)
+        self._count += len(records)
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            rank_zero_info(f"{self._count} predictions written to {self.written}")
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if self._file is not None:  # the rows written so far stay readable
+            self._file.close()
+            self._file = None

@@ -1,0 +1,222 @@
+"""Export a trained :class:`engine.inference.Predictor` and prove each file computes what eager PyTorch does.
+
+- ONNX through the dynamo exporter (``torch.onnx.export(..., dynamo=True)``), one self-contained
+  file (``external_data=False``), the batch dimension dynamic (``dynamic_shapes``), run by
+  onnxruntime. https://pytorch.org/docs/stable/onnx_dynamo.html
+- ``torch.export`` (an ExportedProgram saved as ``.pt2``, ``torch.export.load`` reads it back
+  with no project code). https://pytorch.org/docs/stable/export.html
+- optionally an AOTInductor package (``torch._inductor.aoti_compile_and_package``): the program
+  compiled ahead of time for this machine's CPU or GPU. https://pytorch.org/docs/stable/torch.compiler_aot_inductor.html
+- optionally weight-only int8 (torchao ``Int8WeightOnlyConfig``) of the Linear layers, scored
+  against float32 on the test split. https://github.com/pytorch/ao
+
+Every file is reloaded right after it is written and run on a batch of 1 and an odd batch; the
+largest absolute difference from eager PyTorch is recorded and must stay within ``tolerance``.
+"""
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from {{ cookiecutter.package_name }}.engine.errors import UserError
+from {{ cookiecutter.package_name }}.engine.inference import Trained
+
+
+class ExportError(UserError, RuntimeError):
+    """An export whose outputs differ from eager PyTorch beyond the tolerance, or a missing export package."""
+
+
+def _require(module: str) -> Any:
+    try:
+        return __import__(module)
+    except ImportError:
+        raise ExportError(f"{module} is not installed: `pip install -e '.[export]'` (make install does it)") from None
+
+
+def parity_batches(raw: torch.Tensor, odd: int = 37) -> dict[str, torch.Tensor]:
+    """The batches every export is checked on: one sample, and an odd count (not a power of two)."""
+    return {"batch_1": raw[:1], f"batch_{min(odd, len(raw))}": raw[:odd]}
+
+
+def max_abs_diff(run: Callable[[torch.Tensor], Any], reference: nn.Module, batches: dict[str, torch.Tensor]) -> dict:
+    """Largest absolute difference between ``run(batch)`` and ``reference(batch)`` for each named batch."""
+    diffs = {}
+    with torch.no_grad():
+        for name, batch in batches.items():
+            expected = reference(batch).float()
+            got = torch.as_tensor(np.asarray(run(batch))).float().reshape(expected.shape)
+            diffs[name] = float((got - expected).abs().max())
+    return diffs
+
+
+def check_parity(kind: str, diffs: dict[str, float], tolerance: float) -> None:
+    """Raise :class:`ExportError` naming the export and the batch when a difference exceeds ``tolerance``."""
+    worst = max(diffs, key=diffs.get)
+    if not diffs[worst] <= tolerance:  # NaN fails too
+        raise ExportError(
+            f"{kind}: outputs differ from eager PyTorch by {diffs[worst]:.3g} on {worst} (tolerance {tolerance:g}); "
+            "an operator of the net exports differently: compare layer by layer"
+        )
+
+
+def export_onnx(predictor: nn.Module, example: torch.Tensor, dynamic: dict[int, Any], path: Path) -> Callable:
+    """Write ``path`` (one ONNX file, weights inside) and return an onnxruntime runner of it (CPU)."""
+    _require("onnxscript")
+    onnxruntime = _require("onnxruntime")
+    torch.onnx.export(
+        predictor,
+        (example,),
+        str(path),
+        dynamo=True,
+        external_data=False,
+        input_names=["inputs"],
+        output_names=["outputs"],
+        dynamic_shapes={"inputs": dynamic},
+        verbose=False,
+    )
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return lambda batch: session.run(None, {"inputs": batch.numpy()})[0]
+
+
+def export_program(predictor: nn.Module, example: torch.Tensor, dynamic: dict[int, Any], path: Path):
+    """Write ``path`` (``torch.export.save``); return the ExportedProgram and a runner of the reloaded file."""
+    program = torch.export.export(predictor, (example,), dynamic_shapes={"inputs": dynamic})
+    torch.export.save(program, str(path))
+    reloaded = torch.export.load(str(path)).module()
+    return program, lambda batch: reloaded(batch).detach()
+
+
+def export_aoti(program: Any, path: Path) -> Callable:
+    """Compile ``program`` ahead of time into the package ``path``; return a runner of the loaded package."""
+    package = torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+    runner = torch._inductor.aoti_load_package(package)
+    return lambda batch: runner(batch).detach()
+
+
+def quantize_int8(predictor: nn.Module) -> nn.Module:
+    """A copy of ``predictor`` with weight-only int8 Linear layers (torchao); the input is not changed."""
+    _require("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    quantized = copy.deepcopy(predictor)
+    quantize_(quantized, Int8WeightOnlyConfig())
+    return quantized
+
+
+def batched(run: Callable[[torch.Tensor], Any], raw: torch.Tensor, size: int = 256) -> torch.Tensor:
+    """``run`` over ``raw`` in batches of ``size``, outputs concatenated (N, ...)."""
+    with torch.no_grad():
+        parts = [torch.as_tensor(np.asarray(run(raw[i : i + size]))) for i in range(0, len(raw), size)]
+    return torch.cat(parts)
+
+
+def export_all(
+    trained: Trained,
+    folder: Path,
+    onnx: bool = True,
+    aoti: bool = False,
+    int8: bool = False,
+    tolerance: float = 1e-4,
+) -> dict[str, Any]:
+    """Write the exports of ``trained`` into ``folder``, check each, and return what ``export.json`` records.
+
+    Raises:
+        ExportError: an export differs from eager beyond ``tolerance``, or its package is missing.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    data, predictor = trained.datamodule, trained.predictor.cpu()
+    data.setup("test")
+    raw, targets = data.raw_inputs("test")
+    example = raw[:3]  # an odd batch: a batch of 1 would be specialised to a constant
+    dynamic = data.dynamic_dims()
+    batches = parity_batches(raw)
+    with torch.no_grad():
+        eager = predictor(raw[:1])
+    record: dict[str, Any] = {
+        "checkpoint": str(trained.checkpoint),
+        "input": {"name": "inputs", "shape": _shape(raw, dynamic), "dtype": str(raw.dtype).removeprefix("torch.")},
+        "output": {"name": "outputs", "shape": _shape(eager, {0: "batch"}), "dtype": "float32"},
+        "input_description": data.raw_description(),
+        "output_description": trained.model.output_description(),
+        "class_names": trained.class_names,
+        "tolerance": tolerance,
+        "files": {},
+        "max_abs_diff": {},
+        "test_scores": {"eager": trained.model.score(batched(predictor, raw), targets)},
+        "seconds": {},
+    }
+
+    def add(kind: str, filename: str, write: Callable[[Path], Any]) -> Any:
+        start = time.perf_counter()
+        result = write(folder / filename)
+        runner = result[-1] if isinstance(result, tuple) else result
+        record["seconds"][kind] = round(time.perf_counter() - start, 2)
+        record["files"][kind] = filename
+        record["max_abs_diff"][kind] = max_abs_diff(runner, predictor, batches)
+        check_parity(f"{kind} ({folder / filename})", record["max_abs_diff"][kind], tolerance)
+        record["test_scores"][kind] = trained.model.score(batched(runner, raw), targets)
+        return result
+
+    if onnx:
+        add("onnx", "model.onnx", lambda path: export_onnx(predictor, example, dynamic, path))
+    program, _ = add("pt2", "model.pt2", lambda path: export_program(predictor, example, dynamic, path))
+    if aoti:
+        add("aoti", "model-aoti.pt2", lambda path: export_aoti(program, path))
+    if int8:
+        quantized = quantize_int8(predictor)
+        record["test_scores"]["int8"] = trained.model.score(batched(quantized, raw), targets)
+        record["max_abs_diff"]["int8"] = max_abs_diff(quantized, predictor, batches)  # quantisation error, not a bug
+    metrics = trained.checkpoint.parent.parent / "test_metrics.json"
+    record["training_test_metrics"] = json.loads(metrics.read_text())["metrics"] if metrics.is_file() else None
+    (folder / "export.json").write_text(json.dumps(record, indent=2) + "\n")
+    (folder / "model-card.md").write_text(model_card(record))
+    return record
+
+
+def _shape(tensor: torch.Tensor, dynamic: dict[int, Any]) -> list[int | str]:
+    names = {axis: getattr(dim, "__name__", str(dim)) for axis, dim in dynamic.items()}
+    return [names.get(axis, size) for axis, size in enumerate(tensor.shape)]
+
+
+def model_card(record: dict[str, Any]) -> str:
+    """A short Markdown model card of an ``export.json`` record."""
+    files = "\n".join(f"- `{name}` ({kind})" for kind, name in record["files"].items())
+    diffs = "\n".join(
+        f"| {kind} | " + ", ".join(f"{batch}: {value:.2e}" for batch, value in values.items()) + " |"
+        for kind, values in record["max_abs_diff"].items()
+    )
+    scores = "\n".join(
+        f"| {kind} | " + ", ".join(f"{name} {value:.4f}" for name, value in values.items()) + " |"
+        for kind, values in record["test_scores"].items()
+    )
+    names = ", ".join(record["class_names"]) or "none"
+    return f"""# Model card
+
+Exported from `{record["checkpoint"]}`.
+
+## Input and output
+- input `{record["input"]["name"]}`: {record["input"]["dtype"]} {record["input"]["shape"]}; {record["input_description"]}
+- output `{record["output"]["name"]}`: {record["output"]["dtype"]} {record["output"]["shape"]}; {record["output_description"]}
+- classes in output order: {names}
+
+## Files
+{files}
+
+## Checks (test split)
+| export | max abs diff from eager PyTorch (tolerance {record["tolerance"]:g}) |
+|---|---|
+{diffs}
+
+| model | scores on the test split |
+|---|---|
+{scores}
+
+Test metrics of training: {json.dumps(record["training_test_metrics"])}
+"""

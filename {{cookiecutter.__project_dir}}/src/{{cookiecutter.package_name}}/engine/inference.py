@@ -1,0 +1,113 @@
+"""A trained model outside training: rebuilt from its checkpoint alone, as one module from raw input to outputs.
+
+``load_trained(path)`` rebuilds the LightningModule and the LightningDataModule of a run from the
+checkpoint (their saved hyperparameters, the DataModule's state: normalisation statistics, table
+preprocessing), without the training config. :class:`Predictor` chains the three pieces every
+task provides:
+
+- ``datamodule.inference_transform()``: raw input as a user holds it -> the net's input (the
+  normalisation the DataModule applies in training, as plain tensor operations);
+- ``model.net``: the network;
+- ``model.output_head()``: the net's output -> what a user reads (class probabilities, a value in
+  the target's units, next-token probabilities).
+
+``make predict``, ``make export`` and ``make serve`` all run this one module, so the exported
+graph, the server and the predictions file compute the same thing, and a user's own DataModule
+and model keep all three by providing those methods.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
+
+
+class Standardize(nn.Module):
+    """``(inputs * scale - mean) / std`` per channel (dim 1) or for the whole tensor: an exportable normalisation.
+
+    Args:
+        mean, std: a number, or one per channel (C,) for inputs (B, C, ...).
+        scale: applied first, e.g. 1/255 for 8-bit pixels.
+    """
+
+    def __init__(self, mean: float | list[float], std: float | list[float], scale: float = 1.0) -> None:
+        super().__init__()
+        mean_t, std_t = torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32)
+        self.register_buffer("mean", mean_t)
+        self.register_buffer("std", std_t)
+        self.scale = scale
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        mean, std = self.mean, self.std
+        if mean.ndim == 1:  # per channel: (C,) -> (1, C, 1, ..., 1)
+            view = (1, -1) + (1,) * (inputs.ndim - 2)
+            mean, std = mean.view(view), std.view(view)
+        return (inputs.float() * self.scale - mean) / std
+
+
+class Predictor(nn.Module):
+    """``head(net(transform(raw)))``: raw inputs (B, ...) -> outputs (B, ...), in eval mode, plain PyTorch.
+
+    Shapes and dtypes are the task's: for the digits, raw (B, 1, 8, 8) float32 pixel values 0-16 ->
+    class probabilities (B, 10); see ``export.json`` of an export for any task.
+    """
+
+    def __init__(self, transform: nn.Module, net: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.transform, self.net, self.head = transform, net, head
+        self.eval()
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.net(self.transform(inputs)))
+
+
+@dataclass
+class Trained:
+    """A run's model and DataModule rebuilt from ``checkpoint``, and their :class:`Predictor`."""
+
+    checkpoint: Path
+    model: L.LightningModule
+    datamodule: L.LightningDataModule
+    predictor: Predictor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.predictor = Predictor(self.datamodule.inference_transform(), self.model.net, self.model.output_head())
+
+    @property
+    def class_names(self) -> list[str]:
+        """Names of the classes in output order (empty for a task without classes)."""
+        return [str(name) for name in getattr(self.datamodule, "class_names", None) or []]
+
+    def describe(self, outputs: torch.Tensor) -> list[dict[str, Any]]:
+        """One readable record per row of :class:`Predictor` outputs (the task module's ``describe``)."""
+        return self.model.describe(outputs.detach().float().cpu(), self.class_names)
+
+
+def load_trained(path: str | Path, map_location: str | torch.device = "cpu") -> Trained:
+    """Rebuild the model and DataModule of the run that wrote checkpoint ``path``.
+
+    Raises:
+        engine.checkpoints.CheckpointError: the file is missing or broken, or it was not written
+            by a LightningCLI run of this project (no saved model or DataModule class).
+    """
+    path = Path(path)
+    checkpoint = read_checkpoint(path)  # a missing, truncated or foreign file is named before Lightning reads it
+    for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+        if "_class_path" not in checkpoint.get(key, {}):
+            raise CheckpointError(
+                f"{path}: no {key.removesuffix('_hyper_parameters') or 'model'} class saved in it; "
+                "use a checkpoint written by `make train` (python -m <package> fit)"
+            )
+    # The classes a checkpoint names must be imported before Lightning builds them (its allowlist).
+    import {{ cookiecutter.package_name }}.data
+    import {{ cookiecutter.package_name }}.models  # noqa: F401
+
+    model = L.LightningModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
+    datamodule = L.LightningDataModule.load_from_checkpoint(path, weights_only=True)
+    model.eval()
+    return Trained(path, model, datamodule)

@@ -1,0 +1,77 @@
+"""``make predict``: a trained model's predictions over the test split or your own inputs, written to a file.
+
+    python -m {{ cookiecutter.package_name }}.predict                       # best checkpoint of the latest run, test split
+    python -m {{ cookiecutter.package_name }}.predict --inputs my_rows.csv --output predictions.jsonl
+    python -m {{ cookiecutter.package_name }}.predict --ckpt logs/.../checkpoints/epoch004-....ckpt
+
+The checkpoint alone rebuilds the model and its DataModule (:func:`engine.inference.load_trained`):
+no training config is needed. Lightning's ``Trainer.predict`` runs the model's ``predict_step``
+and :class:`engine.callbacks.PredictionWriter` writes one row per sample. What ``--inputs`` reads
+is the DataModule's ``read_inputs``: see ``--help`` and the README.
+"""
+
+from pathlib import Path
+
+import lightning as L
+from jsonargparse import auto_cli
+from lightning.fabric.plugins.environments import LightningEnvironment
+
+from {{ cookiecutter.package_name }}.engine.callbacks import PredictionWriter
+from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
+from {{ cookiecutter.package_name }}.engine.inference import load_trained
+from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
+from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
+
+
+def predict(
+    ckpt: Path | None = None,
+    inputs: str | None = None,
+    output: Path | None = None,
+    accelerator: str = "auto",
+) -> Path:
+    """Write predictions of checkpoint ``ckpt`` and return the file's path.
+
+    Args:
+        ckpt: the checkpoint; default the best of the latest run under logs/.
+        inputs: your own inputs; default the test split.
+{%- if cookiecutter.task == "tabular" %} A CSV with the training columns (the target
+            column may be absent).
+{%- elif cookiecutter.task == "language-model" %} A text file of prompts, one per line.
+{%- else %} A .npy array (N, 8, 8) or a CSV of 64 pixel
+            values 0-16 per row, no header.
+{%- endif %}
+        output: the file, .csv or .jsonl; default predictions.csv in the checkpoint's run folder.
+        accelerator: Lightning accelerator: "auto", "cpu", "gpu".
+
+    Raises:
+        FileNotFoundError: no checkpoint, or no inputs file.
+        ValueError: inputs the DataModule cannot read (the message names the file and the fix).
+    """
+    path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
+    trained = load_trained(path)
+    data = trained.datamodule
+    data.setup("predict")
+    data.use_inputs(inputs)
+    writer = PredictionWriter(str(output) if output else str(PredictionWriter.default_path(path)))
+    trainer = L.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        plugins=[LightningEnvironment()],  # one process here, even inside a SLURM allocation
+        callbacks=[writer],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.predict(trained.model, datamodule=data, return_predictions=False)
+    return writer.written
+
+
+def main(args: list[str] | None = None) -> None:
+    silence_dependency_noise()
+    with exit_on_user_error("predict"):  # a missing checkpoint or unreadable inputs: one line, exit 2
+        auto_cli(predict, args=args)
+
+
+if __name__ == "__main__":
+    main()
