@@ -122,6 +122,9 @@ class DigitsDataModule(ResumableDataModule):
     def raw_description(self) -> str:
         return "8x8 grey-scale digit images, float pixel values 0 (white) to 16 (black), as sklearn's load_digits"
 
+    def request_schema(self) -> dict[str, Any]:
+        return {"kind": "array", "shape": list(self.image_shape), "min": 0.0, "max": _PIXEL_MAX}
+
     def test_ids(self) -> list[int]:
         """Row numbers of the test images in ``sklearn.datasets.load_digits()``."""
         return self.split_indices["test"].tolist()

@@ -244,22 +244,20 @@ class ResumableDataModule(L.LightningDataModule):
         """What a raw input is, in words (units, range), for an export's model card."""
         return "see the DataModule's raw_inputs"
 
+    def request_schema(self) -> dict[str, Any]:
+        """How ``make serve`` checks a request's inputs (see :func:`engine.serving.check_inputs`).
+
+        Default: arrays shaped like one :meth:`raw_inputs` row, any finite numbers.
+        """
+        return {"kind": "array", "shape": list(self.raw_inputs("test")[0].shape[1:])}
+
     def inputs_from_json(self, inputs: list[Any]) -> torch.Tensor:
         """Raw inputs (B, ...) from a JSON request's ``inputs`` list (``make serve``).
 
-        The default takes nested lists of numbers shaped like one :meth:`raw_inputs` row each.
-
-        Raises:
-            ValueError: not numbers, or a row of the wrong shape; the message says the shape expected.
+        The requests were checked against :meth:`request_schema` first. The default takes nested
+        lists of numbers shaped like one :meth:`raw_inputs` row each.
         """
-        expected = tuple(self.raw_inputs("test")[0].shape[1:])
-        try:
-            batch = torch.tensor(inputs, dtype=torch.float32)
-        except (TypeError, ValueError):
-            raise DataError(f"inputs must be a list of numeric arrays of shape {list(expected)}") from None
-        if tuple(batch.shape[1:]) != expected:
-            raise DataError(f"each input must have shape {list(expected)}, got {list(batch.shape[1:])}")
-        return batch
+        return torch.tensor(inputs, dtype=torch.float32)
 
     def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
         """Ids and raw inputs (N, ...) read from a user's file or folder (``make predict INPUTS=...``).

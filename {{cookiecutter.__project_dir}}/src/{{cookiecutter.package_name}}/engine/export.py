@@ -33,11 +33,14 @@ class ExportError(UserError, RuntimeError):
     """An export whose outputs differ from eager PyTorch beyond the tolerance, or a missing export package."""
 
 
-def _require(module: str) -> Any:
+def require(module: str) -> Any:
+    """Import ``module`` of an optional extra, or raise :class:`ExportError` saying how to install it."""
     try:
         return __import__(module)
     except ImportError:
-        raise ExportError(f"{module} is not installed: `pip install -e '.[export]'` (make install does it)") from None
+        raise ExportError(
+            f"{module} is not installed: `pip install -e '.[export,serve]'` (make install does it)"
+        ) from None
 
 
 def parity_batches(raw: torch.Tensor, odd: int = 37) -> dict[str, torch.Tensor]:
@@ -68,8 +71,8 @@ def check_parity(kind: str, diffs: dict[str, float], tolerance: float) -> None:
 
 def export_onnx(predictor: nn.Module, example: torch.Tensor, dynamic: dict[int, Any], path: Path) -> Callable:
     """Write ``path`` (one ONNX file, weights inside) and return an onnxruntime runner of it (CPU)."""
-    _require("onnxscript")
-    onnxruntime = _require("onnxruntime")
+    require("onnxscript")
+    onnxruntime = require("onnxruntime")
     torch.onnx.export(
         predictor,
         (example,),
@@ -102,7 +105,7 @@ def export_aoti(program: Any, path: Path) -> Callable:
 
 def quantize_int8(predictor: nn.Module) -> nn.Module:
     """A copy of ``predictor`` with weight-only int8 Linear layers (torchao); the input is not changed."""
-    _require("torchao")
+    require("torchao")
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     quantized = copy.deepcopy(predictor)
@@ -197,13 +200,14 @@ def model_card(record: dict[str, Any]) -> str:
         for kind, values in record["test_scores"].items()
     )
     names = ", ".join(record["class_names"]) or "none"
+    source, target = record["input"], record["output"]
     return f"""# Model card
 
 Exported from `{record["checkpoint"]}`.
 
 ## Input and output
-- input `{record["input"]["name"]}`: {record["input"]["dtype"]} {record["input"]["shape"]}; {record["input_description"]}
-- output `{record["output"]["name"]}`: {record["output"]["dtype"]} {record["output"]["shape"]}; {record["output_description"]}
+- input `{source["name"]}`: {source["dtype"]} {source["shape"]}; {record["input_description"]}
+- output `{target["name"]}`: {target["dtype"]} {target["shape"]}; {record["output_description"]}
 - classes in output order: {names}
 
 ## Files

@@ -115,6 +115,13 @@ class TrainingModule(L.LightningModule):
         """The :meth:`output_head` of the net's output for the inputs ``batch[0]`` (default: probabilities)."""
         return self.output_head()(self(batch[0]))
 
+    def infer(self, predictor: nn.Module, inputs: Any) -> Any:
+        """The server's and the export's computation on raw ``inputs``: ``predictor(inputs)`` here.
+
+        A task whose answer takes more than one pass (a language model's generation) overrides it.
+        """
+        return predictor(inputs)
+
     def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
         """One readable record per row of ``outputs`` (B, num_classes): the likeliest class and its probability."""
         probability, index = outputs.max(dim=-1)

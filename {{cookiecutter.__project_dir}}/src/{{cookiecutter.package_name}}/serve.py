@@ -1,0 +1,78 @@
+"""``make serve``: the trained model behind an HTTP API (LitServe) on this machine.
+
+    python -m {{ cookiecutter.package_name }}.serve --port 8000                 # 127.0.0.1 only
+    python -m {{ cookiecutter.package_name }}.serve --host 0.0.0.0 --port 8000  # every interface: put auth in front
+
+    curl -s localhost:8000/health
+    curl -s localhost:8000/predict -d '{"inputs": [...]}'
+
+See :mod:`engine.serving` for the requests it takes and refuses. Ctrl-C stops it; from a script,
+start it in its own process group (``setsid``, ``start_new_session=True``) and send SIGTERM to
+the group: LitServe's worker processes stop with it and the port is freed.
+"""
+
+from pathlib import Path
+
+from jsonargparse import auto_cli
+
+from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
+from {{ cookiecutter.package_name }}.engine.export import require
+from {{ cookiecutter.package_name }}.engine.inference import load_trained
+from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
+from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
+
+
+def serve(
+    ckpt: Path | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_batch_size: int = 64,
+    batch_timeout: float = 0.005,
+    max_inputs: int = 256,
+    max_body_bytes: int = 1 << 20,
+    accelerator: str = "auto",
+    workers_per_device: int = 1,
+) -> None:
+    """Serve checkpoint ``ckpt`` until stopped.
+
+    Args:
+        ckpt: the checkpoint; default the best of the latest run under logs/.
+        host: interface to listen on; 127.0.0.1 (default) takes connections from this machine only.
+        port: TCP port.
+        max_batch_size: most concurrent requests run as one batch.
+        batch_timeout: seconds a request waits for others to join its batch.
+        max_inputs: most examples in one request (more: HTTP 422).
+        max_body_bytes: largest request body in bytes (more: HTTP 413).
+        accelerator: "auto" (CUDA when available), "cpu" or "cuda".
+        workers_per_device: model copies per device, each its own process.
+
+    Raises:
+        FileNotFoundError: no checkpoint found or given.
+    """
+    require("litserve")
+    from {{ cookiecutter.package_name }}.engine.serving import build_server
+
+    path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
+    trained = load_trained(path)
+    trained.datamodule.setup("predict")
+    server = build_server(
+        trained,
+        max_batch_size=max_batch_size,
+        batch_timeout=batch_timeout,
+        max_inputs=max_inputs,
+        max_body_bytes=max_body_bytes,
+        accelerator=accelerator,
+        workers_per_device=workers_per_device,
+    )
+    print(f"Serving {path} on http://{host}:{port} (POST /predict, GET /health)", flush=True)
+    server.run(host=host, port=port, generate_client_file=False)
+
+
+def main(args: list[str] | None = None) -> None:
+    silence_dependency_noise()
+    with exit_on_user_error("serve"):  # a missing checkpoint or package: one line, exit 2
+        auto_cli(serve, args=args)
+
+
+if __name__ == "__main__":
+    main()
