@@ -40,7 +40,8 @@ def predict(
 {%- else %} A .npy array (N, 8, 8) or a CSV of 64 pixel
             values 0-16 per row, no header.
 {%- endif %}
-        output: the file, .csv or .jsonl; default predictions.csv in the checkpoint's run folder.
+        output: the file, .csv or .jsonl; default predictions.{{ 'jsonl' if cookiecutter.task == 'language-model' else 'csv' }} in the checkpoint's run
+            folder.
         accelerator: Lightning accelerator: "auto", "cpu", "gpu".
 
     Raises:
@@ -52,7 +53,8 @@ def predict(
     data = trained.datamodule
     data.setup("predict")
     data.use_inputs(inputs)
-    writer = PredictionWriter(str(output) if output else str(PredictionWriter.default_path(path)))
+    file_format = trained.model.prediction_format
+    writer = PredictionWriter(str(output) if output else str(PredictionWriter.default_path(path, file_format)))
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=1,

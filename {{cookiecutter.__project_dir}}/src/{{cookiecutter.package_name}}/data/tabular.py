@@ -29,12 +29,13 @@ import numpy as np
 import pandas as pd
 import torch
 from sklearn.datasets import load_breast_cancer, load_diabetes
+from torch import nn
 from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
-from {{ cookiecutter.package_name }}.engine.errors import DataError
+from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
 
 TargetType = Literal["auto", "classification", "regression"]
 # An integer target with at most this many distinct values is a class label (target_type "auto").
@@ -253,6 +254,82 @@ class TabularDataModule(ResumableDataModule):
         values = labels.to_numpy(dtype=np.float64)
         return torch.tensor((values - prep["target_mean"]) / prep["target_std"], dtype=torch.float32)
 
+    # ---- inference: raw rows as numbers, the encoding inside the model graph ---------------------
+    def raw_rows(self, frame: pd.DataFrame) -> torch.Tensor:
+        """Rows as the exported model takes them: (B, numeric + categorical columns) float32.
+
+        Numeric columns hold their raw values (NaN when missing); a categorical column holds the
+        index of its value in the training categories (``export.json``'s ``categories``), -1 when
+        missing or unseen. :meth:`inference_transform` then does what :meth:`encode` does.
+
+        Raises:
+            ValueError: a feature column of the training table is missing from ``frame``.
+        """
+        prep = self._prepared()
+        missing = [name for name in [*prep["numeric"], *prep["categorical"]] if name not in frame.columns]
+        if missing:
+            raise DataError(f"rows lack the column(s) {missing} the model was trained with")
+        parts = [pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64) for name in prep["numeric"]]
+        for name, categories in prep["categorical"].items():
+            index = {category: i for i, category in enumerate(categories)}
+            values = frame[name].astype(str).map(index).fillna(-1).to_numpy(dtype=np.float64)
+            values[frame[name].isna().to_numpy()] = -1
+            parts.append(values)
+        return torch.as_tensor(np.stack(parts, axis=1), dtype=torch.float32)
+
+    def inference_transform(self) -> nn.Module:
+        """Raw rows (:meth:`raw_rows`) -> the encoded rows (B, F) the net trained on, as tensor operations."""
+        return TableEncoder(self._prepared())
+
+    def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw rows (N, columns) of ``split`` and targets (N,): class indices, or values in the target's units."""
+        frame = self._frame().iloc[self.split_rows[split]]
+        prep = self._prepared()
+        if prep["task"] == "regression":
+            targets = torch.as_tensor(frame[prep["target"]].to_numpy(dtype=np.float64), dtype=torch.float32)
+        else:
+            targets = self.encode_target(frame)
+        return self.raw_rows(frame), targets
+
+    def raw_description(self) -> str:
+        prep = self._prepared()
+        return (
+            f"one row per example: the numeric columns {list(prep['numeric'])} as raw numbers (NaN when missing), "
+            f"then the categorical columns {list(prep['categorical'])} as the index of their value in "
+            "export.json's categories (-1 when missing or unseen)"
+        )
+
+    def inference_metadata(self) -> dict[str, Any]:
+        prep = self._prepared()
+        return {"numeric_columns": list(prep["numeric"]), "categories": prep["categorical"], "task": prep["task"]}
+
+    def test_ids(self) -> list[int]:
+        """Row numbers (0-based, header not counted) of the test rows in the table."""
+        return self.split_rows["test"].tolist()
+
+    def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
+        """Rows of a CSV file with the training columns (the target column may be absent); ids are row numbers.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: not a CSV table, or a training column is missing.
+        """
+        if not Path(path).is_file():
+            raise MissingFileError(f"INPUTS={path}: no such file; give a CSV file with the training columns")
+        try:
+            frame = pd.read_csv(path)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+            raise DataError(f"INPUTS={path}: not a readable CSV table ({error})") from None
+        return [str(i) for i in range(len(frame))], self.raw_rows(frame)
+
+    def request_schema(self) -> dict[str, Any]:
+        prep = self._prepared()
+        return {"kind": "row", "columns": [*prep["numeric"], *prep["categorical"]]}
+
+    def inputs_from_json(self, inputs: list[Any]) -> torch.Tensor:
+        """Rows given as objects ``{column: value}`` (null for a missing value) -> raw rows (B, columns)."""
+        return self.raw_rows(pd.DataFrame.from_records(inputs))
+
     def setup(self, stage: str | None = None) -> None:
         """Split and encode the table (every process, every stage; idempotent)."""
         if self.train_set is not None:
@@ -292,6 +369,38 @@ class TabularDataModule(ResumableDataModule):
         datamodule = cls(**{key: value for key, value in hparams.items() if not key.startswith("_")})
         datamodule.load_state_dict(checkpoint[cls.__qualname__])
         return datamodule
+
+
+class TableEncoder(nn.Module):
+    """Raw rows (B, numeric + categorical columns) -> encoded rows (B, F), as :meth:`TabularDataModule.encode`.
+
+    Numeric values are standardised with the training statistics, a missing one (NaN) becomes 0
+    (the training mean) and sets its indicator column; a category index becomes a one-hot row
+    (-1: all zeros). Plain tensor operations, so ONNX and ``torch.export`` carry the encoding.
+    """
+
+    def __init__(self, preprocessing: dict[str, Any]) -> None:
+        super().__init__()
+        numeric = list(preprocessing["numeric"].values())
+        self.register_buffer("mean", torch.tensor([c["mean"] for c in numeric], dtype=torch.float32))
+        self.register_buffer("std", torch.tensor([c["std"] for c in numeric], dtype=torch.float32))
+        self.indicators = [i for i, c in enumerate(numeric) if c["indicator"]]
+        self.num_numeric = len(numeric)
+        self.category_counts = [len(c) for c in preprocessing["categorical"].values()]
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        numbers = rows[:, : self.num_numeric]  # (B, numeric)
+        absent = torch.isnan(numbers)
+        scaled = torch.where(absent, torch.zeros_like(numbers), (numbers - self.mean) / self.std)
+        parts = []
+        for column in range(self.num_numeric):  # the order of encode(): each value, then its indicator
+            parts.append(scaled[:, column : column + 1])
+            if column in self.indicators:
+                parts.append(absent[:, column : column + 1].to(rows.dtype))
+        for offset, count in enumerate(self.category_counts):
+            codes = rows[:, self.num_numeric + offset].unsqueeze(-1)  # (B, 1)
+            parts.append((codes == torch.arange(count, device=rows.device, dtype=rows.dtype)).to(rows.dtype))
+        return torch.cat(parts, dim=1)
 
 
 def _guess_task(labels: pd.Series) -> Literal["classification", "regression"]:

@@ -18,9 +18,10 @@ stretch without overlap, so every evaluated token is counted once.
 import gzip
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.data import check_fractions
@@ -147,6 +148,64 @@ class TextDataModule(ResumableDataModule):
         self.val_set = TokenWindows(self.splits["val"], block, block)
         self.test_set = TokenWindows(self.splits["test"], block, block)
         self.check_batch_size()
+
+    # ---- inference: text in, token ids (bytes) to the model ----------------------------------------
+    def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
+        """Token windows (N, T) of ``split`` (tiled, no overlap) and the byte that follows each (N,)."""
+        windows = TokenWindows(self.splits[split], self.hparams.block_size, self.hparams.block_size)
+        inputs, targets = zip(*(windows[i] for i in range(len(windows))), strict=True)
+        return torch.stack(inputs), torch.stack(targets)[:, -1]
+
+    def dynamic_dims(self) -> dict[int, Any]:
+        """Batch and sequence length (1 to ``block_size`` tokens) stay free in an export."""
+        return {
+            0: torch.export.Dim("batch", min=1, max=1 << 20),
+            1: torch.export.Dim("tokens", min=1, max=self.hparams.block_size),
+        }
+
+    def raw_description(self) -> str:
+        return f"UTF-8 bytes of a text as int64 token ids 0-255, 1 to {self.hparams.block_size} per row"
+
+    def request_schema(self) -> dict[str, Any]:
+        return {"kind": "text", "max_bytes": self.hparams.block_size}
+
+    def inputs_from_json(self, inputs: list[Any]) -> list[torch.Tensor]:
+        """Prompts (strings) -> their token ids, one (T,) tensor each."""
+        return [self.encode(text) for text in inputs]
+
+    def read_inputs(self, path: str) -> tuple[list[str], list[torch.Tensor]]:
+        """Prompts from a UTF-8 text file, one per non-empty line; each prompt is its own id.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: no prompt in it, or a prompt longer than ``block_size`` bytes.
+        """
+        file = Path(path)
+        if not file.is_file():
+            raise MissingFileError(f"INPUTS={path}: no such file; give a text file with one prompt per line")
+        prompts = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not prompts:
+            raise DataError(f"INPUTS={path}: no prompt in it; write one prompt per line")
+        for number, prompt in enumerate(prompts, 1):
+            if len(prompt.encode("utf-8")) > self.hparams.block_size:
+                raise DataError(
+                    f"INPUTS={path}: prompt {number} has {len(prompt.encode('utf-8'))} UTF-8 bytes, more than "
+                    f"the model's block_size {self.hparams.block_size}; shorten it"
+                )
+        return prompts, [self.encode(prompt) for prompt in prompts]
+
+    def use_inputs(self, path: str | None) -> None:
+        """Predict over the prompts of ``path`` (generation), or the test windows (bits per byte) when None."""
+        if path is None:
+            super().use_inputs(None)
+            return
+        self.predict_ids, tokens = self.read_inputs(path)
+        self.predict_set = [(prompt,) for prompt in tokens]
+
+    def predict_dataloader(self) -> DataLoader:
+        if self.predict_set is None:
+            return super().predict_dataloader()
+        return DataLoader(self.predict_set, batch_size=1)  # prompts differ in length: one at a time
 
     @staticmethod
     def encode(text: str) -> torch.Tensor:

@@ -244,6 +244,10 @@ class ResumableDataModule(L.LightningDataModule):
         """What a raw input is, in words (units, range), for an export's model card."""
         return "see the DataModule's raw_inputs"
 
+    def inference_metadata(self) -> dict[str, Any]:
+        """Anything else a user of an export needs to build its input (written to ``export.json``)."""
+        return {}
+
     def request_schema(self) -> dict[str, Any]:
         """How ``make serve`` checks a request's inputs (see :func:`engine.serving.check_inputs`).
 

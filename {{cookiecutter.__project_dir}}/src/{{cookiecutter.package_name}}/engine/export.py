@@ -43,9 +43,17 @@ def require(module: str) -> Any:
         ) from None
 
 
-def parity_batches(raw: torch.Tensor, odd: int = 37) -> dict[str, torch.Tensor]:
-    """The batches every export is checked on: one sample, and an odd count (not a power of two)."""
-    return {"batch_1": raw[:1], f"batch_{min(odd, len(raw))}": raw[:odd]}
+def parity_batches(raw: torch.Tensor, dynamic: dict[int, Any], odd: int = 37) -> dict[str, torch.Tensor]:
+    """The batches every export is checked on: one sample and an odd count (not a power of two).
+
+    Each other free axis (a sequence length) is also checked cut to an odd, shorter size.
+    """
+    batches = {"batch_1": raw[:1], f"batch_{min(odd, len(raw))}": raw[:odd]}
+    for axis in dynamic:
+        if axis > 0 and raw.shape[axis] > 2:
+            size = (raw.shape[axis] // 2) | 1
+            batches[f"batch_{min(odd, len(raw))}_axis{axis}_{size}"] = raw[:odd].narrow(axis, 0, size)
+    return batches
 
 
 def max_abs_diff(run: Callable[[torch.Tensor], Any], reference: nn.Module, batches: dict[str, torch.Tensor]) -> dict:
@@ -139,7 +147,7 @@ def export_all(
     raw, targets = data.raw_inputs("test")
     example = raw[:3]  # an odd batch: a batch of 1 would be specialised to a constant
     dynamic = data.dynamic_dims()
-    batches = parity_batches(raw)
+    batches = parity_batches(raw, dynamic)
     with torch.no_grad():
         eager = predictor(raw[:1])
     record: dict[str, Any] = {
@@ -149,6 +157,7 @@ def export_all(
         "input_description": data.raw_description(),
         "output_description": trained.model.output_description(),
         "class_names": trained.class_names,
+        **data.inference_metadata(),
         "tolerance": tolerance,
         "files": {},
         "max_abs_diff": {},

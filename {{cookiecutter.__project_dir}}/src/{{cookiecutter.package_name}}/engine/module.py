@@ -104,6 +104,8 @@ class TrainingModule(L.LightningModule):
         self.test_metrics = metrics.clone(prefix="test/")
 
     # ---- inference (engine.inference): what a user reads; the defaults are a classifier's -----------
+    prediction_format = "csv"  # of make predict's file: "csv" or "jsonl" (for text)
+
     def output_head(self) -> nn.Module:
         """The net's output -> what a user reads, exported inside the model graph.
 

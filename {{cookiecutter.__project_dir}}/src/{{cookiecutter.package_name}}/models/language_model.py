@@ -1,6 +1,7 @@
 """Language modelling: next-token cross-entropy, bits per byte and perplexity, and sampling."""
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -64,11 +65,59 @@ class LanguageModel(TrainingModule):
         metrics.update(loss.detach(), weight=targets.numel())
         return loss
 
+    # ---- inference: next-byte probabilities exported; greedy continuations served --------------------
+    prediction_format = "jsonl"
+    served_new_tokens = 64  # bytes each served or predicted prompt is continued by
+
+    def output_head(self) -> nn.Module:
+        """Logits (B, T, V) -> probabilities of the next token after the last position (B, V)."""
+        return NextTokenProbabilities()
+
+    def output_description(self) -> str:
+        return "probabilities of the next byte (softmax over 256 values) after the last input token"
+
     def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
-        """Log-probabilities (B, T) in nats of each target token given the tokens before it."""
+        """A prompt ``(tokens (1, T0),)`` -> its greedy continuation (1, served_new_tokens) token ids;
+        test windows ``(inputs, targets)`` (B, T) -> bits per byte of each window (B,)."""
+        if len(batch) == 1:
+            completion = self.continue_greedily(lambda tokens: self.output_head()(self(tokens)), batch[0][0])
+            return completion.unsqueeze(0)
         inputs, targets = batch[0], batch[1]
-        log_probs = self(inputs).log_softmax(dim=-1)  # (B, T, V)
-        return log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        nats = F.cross_entropy(self(inputs).transpose(1, 2), targets, reduction="none")  # (B, T)
+        return nats.mean(dim=1) / math.log(2)
+
+    @torch.no_grad()
+    def continue_greedily(self, next_token_probabilities: Any, tokens: torch.Tensor) -> torch.Tensor:
+        """The ``served_new_tokens`` likeliest next tokens (N,) after ``tokens`` (T0,), one at a time.
+
+        ``next_token_probabilities`` maps (1, T) token ids to (1, V) probabilities (the Predictor,
+        or an export of it); the context is the last ``block_size`` tokens.
+        """
+        block_size = self.net.block_size
+        sequence = tokens
+        for _ in range(self.served_new_tokens):
+            probabilities = next_token_probabilities(sequence[-block_size:].unsqueeze(0))  # (1, V)
+            sequence = torch.cat([sequence, probabilities.argmax(dim=-1)])
+        return sequence[len(tokens) :]
+
+    def infer(self, predictor: nn.Module, inputs: list[torch.Tensor]) -> list[str]:
+        """Greedy continuations (text) of prompts given as token ids, one (T0,) tensor each."""
+        device = next(predictor.parameters()).device
+        return [_text(self.continue_greedily(predictor, prompt.to(device))) for prompt in inputs]
+
+    def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
+        if outputs.dtype == torch.long:  # continuations of prompts
+            return [{"completion": _text(row)} for row in outputs]
+        return [{"bits_per_byte": round(value, 4)} for value in outputs.tolist()]
+
+    def response(self, outputs: list[str], class_names: list[str]) -> dict[str, Any]:
+        return {"completions": outputs}
+
+    def score(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        """Next-byte accuracy and bits per byte of next-token probabilities (N, V) for the bytes (N,) that follow."""
+        chosen = outputs.gather(-1, targets.unsqueeze(-1)).squeeze(-1).clamp_min(1e-12)  # (N,)
+        accuracy = (outputs.argmax(dim=-1) == targets).float().mean().item()
+        return {"next_byte_acc": accuracy, "bits_per_byte": (-chosen.log2()).mean().item()}
 
     @torch.no_grad()
     def generate(
@@ -106,3 +155,15 @@ class LanguageModel(TrainingModule):
             tokens = torch.cat([tokens, next_token], dim=1)
         self.train(was_training)
         return tokens
+
+
+class NextTokenProbabilities(nn.Module):
+    """Next-token logits (B, T, V) -> softmax of the last position's (B, V)."""
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, -1, :].softmax(dim=-1)
+
+
+def _text(tokens: torch.Tensor) -> str:
+    """Byte token ids (N,) as text; a multi-byte character cut in half shows as U+FFFD."""
+    return bytes(tokens.tolist()).decode("utf-8", errors="replace")

@@ -1,6 +1,6 @@
 """Tables: classification (cross-entropy, accuracy and macro F1) or regression (MSE, MAE and R2)."""
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -77,10 +77,40 @@ class TabularModel(TrainingModule):
         metrics.update(predictions.detach() * std + mean, targets * std + mean)  # in the target's units
         return loss
 
-    def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
-        """Class probabilities (B, num_outputs), or predicted values (B,) in the target's units."""
-        outputs = self(batch[0])
+    def output_head(self) -> nn.Module:
+        """Class probabilities (B, classes), or (regression) the predicted value in the target's units (B,)."""
         if self.hparams.task == "classification":
-            return outputs.softmax(dim=-1)
-        mean, std = self.hparams.target_scale
-        return outputs.squeeze(-1) * std + mean
+            return nn.Softmax(dim=-1)
+        return TargetUnits(*self.hparams.target_scale)
+
+    def output_description(self) -> str:
+        if self.hparams.task == "classification":
+            return "class probabilities (softmax), one column per class"
+        return "the predicted target value in its own units (the table's, not standardised)"
+
+    def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
+        if self.hparams.task == "classification":
+            return super().describe(outputs, class_names or list(self.hparams.class_names or []))
+        return [{"prediction": round(value, 6)} for value in outputs.tolist()]
+
+    def response(self, outputs: torch.Tensor, class_names: list[str]) -> dict[str, Any]:
+        if self.hparams.task == "classification":
+            return super().response(outputs, class_names or list(self.hparams.class_names or []))
+        return {"predictions": outputs.tolist()}
+
+    def score(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        """Accuracy, or (regression) the mean absolute error in the target's units."""
+        if self.hparams.task == "classification":
+            return super().score(outputs, targets)
+        return {"mae": (outputs - targets).abs().mean().item()}
+
+
+class TargetUnits(nn.Module):
+    """A regression net's output (B, 1), trained on the standardised target -> the value in its units (B,)."""
+
+    def __init__(self, mean: float, std: float) -> None:
+        super().__init__()
+        self.mean, self.std = float(mean), float(std)
+
+    def forward(self, outputs: torch.Tensor) -> torch.Tensor:
+        return outputs.squeeze(-1) * self.std + self.mean

@@ -71,7 +71,7 @@ class PredictionWriter(BasePredictionWriter):
     ) -> None:
         datamodule = trainer.datamodule
         class_names = [str(name) for name in getattr(datamodule, "class_names", None) or []]
-        records = pl_module.describe(prediction.detach().float().cpu(), class_names)
+        records = pl_module.describe(prediction.detach().cpu(), class_names)
         if batch_indices is None:  # a sampler Lightning cannot see into: positions in order
             batch_indices = range(self._count, self._count + len(records))
         ids = getattr(datamodule, "predict_ids", None) or []
