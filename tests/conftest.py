@@ -49,16 +49,18 @@ PROJECT_FILES = [".gitignore", "AGENTS.md", "CLAUDE.md", "LICENSE", "Makefile", 
 PROJECT_FILES += [".github/workflows/ci.yml", ".pre-commit-config.yaml"]
 PROJECT_FILES += ["scripts/agent_guides.py", "scripts/update_template.py"]
 # The reusable core and the CLI: in every bake, whatever the task.
-PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py", "sweep.py"]
+PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py", "export.py", "predict.py", "serve.py"]
+PACKAGE_FILES += ["sweep.py"]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "config", "data", "launch", "module")]
-PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "optim", "precision", "quiet", "runs")]
+PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
+PACKAGE_FILES += ["engine/runs.py", "engine/serving.py"]
 PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
-    for name in ("__init__", "finetuning", "finite", "plots", "preemption", "progress", "random_state")
+    for name in ("__init__", "finetuning", "finite", "plots", "predictions", "preemption", "progress", "random_state")
 ]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
-TEST_FILES += ["test_sweep.py"]
+TEST_FILES += ["test_ship.py", "test_sweep.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
 TASK_PACKAGE_FILES = {
     "image-classification": [

@@ -27,6 +27,7 @@ from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.errors import UserError
 from {{ cookiecutter.package_name }}.engine.inference import Trained
+from {{ cookiecutter.package_name }}.engine.quiet import silence_export_noise
 
 
 class ExportError(UserError, RuntimeError):
@@ -141,6 +142,7 @@ def export_all(
     Raises:
         ExportError: an export differs from eager beyond ``tolerance``, or its package is missing.
     """
+    silence_export_noise()
     folder.mkdir(parents=True, exist_ok=True)
     data, predictor = trained.datamodule, trained.predictor.cpu()
     data.setup("test")

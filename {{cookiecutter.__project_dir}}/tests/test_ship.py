@@ -1,0 +1,406 @@
+"""Shipping a trained model: predictions to a file, ONNX and torch.export files, an HTTP server.
+
+One short run per module (fixture ``shipped``); every test uses its best checkpoint and exports.
+"""
+
+import contextlib
+{%- if cookiecutter.task != "language-model" %}
+import csv
+{%- endif %}
+import importlib.util
+import json
+{%- if cookiecutter.task == "language-model" %}
+import math
+{%- endif %}
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import ROOT, shrunk_args, user_error
+
+pytest.importorskip("onnxruntime", reason="the export extra is not installed: pip install -e '.[export,serve]'")
+pytest.importorskip("litserve", reason="the serve extra is not installed: pip install -e '.[export,serve]'")
+
+from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
+from {{ cookiecutter.package_name }}.engine.export import ExportError, export_all  # noqa: E402
+from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained  # noqa: E402
+from {{ cookiecutter.package_name }}.engine.serving import check_inputs  # noqa: E402
+from {{ cookiecutter.package_name }}.export import main as export_main  # noqa: E402
+from {{ cookiecutter.package_name }}.predict import main as predict_main  # noqa: E402
+from {{ cookiecutter.package_name }}.predict import predict  # noqa: E402
+
+PACKAGE = "{{ cookiecutter.package_name }}"
+TOLERANCE = 1e-4
+{%- if cookiecutter.task == "language-model" %}
+EPOCHS = 1
+{%- elif cookiecutter.task == "tabular" %}
+EPOCHS = 10
+{%- else %}
+EPOCHS = 4
+{%- endif %}
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Trained, dict[str, Any], Path]:
+    """Train briefly, rebuild the run from its best checkpoint alone, export it (ONNX, .pt2, int8 scores)."""
+    folder = tmp_path_factory.mktemp("ship")
+    cli = main(["fit", *shrunk_args(folder), f"--trainer.max_epochs={EPOCHS}"])
+    trained = load_trained(cli.trainer.checkpoint_callback.best_model_path)
+    int8 = importlib.util.find_spec("torchao") is not None
+    record = export_all(trained, trained.checkpoint.parent.parent / "export", int8=int8, tolerance=TOLERANCE)
+    return trained, record, folder
+
+
+def training_metrics(trained: Trained) -> dict[str, float]:
+    return json.loads((trained.checkpoint.parent.parent / "test_metrics.json").read_text())["metrics"]
+
+
+# ---- export --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_export_writes_checked_files_and_a_model_card(shipped) -> None:
+    trained, record, _ = shipped
+    folder = trained.checkpoint.parent.parent / "export"
+    assert {path.name for path in folder.iterdir()} == {"model.onnx", "model.pt2", "export.json", "model-card.md"}
+    assert record["files"] == {"onnx": "model.onnx", "pt2": "model.pt2"}
+    assert record["input"]["shape"][0] == "batch" and record["output"]["shape"][0] == "batch"
+    for kind in ("onnx", "pt2"):
+        diffs = record["max_abs_diff"][kind]
+        assert "batch_1" in diffs and "batch_37" in diffs  # one sample and an odd batch
+        assert all(0 <= value <= TOLERANCE for value in diffs.values()), (kind, diffs)
+        assert record["test_scores"][kind] == pytest.approx(record["test_scores"]["eager"], abs=1e-6)
+    assert record["max_abs_diff"]["pt2"]["batch_37"] == 0.0  # the same kernels: exact
+    assert json.loads((folder / "export.json").read_text()) == record
+    card = (folder / "model-card.md").read_text()
+    assert str(trained.checkpoint) in card and "max abs diff" in card
+{%- if cookiecutter.task != "language-model" %}
+    # The graph's preprocessing is the one of training: the export scores what training measured.
+    assert record["test_scores"]["onnx"]["acc"] == pytest.approx(training_metrics(trained)["test/acc"], abs=1e-6)
+{%- endif %}
+
+
+@pytest.mark.slow
+def test_int8_weights_keep_the_score(shipped) -> None:
+    _, record, _ = shipped
+    if "int8" not in record["test_scores"]:
+        pytest.skip("torchao is not installed (the export extra)")
+    eager, int8 = record["test_scores"]["eager"], record["test_scores"]["int8"]
+{%- if cookiecutter.task == "language-model" %}
+    assert int8["bits_per_byte"] == pytest.approx(eager["bits_per_byte"], abs=0.05)
+{%- else %}
+    assert int8["acc"] >= eager["acc"] - 0.02
+{%- endif %}
+
+
+# Runs in a fresh interpreter that never imports torch or this project: the ONNX file is all it needs.
+ONNX_ALONE = """
+import json, sys
+import numpy as np
+import onnxruntime
+session = onnxruntime.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+{%- if cookiecutter.task == "tabular" %}
+from sklearn.datasets import load_breast_cancer
+inputs = load_breast_cancer().data.astype(np.float32)  # (569, 30) raw numbers, as the table holds them
+{%- elif cookiecutter.task == "language-model" %}
+prompts = [b"Call me Ishmael. Some years", b"The whale, the whale! Ahoy!"]  # equal lengths: one batch
+inputs = np.array([list(prompt) for prompt in prompts], dtype=np.int64)  # (2, T) byte ids
+{%- else %}
+from sklearn.datasets import load_digits
+inputs = load_digits().data.reshape(-1, 1, 8, 8).astype(np.float32)  # all 1,797 digits, raw pixels 0-16
+{%- endif %}
+outputs = session.run(None, {"inputs": inputs})[0]
+assert "torch" not in sys.modules and "PACKAGE" not in sys.modules
+print(json.dumps(outputs.argmax(axis=1).tolist()))
+""".replace("PACKAGE", PACKAGE)
+
+
+@pytest.mark.slow
+def test_onnxruntime_alone_labels_like_the_project(shipped) -> None:
+    trained, _, folder = shipped
+    done = subprocess.run(
+        [sys.executable, "-c", ONNX_ALONE, str(trained.checkpoint.parent.parent / "export" / "model.onnx")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=folder,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    labels = torch.tensor(json.loads(done.stdout))
+{%- if cookiecutter.task == "tabular" %}
+    from sklearn.datasets import load_breast_cancer
+
+    raw = torch.as_tensor(load_breast_cancer().data, dtype=torch.float32)
+{%- elif cookiecutter.task == "language-model" %}
+    raw = torch.tensor([list(b"Call me Ishmael. Some years"), list(b"The whale, the whale! Ahoy!")])
+{%- else %}
+    raw, targets = trained.datamodule.raw_inputs("all")
+{%- endif %}
+    with torch.no_grad():
+        expected = trained.predictor(raw).argmax(dim=-1)
+    assert torch.equal(labels, expected)
+{%- if cookiecutter.task == "image-classification" %}
+    test_rows = trained.datamodule.split_indices["test"]
+    accuracy = (labels[test_rows] == targets[test_rows]).float().mean().item()
+    assert accuracy == pytest.approx(training_metrics(trained)["test/acc"], abs=1e-6)
+    assert (labels == targets).float().mean() > 0.9  # the whole set, training rows included
+{%- endif %}
+
+
+@pytest.mark.slow
+def test_pt2_reloads_with_torch_alone(shipped) -> None:
+    trained, _, _ = shipped
+    program = torch.export.load(str(trained.checkpoint.parent.parent / "export" / "model.pt2")).module()
+    raw, _ = trained.datamodule.raw_inputs("test")
+    with torch.no_grad():
+        assert torch.equal(program(raw[:5]), trained.predictor(raw[:5]))
+
+
+@pytest.mark.slow
+def test_export_beyond_its_tolerance_is_refused_with_the_numbers(shipped, tmp_path: Path) -> None:
+    trained, _, _ = shipped
+    with pytest.raises(ExportError, match=r"onnx .*differ from eager PyTorch by .* on batch_\d+ \(tolerance 0\)"):
+        export_all(trained, tmp_path, tolerance=0.0)
+
+
+def test_export_without_a_checkpoint_is_a_user_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with user_error(r"no checkpoint under logs/: train first"):
+        export_main([])
+
+
+# ---- predict -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_predict_writes_one_readable_row_per_test_sample(shipped, tmp_path: Path) -> None:
+    trained, _, _ = shipped
+    output = tmp_path / "predictions.{{ 'jsonl' if cookiecutter.task == 'language-model' else 'csv' }}"
+    path = predict(ckpt=trained.checkpoint, output=output, accelerator="cpu")
+    data = trained.datamodule
+{%- if cookiecutter.task == "language-model" %}
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [row["id"] for row in rows] == [str(i) for i in range(len(data.test_set))]
+    inputs, targets = data.test_set[0]
+    with torch.no_grad():
+        nats = torch.nn.functional.cross_entropy(trained.model(inputs[None]).squeeze(0), targets)
+    assert rows[0]["bits_per_byte"] == pytest.approx(nats.item() / math.log(2), abs=1e-4)
+{%- else %}
+    with path.open() as file:
+        rows = list(csv.DictReader(file))
+    assert list(rows[0]) == ["id", "label", "probability"]
+    assert [int(row["id"]) for row in rows] == data.test_ids()
+    _, targets = data.raw_inputs("test")
+    names = trained.class_names
+    correct = [names.index(row["label"]) == target for row, target in zip(rows, targets.tolist(), strict=True)]
+    assert sum(correct) / len(rows) == pytest.approx(training_metrics(trained)["test/acc"], abs=1e-6)
+    assert all(0.0 < float(row["probability"]) <= 1.0 for row in rows)
+{%- endif %}
+
+
+@pytest.mark.slow
+def test_predict_on_your_own_inputs(shipped, tmp_path: Path) -> None:
+    trained, _, _ = shipped
+{%- if cookiecutter.task == "tabular" %}
+    rows = trained.datamodule.read().iloc[:4].drop(columns=["target"])
+    inputs = tmp_path / "rows.csv"
+    rows.to_csv(inputs, index=False)
+    expected = trained.describe(trained.predictor(trained.datamodule.raw_rows(rows)))
+{%- elif cookiecutter.task == "language-model" %}
+    inputs = tmp_path / "prompts.txt"
+    inputs.write_text("Call me\n\nThe whale\n")
+    prompts = [trained.datamodule.encode(text) for text in ("Call me", "The whale")]
+    expected = [{"completion": text} for text in trained.model.infer(trained.predictor, prompts)]
+{%- else %}
+    raw, _ = trained.datamodule.raw_inputs("test")
+    inputs = tmp_path / "digits.csv"
+    inputs.write_text("\n".join(",".join(f"{value:g}" for value in image.flatten().tolist()) for image in raw[:4]))
+    expected = trained.describe(trained.predictor(raw[:4]))
+{%- endif %}
+    path = predict(ckpt=trained.checkpoint, inputs=str(inputs), output=tmp_path / "out.jsonl", accelerator="cpu")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [{key: value for key, value in row.items() if key != "id"} for row in rows] == expected
+{%- if cookiecutter.task == "language-model" %}
+    assert [row["id"] for row in rows] == ["Call me", "The whale"]
+{%- else %}
+    assert [row["id"] for row in rows] == ["0", "1", "2", "3"]
+{%- endif %}
+
+
+@pytest.mark.slow
+def test_predict_on_a_missing_inputs_file_is_a_user_error(shipped, tmp_path: Path) -> None:
+    trained, _, _ = shipped
+    with user_error(r"INPUTS=.*missing.*: no such file"):
+        predict_main(["--ckpt", str(trained.checkpoint), "--inputs", str(tmp_path / "missing.csv")])
+
+
+# ---- serve ---------------------------------------------------------------------------------------
+
+
+def example_inputs(trained: Trained, count: int) -> list[Any]:
+    """``count`` raw test examples as a JSON request carries them."""
+{%- if cookiecutter.task == "tabular" %}
+    frame = trained.datamodule.read().iloc[trained.datamodule.split_rows["test"][:count]]
+    return frame.drop(columns=["target"]).to_dict("records")
+{%- elif cookiecutter.task == "language-model" %}
+    return ["Call me", "The whale", "It was the best of times", "Moby"][:count]
+{%- else %}
+    return trained.datamodule.raw_inputs("test")[0][:count].tolist()
+{%- endif %}
+
+
+def expected_response(trained: Trained, inputs: list[Any]) -> dict[str, Any]:
+    """What the server must answer for ``inputs``: the same code run here, in this process."""
+    with torch.no_grad():
+        outputs = trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(inputs))
+    return json.loads(json.dumps(trained.model.response(outputs, trained.class_names)))
+
+
+def assert_same_response(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        if key == "probabilities" or key == "predictions":
+            assert torch.allclose(torch.tensor(got[key]), torch.tensor(value), atol=1e-5), key
+        else:
+            assert got[key] == value, key
+
+
+def post(port: int, body: bytes) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/predict", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def server(shipped, tmp_path: Path):
+    """``python -m <package>.serve`` on a free loopback port, in its own process group; stopped with SIGTERM."""
+    trained, _, _ = shipped
+    port = free_port()
+    log = (tmp_path / "serve.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", f"{PACKAGE}.serve", "--ckpt", str(trained.checkpoint), "--port", str(port)],
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            assert time.monotonic() < deadline, "the server did not become healthy in 120 s"
+            time.sleep(0.5)
+        yield trained, port, process, tmp_path / "serve.log"
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the test may have stopped it already
+            os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+        log.close()
+
+
+@pytest.mark.slow
+def test_server_answers_batches_refuses_bad_requests_and_stops_on_sigterm(server) -> None:
+    trained, port, process, log = server
+    inputs = example_inputs(trained, 3)
+    status, answer = post(port, json.dumps({"inputs": inputs}).encode())
+    assert status == 200, answer
+    assert_same_response(answer, expected_response(trained, inputs))
+
+    # Concurrent requests of different sizes, batched together by the server, each answered alone.
+    bodies = [example_inputs(trained, 1 + i % 3) for i in range(16)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(lambda body: post(port, json.dumps({"inputs": body}).encode()), bodies))
+    for body, (status, answer) in zip(bodies, answers, strict=True):
+        assert status == 200, answer
+        assert_same_response(answer, expected_response(trained, body))
+
+    one = example_inputs(trained, 1)
+    bad = {
+        "not JSON": b"{inputs: nope",
+        "no inputs": json.dumps({"examples": one}).encode(),
+        "empty": json.dumps({"inputs": []}).encode(),
+        "too many": json.dumps({"inputs": one * 257}).encode(),
+{%- if cookiecutter.task == "tabular" %}
+        "wrong columns": json.dumps({"inputs": [{"nope": 1.0}]}).encode(),
+        "wrong type": json.dumps({"inputs": [{key: [1, 2] for key in one[0]}]}).encode(),
+{%- elif cookiecutter.task == "language-model" %}
+        "not text": json.dumps({"inputs": [123]}).encode(),
+        "too long": json.dumps({"inputs": ["x" * 100_000]}).encode(),
+{%- else %}
+        "wrong shape": json.dumps({"inputs": [[1.0, 2.0]]}).encode(),
+        "wrong type": json.dumps({"inputs": [[[["a"] * 8] * 8]]}).encode(),
+        "out of range": json.dumps({"inputs": [[[[99.0] * 8] * 8]]}).encode(),
+{%- endif %}
+    }
+    for name, body in bad.items():
+        status, answer = post(port, body)
+        assert status == 422, (name, status, answer)
+        assert "detail" in answer, name
+    status, _ = post(port, b'{"inputs": [' + b"1," * (1 << 20) + b"1]}")
+    assert status == 413  # over max_body_bytes (1 MiB)
+    status, answer = post(port, json.dumps({"inputs": one}).encode())
+    assert status == 200 and "Traceback" not in log.read_text()  # no worker died
+
+    assert f"http://127.0.0.1:{port}" in log.read_text()  # loopback unless HOST= says otherwise
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=60)
+    with pytest.raises(ProcessLookupError):  # every process of the group is gone
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            os.killpg(process.pid, 0)
+            time.sleep(0.5)
+    with socket.socket() as again:
+        # Nothing listens there any more (SO_REUSEADDR: the closed connections' TIME_WAIT does not count).
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))
+        again.listen()
+
+
+def test_request_checks_name_the_input_and_the_problem() -> None:
+    schema = {"kind": "array", "shape": [2, 2], "min": 0.0, "max": 1.0, "max_inputs": 2}
+    check_inputs([[[0, 1], [1, 0.5]]], schema)
+    cases = {
+        "inputs is empty": [],
+        "3 inputs in one request; send at most 2": [[[0, 0], [0, 0]]] * 3,
+        r"inputs\[0\] must be a list of 2": [[[0, 0]]],
+        r"inputs\[0\]\[1\]\[0\] must be a finite number": [[[0, 0], ["x", 0]]],
+        r"inputs\[0\]\[0\]\[1\] = 2 is outside": [[[0, 2], [0, 0]]],
+    }
+    for message, inputs in cases.items():
+        with pytest.raises(ValueError, match=message):
+            check_inputs(inputs, schema)
+    rows = {"kind": "row", "columns": ["a", "b"], "max_inputs": 4}
+    check_inputs([{"a": 1, "b": None}], rows)
+    with pytest.raises(ValueError, match=r"missing columns \['b'\], unknown columns \['c'\]"):
+        check_inputs([{"a": 1, "c": 2}], rows)
+    text = {"kind": "text", "max_bytes": 4, "max_inputs": 4}
+    with pytest.raises(ValueError, match=r"inputs\[0\] has 5 UTF-8 bytes; at most 4"):
+        check_inputs(["héll"], text)
+
