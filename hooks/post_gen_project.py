@@ -113,6 +113,7 @@ def placeholders() -> dict[str, str]:
         "train_command": "make train",
         "test_command": "make test",
         "profile_command": "make profile",
+        "export_command": "make export",
     }
 
 
