@@ -32,7 +32,8 @@ from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine.inference import Standardize
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLITS = ("train", "val", "test")
@@ -209,6 +210,45 @@ class ImageFolderDataModule(ResumableDataModule):
             self._stats_on_device = (key, stats)
         mean, std = self._stats_on_device[1]
         return (images - mean) / std
+
+    # ---- inference: 8-bit pixels at image_size, as _decode makes them ------------------------------
+    def inference_transform(self) -> Standardize:
+        """Raw images (B, C, H, W), pixel values 0-255 -> the standardised images the net trained on."""
+        if self.mean is None or self.std is None:
+            raise RuntimeError("ImageFolderDataModule.inference_transform needs the train statistics: call setup() first")
+        return Standardize(self.mean, self.std, scale=1.0 / 255.0)
+
+    def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
+        """Images (N, C, image_size, image_size) float32 0-255 of ``split`` and their labels (N,)."""
+        images, labels = {"train": self.train_set, "val": self.val_set, "test": self.test_set}[split].tensors
+        return images.float(), labels
+
+    def raw_description(self) -> str:
+        size = self.hparams.image_size
+        return f"{self.mode} images resized to {size}x{size} (bilinear), channels first, pixel values 0-255"
+
+    def request_schema(self) -> dict[str, Any]:
+        size = self.hparams.image_size
+        return {"kind": "array", "shape": [self.num_channels, size, size], "min": 0.0, "max": 255.0}
+
+    def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
+        """Every image under folder ``path`` (or one image file), decoded and resized as in training.
+
+        Ids are the paths relative to ``path``.
+
+        Raises:
+            FileNotFoundError: no such file or folder.
+            ValueError: no image in it, or a file that is not a readable image.
+        """
+        root = Path(path)
+        if not root.exists():
+            raise MissingFileError(f"INPUTS={path}: no such file or folder of images")
+        files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise DataError(f"INPUTS={path}: no images ({', '.join(IMAGE_SUFFIXES)})")
+        images, _ = self._decode([(file, 0) for file in files])
+        ids = [file.name if root.is_file() else file.relative_to(root).as_posix() for file in files]
+        return ids, images.float()
 
     def state_dict(self) -> dict[str, Any]:
         """Class names, mode and statistics (for inference) and, from the base, where a resumed run's data starts."""

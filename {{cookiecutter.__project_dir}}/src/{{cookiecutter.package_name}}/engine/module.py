@@ -1,8 +1,9 @@
 """``TrainingModule``: the engineering every task shares, so a task module holds only its loss, metrics and predictions.
 
 A task subclasses it and implements :meth:`TrainingModule.shared_step` (batch -> loss, updating the
-metrics it is given) and ``predict_step``, and passes its metrics to :meth:`TrainingModule.set_metrics`.
-The base provides:
+metrics it is given) and passes its metrics to :meth:`TrainingModule.set_metrics`. What a user reads
+of the net's output (``output_head``, ``describe``, ``response``, ``score``: predictions files, exports,
+the server) defaults to a classifier's; a task with other outputs overrides those. The base provides:
 
 - the optimizer and learning-rate schedule from the config (``optimizer``, ``lr_scheduler``: any
   ``torch.optim`` class; AdamW with warm-up + cosine by default), weight decay on matrices only,
