@@ -1,5 +1,7 @@
 """Your own images: a folder of PNGs made here trains to a stated accuracy; bad folders fail before training."""
 
+import csv
+import importlib.util
 import json
 from pathlib import Path
 
@@ -11,6 +13,9 @@ from PIL import Image
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
+from {{ cookiecutter.package_name }}.engine.export import export_all
+from {{ cookiecutter.package_name }}.engine.inference import load_trained
+from {{ cookiecutter.package_name }}.predict import predict
 
 EXPERIMENT = CONFIGS / "experiments" / "image-folder.yaml"
 CLASSES = ("blobs", "horizontal", "vertical")  # tell-apart patterns that survive a flip and a crop
@@ -82,6 +87,18 @@ def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
     assert cli.model.net.blocks[0].conv1.in_channels == 3  # linked from the data
     summary = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
     assert summary["metrics"]["test/acc"] >= 0.9
+
+    # Shipped: the export takes raw 8-bit pixels and scores what training measured; predict reads a folder.
+    trained = load_trained(cli.trainer.checkpoint_callback.best_model_path)
+    record = export_all(trained, tmp_path / "export", onnx=importlib.util.find_spec("onnxruntime") is not None)
+    for kind in record["files"]:
+        assert record["test_scores"][kind]["acc"] == pytest.approx(summary["metrics"]["test/acc"], abs=1e-6)
+    assert record["input"]["shape"] == ["batch", 3, 16, 16]
+    path = predict(ckpt=trained.checkpoint, inputs=str(root / "vertical"), output=tmp_path / "p.csv", accelerator="cpu")
+    with path.open() as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == 40 and rows[0]["id"] == "0.png"
+    assert sum(row["label"] == "vertical" for row in rows) >= 36
 
 
 def write_bad(kind: str, root: Path) -> Path:

@@ -215,7 +215,9 @@ class ImageFolderDataModule(ResumableDataModule):
     def inference_transform(self) -> Standardize:
         """Raw images (B, C, H, W), pixel values 0-255 -> the standardised images the net trained on."""
         if self.mean is None or self.std is None:
-            raise RuntimeError("ImageFolderDataModule.inference_transform needs the train statistics: call setup() first")
+            raise RuntimeError(
+                "ImageFolderDataModule.inference_transform needs the train statistics: call setup() first"
+            )
         return Standardize(self.mean, self.std, scale=1.0 / 255.0)
 
     def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:

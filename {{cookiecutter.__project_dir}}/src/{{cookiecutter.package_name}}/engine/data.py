@@ -143,6 +143,7 @@ class ResumableDataModule(L.LightningDataModule):
         self.test_set: Dataset | None = None
         self.predict_set: Dataset | None = None
         self.predict_ids: list[str] = []  # an id per predict sample, for the predictions file
+        self._predicting_transformed_inputs = False
         self._resume_at = (0, 0)  # (epoch, batches of it done), from a checkpoint
 
     def transform_batch(self, batch: Any, training: bool) -> Any:
@@ -156,6 +157,8 @@ class ResumableDataModule(L.LightningDataModule):
         return batch
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.trainer is not None and self.trainer.predicting and self._predicting_transformed_inputs:
+            return batch  # use_inputs already applied inference_transform, which includes this
         return self.transform_batch(batch, training=self.trainer is not None and self.trainer.training)
 
     def check_batch_size(self) -> None:
@@ -224,8 +227,9 @@ class ResumableDataModule(L.LightningDataModule):
     def inference_transform(self) -> nn.Module:
         """Raw inputs (B, ...) -> the net's inputs, as a module exported inside the model graph (identity here).
 
-        Override when training batches are normalised or encoded: the returned module must do the
-        same with plain tensor operations, from statistics saved in the checkpoint.
+        Override when batches are normalised or encoded: the returned module must do what
+        ``setup``'s preprocessing and ``transform_batch(training=False)`` do together, with plain
+        tensor operations, from statistics saved in the checkpoint.
         """
         return nn.Identity()
 
@@ -275,11 +279,13 @@ class ResumableDataModule(L.LightningDataModule):
         """Predict over ``path`` (see :meth:`read_inputs`), or over the test split when None. Call after setup."""
         if path is None:
             self.predict_set, self.predict_ids = None, [str(i) for i in self.test_ids()]
+            self._predicting_transformed_inputs = False
             return
         ids, raw = self.read_inputs(path)
         with torch.no_grad():
             self.predict_set = TensorDataset(self.inference_transform()(raw))
         self.predict_ids = ids
+        self._predicting_transformed_inputs = True  # transform_batch is part of inference_transform
 
     def test_ids(self) -> list[Any]:
         """An id for each test sample, in order (default: its position in the test split)."""
