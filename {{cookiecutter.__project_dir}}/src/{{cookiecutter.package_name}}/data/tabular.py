@@ -240,8 +240,9 @@ class TabularDataModule(ResumableDataModule):
                 parts.append(absent[:, None].astype(np.float64))
         for name, categories in prep["categorical"].items():
             values = frame[name].astype(str).to_numpy(dtype=object)
-            values[frame[name].isna().to_numpy()] = None  # missing: no category, like an unseen one
-            parts.append(np.stack([values == category for category in categories], axis=1).astype(np.float64))
+            present = frame[name].notna().to_numpy()  # missing: no category, like an unseen one
+            one_hot = [(values == category) & present for category in categories]
+            parts.append(np.stack(one_hot, axis=1).astype(np.float64))
         return torch.as_tensor(np.concatenate(parts, axis=1), dtype=torch.float32)
 
     def encode_target(self, frame: pd.DataFrame) -> torch.Tensor:
@@ -272,9 +273,8 @@ class TabularDataModule(ResumableDataModule):
         parts = [pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64) for name in prep["numeric"]]
         for name, categories in prep["categorical"].items():
             index = {category: i for i, category in enumerate(categories)}
-            values = frame[name].astype(str).map(index).fillna(-1).to_numpy(dtype=np.float64)
-            values[frame[name].isna().to_numpy()] = -1
-            parts.append(values)
+            codes = frame[name].astype(str).map(index).fillna(-1).to_numpy(dtype=np.float64)
+            parts.append(np.where(frame[name].isna().to_numpy(), -1.0, codes))  # missing: no category
         return torch.as_tensor(np.stack(parts, axis=1), dtype=torch.float32)
 
     def inference_transform(self) -> nn.Module:
