@@ -209,6 +209,21 @@ def test_predict_writes_one_readable_row_per_test_sample(shipped, tmp_path: Path
 
 
 @pytest.mark.slow
+def test_the_cli_predict_subcommand_writes_the_same_file_into_the_run_folder(shipped, tmp_path: Path) -> None:
+    trained, _, _ = shipped
+    main(["predict", *shrunk_args(tmp_path), f"--ckpt_path={trained.checkpoint}"])
+    written = trained.checkpoint.parent.parent / "predictions.{{ 'jsonl' if cookiecutter.task == 'language-model' else 'csv' }}"
+    lines = written.read_text().splitlines()
+{%- if cookiecutter.task == "language-model" %}
+    assert len(lines) == len(trained.datamodule.test_set)
+    assert json.loads(lines[0])["id"] == "0"
+{%- else %}
+    assert len(lines) == len(trained.datamodule.test_set) + 1  # a header
+    assert lines[1].startswith(f"{trained.datamodule.test_ids()[0]},")
+{%- endif %}
+
+
+@pytest.mark.slow
 def test_predict_on_your_own_inputs(shipped, tmp_path: Path) -> None:
     trained, _, _ = shipped
 {%- if cookiecutter.task == "tabular" %}

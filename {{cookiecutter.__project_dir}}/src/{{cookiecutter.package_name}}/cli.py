@@ -23,7 +23,11 @@ from {{ cookiecutter.package_name }}.engine.errors import (
     readable_parser_message,
 )
 from {{ cookiecutter.package_name }}.engine.launch import check_world_size
-from {{ cookiecutter.package_name }}.engine.quiet import replace_resume_warnings, silence_dependency_noise
+from {{ cookiecutter.package_name }}.engine.quiet import (
+    replace_resume_warnings,
+    silence_dependency_noise,
+    silence_predict_warnings,
+)
 from {{ cookiecutter.package_name }}.engine.runs import (
     SaveConfigToRunDir,
     evaluate_best_checkpoint,
@@ -134,6 +138,7 @@ class CLI(LightningCLI):
 
     def before_predict(self) -> None:
         self._check_ckpt_path()
+        silence_predict_warnings()
 
     def before_fit(self) -> None:
         self._check_ckpt_path()

@@ -184,6 +184,8 @@ class ResumableDataModule(L.LightningDataModule):
         return self.loader(self.test_set, every_sample_once=True)
 
     def predict_dataloader(self) -> DataLoader:
+        if self.predict_set is None and not self.predict_ids:  # the CLI's predict: the test split, ids for it
+            self.predict_ids = [str(i) for i in self.test_ids()]
         data = self.predict_set if self.predict_set is not None else self.test_set
         return self.loader(data, every_sample_once=True)
 

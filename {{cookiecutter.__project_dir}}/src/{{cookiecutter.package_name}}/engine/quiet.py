@@ -23,6 +23,18 @@ RESUME_WARNINGS = (
 )
 
 
+# lightning 2.6 (callbacks/model_checkpoint.py) when `predict --ckpt_path` restores the checkpoint's
+# ModelCheckpoint state into a run with another folder: it says which bookkeeping it will not
+# reload, which predicting never uses.
+PREDICT_WARNINGS = (r"The dirpath has changed from",)
+
+
+def silence_predict_warnings() -> None:
+    """Drop the warning above for this process (the CLI's predict subcommand)."""
+    for message in PREDICT_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+
+
 class _DropLitLoggerTip(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return LITLOGGER_TIP not in record.getMessage()
