@@ -38,9 +38,16 @@ def require(module: str) -> Any:
     """Import ``module`` of an optional extra, or raise :class:`ExportError` saying how to install it."""
     try:
         return __import__(module)
-    except ImportError:
+    except ModuleNotFoundError as error:
+        if error.name != module:  # the package is there, but something it imports is not
+            raise ExportError(f"{module} does not import here ({error}); reinstall it for this torch") from None
         raise ExportError(
             f"{module} is not installed: `pip install -e '.[export,serve]'` (make install does it)"
+        ) from None
+    except ImportError as error:  # installed, built for another torch (torchao follows torch releases closely)
+        raise ExportError(
+            f"{module} does not import beside torch {torch.__version__} ({error}); install a {module} release built "
+            "for this torch, or leave out the option that needs it"
         ) from None
 
 
@@ -78,8 +85,22 @@ def check_parity(kind: str, diffs: dict[str, float], tolerance: float) -> None:
         )
 
 
+# The oldest torch whose dynamo ONNX exporter was seen to work here (2.6 fails inside it, with onnxscript 0.7).
+ONNX_MIN_TORCH = (2, 9)
+
+
 def export_onnx(predictor: nn.Module, example: torch.Tensor, dynamic: dict[int, Any], path: Path) -> Callable:
-    """Write ``path`` (one ONNX file, weights inside) and return an onnxruntime runner of it (CPU)."""
+    """Write ``path`` (one ONNX file, weights inside) and return an onnxruntime runner of it (CPU).
+
+    Raises:
+        ExportError: torch older than 2.9, or a missing export package.
+    """
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if version < ONNX_MIN_TORCH:
+        raise ExportError(
+            f"ONNX export needs torch >= {'.'.join(map(str, ONNX_MIN_TORCH))}, this is torch {torch.__version__}: "
+            "upgrade torch, or export model.pt2 alone with --onnx false"
+        )
     require("onnxscript")
     onnxruntime = require("onnxruntime")
     torch.onnx.export(
