@@ -25,18 +25,18 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ROOT, shrunk_args, user_error
+from conftest import shrunk_args, user_error
 
 pytest.importorskip("onnxruntime", reason="the export extra is not installed: pip install -e '.[export,serve]'")
 pytest.importorskip("litserve", reason="the serve extra is not installed: pip install -e '.[export,serve]'")
 
-from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
-from {{ cookiecutter.package_name }}.engine.export import ExportError, export_all, export_onnx  # noqa: E402
-from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained  # noqa: E402
-from {{ cookiecutter.package_name }}.engine.serving import check_inputs  # noqa: E402
-from {{ cookiecutter.package_name }}.export import main as export_main  # noqa: E402
-from {{ cookiecutter.package_name }}.predict import main as predict_main  # noqa: E402
-from {{ cookiecutter.package_name }}.predict import predict  # noqa: E402
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.engine.export import ExportError, export_all, export_onnx
+from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
+from {{ cookiecutter.package_name }}.engine.serving import check_inputs
+from {{ cookiecutter.package_name }}.export import main as export_main
+from {{ cookiecutter.package_name }}.predict import main as predict_main
+from {{ cookiecutter.package_name }}.predict import predict
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 TOLERANCE = 1e-4
@@ -432,4 +432,3 @@ def test_request_checks_name_the_input_and_the_problem() -> None:
     text = {"kind": "text", "max_bytes": 4, "max_inputs": 4}
     with pytest.raises(ValueError, match=r"inputs\[0\] has 5 UTF-8 bytes; at most 4"):
         check_inputs(["héll"], text)
-
