@@ -58,18 +58,20 @@ def test_encoding_uses_training_statistics_and_handles_gaps_and_unseen_categorie
     assert encoded[1, -3:].tolist() == [0.0, 0.0, 1.0]
 
 
-def test_the_exported_encoding_is_encode_as_tensor_operations(table: Path) -> None:
-    """TableEncoder (inside ONNX / torch.export graphs) on raw rows equals encode() on the same rows."""
+def test_the_encoding_exports_with_gaps_and_unseen_categories(table: Path) -> None:
+    """encode() is raw_rows() then TableEncoder, the module inside ONNX / torch.export graphs."""
     data = TabularDataModule(path=str(table), target="label")
     data.setup("fit")
     rows = pd.read_csv(table).drop(columns=["label"])
     rows.loc[0, "colour"] = "purple"  # unseen
     rows.loc[1, "x2"] = np.nan  # missing where training never was (no indicator column)
     raw = data.raw_rows(rows)  # (B, 3): x1, x2 raw with NaN, colour as a category index
-    assert raw[0, 2] == -1 and torch.isnan(raw[:, 0]).any()
-    torch.testing.assert_close(data.inference_transform()(raw), data.encode(rows), rtol=0, atol=1e-6)
+    assert raw[0, 2] == -1 and raw[0, :2].tolist() == pytest.approx(rows.loc[0, ["x1", "x2"]].tolist(), nan_ok=True)
+    encoded = data.encode(rows)
+    assert encoded[1, 2] == 0.0  # x2 missing: imputed to the mean, 0 once standardised
+    assert encoded[0, -3:].tolist() == [0.0, 0.0, 0.0]  # the unseen colour: no category
     program = torch.export.export(data.inference_transform(), (raw[:7],))  # exportable as it is
-    torch.testing.assert_close(program.module()(raw[:7]), data.encode(rows.iloc[:7]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(program.module()(raw[:7]), encoded[:7], rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow

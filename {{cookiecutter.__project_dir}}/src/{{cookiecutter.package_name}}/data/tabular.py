@@ -223,27 +223,13 @@ class TabularDataModule(ResumableDataModule):
     def encode(self, frame: pd.DataFrame) -> torch.Tensor:
         """Raw rows (a DataFrame with the training columns; the target column may be absent) -> (B, F) float32.
 
+        The same code as an exported model's: :meth:`raw_rows`, then :class:`TableEncoder`.
+
         Raises:
             ValueError: a feature column of the training table is missing from ``frame``.
         """
-        prep = self._prepared()
-        missing = [name for name in [*prep["numeric"], *prep["categorical"]] if name not in frame.columns]
-        if missing:
-            raise DataError(f"rows to encode lack the column(s) {missing} the model was trained with")
-        parts: list[np.ndarray] = []
-        for name, stats in prep["numeric"].items():
-            values = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64)
-            absent = np.isnan(values)
-            # Imputed with the training mean, which standardises to exactly 0.
-            parts.append(np.where(absent, 0.0, (values - stats["mean"]) / stats["std"])[:, None])
-            if stats["indicator"]:
-                parts.append(absent[:, None].astype(np.float64))
-        for name, categories in prep["categorical"].items():
-            values = frame[name].astype(str).to_numpy(dtype=object)
-            present = frame[name].notna().to_numpy()  # missing: no category, like an unseen one
-            one_hot = [(values == category) & present for category in categories]
-            parts.append(np.stack(one_hot, axis=1).astype(np.float64))
-        return torch.as_tensor(np.concatenate(parts, axis=1), dtype=torch.float32)
+        with torch.no_grad():
+            return self.inference_transform()(self.raw_rows(frame))
 
     def encode_target(self, frame: pd.DataFrame) -> torch.Tensor:
         """The target column of ``frame``: (B,) int64 class indices or (B,) float32 standardised values."""
@@ -269,7 +255,7 @@ class TabularDataModule(ResumableDataModule):
         prep = self._prepared()
         missing = [name for name in [*prep["numeric"], *prep["categorical"]] if name not in frame.columns]
         if missing:
-            raise DataError(f"rows lack the column(s) {missing} the model was trained with")
+            raise DataError(f"rows to encode lack the column(s) {missing} the model was trained with")
         parts = [pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64) for name in prep["numeric"]]
         for name, categories in prep["categorical"].items():
             index = {category: i for i, category in enumerate(categories)}
