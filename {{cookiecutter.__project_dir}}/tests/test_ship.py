@@ -12,6 +12,7 @@ import json
 import math
 {%- endif %}
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,6 +38,7 @@ from {{ cookiecutter.package_name }}.engine.serving import check_inputs
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.predict import main as predict_main
 from {{ cookiecutter.package_name }}.predict import predict
+from {{ cookiecutter.package_name }}.serve import main as serve_main
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 TOLERANCE = 1e-4
@@ -174,10 +176,19 @@ def test_pt2_reloads_with_torch_alone(shipped) -> None:
 
 
 @pytest.mark.slow
-def test_export_beyond_its_tolerance_is_refused_with_the_numbers(shipped, tmp_path: Path) -> None:
+def test_export_beyond_its_tolerance_is_refused_and_the_previous_export_stays_whole(shipped, tmp_path: Path) -> None:
     trained, _, _ = shipped
+    folder = tmp_path / "export"
+    shutil.copytree(trained.checkpoint.parent.parent / "export", folder)
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
     with pytest.raises(ExportError, match=r"onnx .*differ from eager PyTorch by .* on batch_\d+ \(tolerance 0\)"):
-        export_all(trained, tmp_path, tolerance=0.0)
+        export_all(trained, folder, tolerance=0.0)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+    assert [path.name for path in tmp_path.iterdir()] == ["export"]  # no partial folder left behind
+
+    # The export folder is replaced whole, so one holding anything else is refused before any work.
+    with pytest.raises(ExportError, match=r"holds files that are not an export \(export\).*--output"):
+        export_all(trained, tmp_path)
 
 
 def test_onnx_on_a_torch_too_old_for_it_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -264,6 +275,43 @@ def test_predict_on_your_own_inputs(shipped, tmp_path: Path) -> None:
 {%- else %}
     assert [row["id"] for row in rows] == ["0", "1", "2", "3"]
 {%- endif %}
+
+
+@pytest.mark.slow
+def test_an_interrupted_predict_keeps_the_previous_file(
+    shipped, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trained, _, _ = shipped
+    output = tmp_path / "predictions.{{ 'jsonl' if cookiecutter.task == 'language-model' else 'csv' }}"
+    output.write_text("the previous predictions\n")
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(type(trained.model), "describe", interrupted)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        predict(ckpt=trained.checkpoint, output=output, accelerator="cpu")
+    assert output.read_text() == "the previous predictions\n"
+    assert output.with_name(f"{output.name}.partial").is_file()  # the rows it had written
+
+
+@pytest.mark.slow
+def test_make_predict_runs_as_one_quiet_process_beside_slurm(shipped, tmp_path: Path) -> None:
+    trained, _, _ = shipped
+    bin_dir = tmp_path / "bin"  # an srun on PATH, as on a cluster's login node
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "srun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    for name in [name for name in env if name.startswith("SLURM_")]:
+        del env[name]
+    output = tmp_path / "predictions.jsonl"
+    command = [sys.executable, "-m", f"{PACKAGE}.predict", "--ckpt", str(trained.checkpoint), "--output", str(output)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "srun" not in done.stdout + done.stderr
+    rows = output.read_text().splitlines()
+    assert f"{len(rows)} predictions written to {output}" in done.stdout + done.stderr
 
 
 @pytest.mark.slow
@@ -410,6 +458,15 @@ def test_server_answers_batches_refuses_bad_requests_and_stops_on_sigterm(server
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", port))
         again.listen()
+
+
+def test_serve_on_a_port_in_use_says_so_before_loading_anything(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with user_error(rf"cannot listen on 127.0.0.1:{port} \(Address already in use\).*another PORT="):
+            serve_main(["--ckpt", str(tmp_path / "never-read.ckpt"), "--port", str(port)])
 
 
 def test_request_checks_name_the_input_and_the_problem() -> None:

@@ -19,7 +19,7 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 from {{ cookiecutter.package_name }}.engine.callbacks import PredictionWriter
 from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
-from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
+from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise, silence_srun_hint
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
 
 
@@ -71,6 +71,7 @@ def predict(
 
 def main(args: list[str] | None = None) -> None:
     silence_dependency_noise()
+    silence_srun_hint()  # one process, even inside a SLURM allocation (LightningEnvironment below)
     with exit_on_user_error("predict"):  # a missing checkpoint or unreadable inputs: one line, exit 2
         auto_cli(predict, args=args)
 

@@ -11,11 +11,12 @@ start it in its own process group (``setsid``, ``start_new_session=True``) and s
 the group: LitServe's worker processes stop with it and the port is freed.
 """
 
+import socket
 from pathlib import Path
 
 from jsonargparse import auto_cli
 
-from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
+from {{ cookiecutter.package_name }}.engine.errors import LaunchError, exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.export import require
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
@@ -48,7 +49,9 @@ def serve(
 
     Raises:
         FileNotFoundError: no checkpoint found or given.
+        engine.errors.LaunchError: ``host:port`` is taken or not an address of this machine.
     """
+    check_address(host, port)  # before loading anything: uvicorn would only say so after the model is up
     require("litserve")
     from {{ cookiecutter.package_name }}.engine.serving import build_server
 
@@ -66,6 +69,20 @@ def serve(
     )
     print(f"Serving {path} on http://{host}:{port} (POST /predict, GET /health)", flush=True)
     server.run(host=host, port=port, generate_client_file=False)
+
+
+def check_address(host: str, port: int) -> None:
+    """Raise :class:`LaunchError` unless a server can listen on ``host:port`` (bound as uvicorn binds it)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except (OSError, OverflowError) as error:  # OverflowError: a port outside 0-65535
+        reason = getattr(error, "strerror", None) or str(error)
+        raise LaunchError(
+            f"cannot listen on {host}:{port} ({reason}): stop what listens there or choose another PORT= "
+            "(HOST= must be an address of this machine)"
+        ) from None
 
 
 def main(args: list[str] | None = None) -> None:

@@ -12,10 +12,13 @@
 
 Every file is reloaded right after it is written and run on a batch of 1 and an odd batch; the
 largest absolute difference from eager PyTorch is recorded and must stay within ``tolerance``.
+The files are written into a partial folder that replaces the export folder only once every
+check has passed, so the folder always holds one whole, checked export (or none).
 """
 
 import copy
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -150,6 +153,10 @@ def batched(run: Callable[[torch.Tensor], Any], raw: torch.Tensor, size: int = 2
     return torch.cat(parts)
 
 
+# Everything an export folder may hold; a folder with anything else is never replaced.
+EXPORT_FILES = frozenset({"model.onnx", "model.pt2", "model-aoti.pt2", "export.json", "model-card.md"})
+
+
 def export_all(
     trained: Trained,
     folder: Path,
@@ -161,10 +168,45 @@ def export_all(
     """Write the exports of ``trained`` into ``folder``, check each, and return what ``export.json`` records.
 
     Raises:
-        ExportError: an export differs from eager beyond ``tolerance``, or its package is missing.
+        ExportError: an export differs from eager beyond ``tolerance``, a package is missing, or
+            ``folder`` holds files that are not an export's.
     """
     silence_export_noise()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = folder.resolve()
+    foreign = (
+        sorted(entry.name for entry in folder.iterdir() if entry.name not in EXPORT_FILES) if folder.is_dir() else []
+    )
+    if foreign:  # the folder is replaced whole: never one that holds anything else
+        raise ExportError(
+            f"{folder} holds files that are not an export ({', '.join(foreign[:5])}); "
+            "export into a new or empty folder (--output)"
+        )
+    partial = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
+    partial.mkdir(parents=True)
+    try:
+        record = _export_into(partial, folder, trained, onnx, aoti, int8, tolerance)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # the previous export, if any, stays as it was
+        raise
+    replace_folder(partial, folder)
+    return record
+
+
+def replace_folder(new: Path, target: Path) -> None:
+    """Put folder ``new`` where ``target`` is, removing the old ``target`` only once ``new`` is in place."""
+    old = target.with_name(f".{target.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    new.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _export_into(
+    work: Path, folder: Path, trained: Trained, onnx: bool, aoti: bool, int8: bool, tolerance: float
+) -> dict[str, Any]:
+    """The body of :func:`export_all`: files into ``work``, messages naming their place in ``folder``."""
     data, predictor = trained.datamodule, trained.predictor.cpu()
     data.setup("test")
     raw, targets = data.raw_inputs("test")
@@ -190,7 +232,7 @@ def export_all(
 
     def add(kind: str, filename: str, write: Callable[[Path], Any]) -> Any:
         start = time.perf_counter()
-        result = write(folder / filename)
+        result = write(work / filename)
         runner = result[-1] if isinstance(result, tuple) else result
         record["seconds"][kind] = round(time.perf_counter() - start, 2)
         record["files"][kind] = filename
@@ -210,8 +252,8 @@ def export_all(
         record["max_abs_diff"]["int8"] = max_abs_diff(quantized, predictor, batches)  # quantisation error, not a bug
     metrics = trained.checkpoint.parent.parent / "test_metrics.json"
     record["training_test_metrics"] = json.loads(metrics.read_text())["metrics"] if metrics.is_file() else None
-    (folder / "export.json").write_text(json.dumps(record, indent=2) + "\n")
-    (folder / "model-card.md").write_text(model_card(record))
+    (work / "export.json").write_text(json.dumps(record, indent=2) + "\n")
+    (work / "model-card.md").write_text(model_card(record))
     return record
 
 

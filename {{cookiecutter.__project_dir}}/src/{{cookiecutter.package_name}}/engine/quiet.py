@@ -35,6 +35,17 @@ def silence_predict_warnings() -> None:
         warnings.filterwarnings("ignore", message=message)
 
 
+# lightning 2.6 (fabric/plugins/environments/slurm.py) on every machine with srun on its PATH (a
+# cluster's login node) when the process was not started by srun: the hint to launch with srun,
+# which a single-process tool (make predict, whatever the allocation) never needs.
+SRUN_HINT = r"The `srun` command is available on your system but is not used"
+
+
+def silence_srun_hint() -> None:
+    """Drop the hint above for this process (entry points that always run as one process)."""
+    warnings.filterwarnings("ignore", message=SRUN_HINT)
+
+
 class _DropLitLoggerTip(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return LITLOGGER_TIP not in record.getMessage()

@@ -5,6 +5,7 @@ https://lightning.ai/docs/pytorch/stable/api/lightning.pytorch.callbacks.BasePre
 
 import csv
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +22,8 @@ class PredictionWriter(BasePredictionWriter):
     language model writes ``prompt`` and ``completion``. Rows are written after every batch, so
     memory stays flat on a large input set. Ids come from the DataModule (``predict_ids``: row
     numbers of the test split, file names, CSV rows); class names from its ``class_names``.
+    They go to ``<file>.partial``, renamed to the file when the last batch is written: an
+    interrupted run leaves the previous file as it was and its own rows in the ``.partial`` one.
 
     Args:
         path: the file; its suffix picks the format: ``.csv`` or ``.jsonl``. Default:
@@ -56,7 +59,7 @@ class PredictionWriter(BasePredictionWriter):
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.written = self.output_path(trainer)
         self.written.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.written.open("w", newline="", encoding="utf-8")
+        self._file = self._partial().open("w", newline="", encoding="utf-8")
         self._csv, self._count = None, 0
 
     def write_on_batch_end(
@@ -90,9 +93,13 @@ class PredictionWriter(BasePredictionWriter):
         if self._file is not None:
             self._file.close()
             self._file = None
+            os.replace(self._partial(), self.written)
             rank_zero_info(f"{self._count} predictions written to {self.written}")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if self._file is not None:  # the rows written so far stay readable
+        if self._file is not None:  # the rows written so far stay readable in the .partial file
             self._file.close()
             self._file = None
+
+    def _partial(self) -> Path:
+        return self.written.with_name(f"{self.written.name}.partial")
