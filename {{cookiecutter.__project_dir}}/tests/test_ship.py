@@ -12,6 +12,7 @@ import json
 import math
 {%- endif %}
 import os
+import re
 import shutil
 import signal
 import socket
@@ -93,10 +94,28 @@ def test_export_writes_checked_files_and_a_model_card(shipped) -> None:
     assert json.loads((folder / "export.json").read_text()) == record
     card = (folder / "model-card.md").read_text()
     assert str(trained.checkpoint) in card and "max abs diff" in card
+    assert record["trained_with"]["model"] == f"{type(trained.model).__module__}.{type(trained.model).__qualname__}"
+    assert record["versions"]["torch"] == torch.__version__ and record["versions"]["onnx_opset"] >= 18
 {%- if cookiecutter.task != "language-model" %}
     # The graph's preprocessing is the one of training: the export scores what training measured.
     assert record["test_scores"]["onnx"]["acc"] == pytest.approx(training_metrics(trained)["test/acc"], abs=1e-6)
 {%- endif %}
+
+
+@pytest.mark.slow
+def test_the_model_cards_code_runs_each_file(shipped, monkeypatch: pytest.MonkeyPatch) -> None:
+    trained, _, _ = shipped
+    folder = trained.checkpoint.parent.parent / "export"
+    blocks = re.findall(r"```python\n(.*?)```", (folder / "model-card.md").read_text(), flags=re.DOTALL)
+    assert len(blocks) == 2  # onnxruntime, torch.export
+    raw, _ = trained.datamodule.raw_inputs("test")
+    with torch.no_grad():
+        expected = trained.predictor(raw[:5])
+    monkeypatch.chdir(folder)
+    for code in blocks:
+        namespace = {"x": raw[:5].numpy()}
+        exec(code, namespace)  # the card's own example, run as a reader would
+        assert torch.allclose(torch.as_tensor(namespace["outputs"]), expected, atol=TOLERANCE), code
 
 
 @pytest.mark.slow

@@ -223,6 +223,7 @@ def _export_into(
         "output_description": trained.model.output_description(),
         "class_names": trained.class_names,
         **data.inference_metadata(),
+        "trained_with": {"model": _class_path(trained.model), "datamodule": _class_path(data)},
         "tolerance": tolerance,
         "files": {},
         "max_abs_diff": {},
@@ -250,11 +251,26 @@ def _export_into(
         quantized = quantize_int8(predictor)
         record["test_scores"]["int8"] = trained.model.score(batched(quantized, raw), targets)
         record["max_abs_diff"]["int8"] = max_abs_diff(quantized, predictor, batches)  # quantisation error, not a bug
+    record["versions"] = versions(work / "model.onnx" if onnx else None)
     metrics = trained.checkpoint.parent.parent / "test_metrics.json"
     record["training_test_metrics"] = json.loads(metrics.read_text())["metrics"] if metrics.is_file() else None
     (work / "export.json").write_text(json.dumps(record, indent=2) + "\n")
     (work / "model-card.md").write_text(model_card(record))
     return record
+
+
+def versions(onnx_path: Path | None) -> dict[str, Any]:
+    """The torch (and onnxruntime, ONNX opset) an export was made and checked with."""
+    found: dict[str, Any] = {"torch": torch.__version__}
+    if onnx_path is not None:
+        found["onnxruntime"] = require("onnxruntime").__version__
+        model = require("onnx").load(str(onnx_path), load_external_data=False)
+        found["onnx_opset"] = next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
+    return found
+
+
+def _class_path(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def _shape(tensor: torch.Tensor, dynamic: dict[int, Any]) -> list[int | str]:
@@ -275,9 +291,15 @@ def model_card(record: dict[str, Any]) -> str:
     )
     names = ", ".join(record["class_names"]) or "none"
     source, target = record["input"], record["output"]
+    trained_with = record["trained_with"]
+    made_with = ", ".join(
+        f"{name.replace('onnx_opset', 'ONNX opset')} {version}" for name, version in record["versions"].items()
+    )
     return f"""# Model card
 
-Exported from `{record["checkpoint"]}`.
+Exported from `{record["checkpoint"]}`: the LightningModule `{trained_with["model"]}` trained on the
+LightningDataModule `{trained_with["datamodule"]}` (their settings are saved in the checkpoint).
+Made and checked with {made_with}.
 
 ## Input and output
 - input `{source["name"]}`: {source["dtype"]} {source["shape"]}; {record["input_description"]}
@@ -286,6 +308,9 @@ Exported from `{record["checkpoint"]}`.
 
 ## Files
 {files}
+
+## Use
+{usage(record)}
 
 ## Checks (test split)
 | export | max abs diff from eager PyTorch (tolerance {record["tolerance"]:g}) |
@@ -298,3 +323,31 @@ Exported from `{record["checkpoint"]}`.
 
 Test metrics of training: {json.dumps(record["training_test_metrics"])}
 """
+
+
+def usage(record: dict[str, Any]) -> str:
+    """Code that runs each exported file on ``x``, a NumPy array of the input's shape and dtype."""
+    source = record["input"]
+    lines = [f"`x`: a NumPy {source['dtype']} array of shape {source['shape']}, as described above.", ""]
+    if "onnx" in record["files"]:
+        call = 'session.run(None, {"inputs": x})[0]'
+        lines += [
+            "```python",
+            "import onnxruntime  # no torch needed",
+            "",
+            'session = onnxruntime.InferenceSession("model.onnx")',
+        ]
+        lines += [f"outputs = {call}", "```", ""]
+    lines += [
+        "```python",
+        "import torch  # no project code needed",
+        "",
+        'program = torch.export.load("model.pt2").module()',
+    ]
+    lines += ["outputs = program(torch.as_tensor(x))", "```"]
+    if "aoti" in record["files"]:
+        lines += [
+            "",
+            "`model-aoti.pt2` (compiled for the machine that made it): `torch._inductor.aoti_load_package(path)(x)`.",
+        ]
+    return "\n".join(lines)
