@@ -52,7 +52,8 @@ PROJECT_FILES += ["scripts/agent_guides.py", "scripts/serve_load.py", "scripts/u
 PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py", "export.py", "predict.py", "serve.py"]
 PACKAGE_FILES += ["sweep.py"]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
-PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "config", "data", "launch", "module")]
+PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "config", "contract", "data", "launch")]
+PACKAGE_FILES += ["engine/module.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
 PACKAGE_FILES += ["engine/runs.py", "engine/serving.py"]
 PACKAGE_FILES += [
@@ -60,7 +61,7 @@ PACKAGE_FILES += [
     for name in ("__init__", "finetuning", "finite", "plots", "predictions", "preemption", "progress", "random_state")
 ]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
-TEST_FILES += ["test_ship.py", "test_sweep.py"]
+TEST_FILES += ["own_pieces.py", "test_ship.py", "test_sweep.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
 TASK_PACKAGE_FILES = {
     "image-classification": [

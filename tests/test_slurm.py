@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slurm
 SLUG, PACKAGE = "digits-classifier", "digits_classifier"
 CPU_JOB = ["--gpus-per-node=0", "--ntasks-per-node=2", "--cpus-per-task=1", "--mem=2G"]
 CPU_ARGS = ["--trainer.accelerator=cpu"]
-# Records, per process, the global step at which training (re)started and the SLURM restart count.
+# Records, per process, the global step at which training (re)started, the SLURM restart count
+# and the labels of the first batch it trained on (which samples a resumed process continues with).
 STEP_RECORDER = """
 import json, os
 from pathlib import Path
@@ -33,9 +34,16 @@ import lightning as L
 
 class RecordStart(L.Callback):
     def on_train_start(self, trainer, pl_module):
+        self.recorded = False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.recorded:
+            return
+        self.recorded = True
         with Path(os.environ["RECORD_FILE"]).open("a") as file:
             file.write(json.dumps({"restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
-                                   "rank": trainer.global_rank, "global_step": trainer.global_step}) + "\\n")
+                                   "rank": trainer.global_rank, "global_step": trainer.global_step,
+                                   "labels": batch[1].tolist()}) + "\\n")
 """
 
 
@@ -99,6 +107,19 @@ def steps_per_epoch(world_size: int) -> int:
     data = DigitsDataModule()
     data.setup("fit")
     return math.ceil(math.ceil(len(data.train_set) / world_size) / data.hparams.batch_size)
+
+
+def expected_batch_labels(step: int, rank: int, world_size: int = 2, seed: int = 42) -> list[int]:
+    """Labels of the batch an uninterrupted run trains ``rank`` on at ``step`` (the default config's seed)."""
+    from digits_classifier.data import DigitsDataModule
+    from digits_classifier.engine.data import ResumableSampler
+
+    data = DigitsDataModule()
+    data.setup("fit")
+    epoch, batch = divmod(step, steps_per_epoch(world_size))
+    sampler = ResumableSampler(data.train_set, world_size, rank, seed, epoch)
+    indices = list(sampler)[batch * data.batch_size : (batch + 1) * data.batch_size]
+    return [int(data.train_set[i][1]) for i in indices]
 
 
 def records(path: Path) -> list[dict]:
@@ -170,6 +191,9 @@ def test_preempted_job_saves_requeues_and_resumes(cluster: Cluster, project: Pat
     starts = records(record)
     assert sorted((r["restart"], r["rank"]) for r in starts) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert {r["global_step"] for r in starts if r["restart"] == 1} == {saved["global_step"]}
+    # ... each rank with the very batch it would have trained on next, had it not been stopped.
+    for start in starts:
+        assert start["labels"] == expected_batch_labels(start["global_step"], start["rank"]), start
     assert "Restored all states from the checkpoint" in log
 
     # It finished the same number of steps as an uninterrupted run, with the LR schedule continued

@@ -203,3 +203,12 @@ def test_bf16_falls_back_to_fp16_only_on_a_gpu_without_bf16(monkeypatch: pytest.
     ampere = Namespace(accelerator="gpu", precision="bf16-mixed")
     fall_back_to_fp16_without_bf16(ampere)
     assert ampere.precision == "bf16-mixed"
+
+
+def test_the_private_lightning_hook_the_training_module_reads_exists() -> None:
+    # engine/module.py reads Lightning's private _given_hyperparameters to tell a module built by the
+    # CLI (its net's config goes into the checkpoint) from one built in Python. If a Lightning
+    # release drops it, checkpoints stop rebuilding their net: this test says so first.
+    from {{ cookiecutter.package_name }}.engine import module
+
+    assert module._given_hyperparameters is not None, "lightning.pytorch.core.mixins.hparams_mixin lost it"

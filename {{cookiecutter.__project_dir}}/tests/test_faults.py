@@ -1,8 +1,12 @@
 """Faults injected on purpose: a crash mid-save, a NaN, broken checkpoints, SIGTERM, bad input, secrets."""
 
+import errno
 import hashlib
+import io
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -34,15 +38,31 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_a_crash_during_a_save_leaves_the_previous_checkpoint_intact(trained, monkeypatch) -> None:
+def test_a_crash_while_a_save_reaches_its_target_leaves_the_previous_checkpoint_intact(trained, monkeypatch) -> None:
+    # The worst moment of a save: the new bytes are on their way to the target path. Lightning's
+    # own save writes a temporary file in the system's temp folder and moves it over the target;
+    # when that folder is on another file system (a node's local /tmp, checkpoints on a shared
+    # one) the move is a copy into the target. Both are simulated: rename across devices fails
+    # (EXDEV) and the copy dies halfway through (a kill, a full disk). AtomicCheckpointIO writes
+    # its temporary file beside the target and renames it (os.replace): the target never holds
+    # half a file. Without it in the config, this test fails.
     cli, last = trained
     before = digest(last)
+    real_rename = os.rename
 
-    def save_half_then_crash(obj, file, *args, **kwargs) -> None:
-        file.write(b"PK\x03\x04 half a zip archive")  # what a kill or a full disk leaves
-        raise OSError(28, "No space left on device")
+    def rename_across_devices(source, target, *args, **kwargs):
+        if Path(target) == last:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real_rename(source, target, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoints.torch, "save", save_half_then_crash)
+    def copy_half_then_crash(source, target, *args, **kwargs) -> None:
+        target.write(source.read(64))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "rename", rename_across_devices)
+    monkeypatch.setattr(shutil, "copyfileobj", copy_half_then_crash)
+    monkeypatch.setattr(shutil, "_USE_CP_SENDFILE", False)  # Linux copies with sendfile, not copyfileobj
+    monkeypatch.setattr(checkpoints.torch, "save", crash_midway(checkpoints.torch.save))
     with pytest.raises(OSError, match="No space left"):
         cli.trainer.save_checkpoint(last)
     monkeypatch.undo()
@@ -50,6 +70,33 @@ def test_a_crash_during_a_save_leaves_the_previous_checkpoint_intact(trained, mo
     assert digest(last) == before
     assert checkpoints.read_checkpoint(last)["global_step"] == cli.trainer.global_step
     assert sorted(p.name for p in last.parent.iterdir() if p.name.startswith(".")) == []  # no partial file left
+
+
+def crash_midway(save):
+    """torch.save that dies after writing part of a checkpoint to a file (not to a memory buffer)."""
+
+    def save_then_crash(obj, file, *args, **kwargs) -> None:
+        if isinstance(file, io.BytesIO):  # serialising in memory first is harmless
+            return save(obj, file, *args, **kwargs)
+        file.write(b"PK\x03\x04 half a zip archive")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    return save_then_crash
+
+
+def test_a_save_is_flushed_to_disk_file_and_folder(trained, monkeypatch) -> None:
+    # A rename is durable only once the folder's entry is on disk too (fsync of the directory).
+    cli, last = trained
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def record(fd: int) -> None:
+        synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    cli.trainer.save_checkpoint(last)
+    assert synced == ["file", "folder"]
 
 
 def test_a_non_finite_loss_stops_at_that_step_and_keeps_the_last_good_checkpoint(cli_args: list[str]) -> None:

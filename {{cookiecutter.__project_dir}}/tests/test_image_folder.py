@@ -3,6 +3,7 @@
 import csv
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
 from {{ cookiecutter.package_name }}.engine.export import export_all
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
+from {{ cookiecutter.package_name }}.predict import main as predict_main
 from {{ cookiecutter.package_name }}.predict import predict
 
 EXPERIMENT = CONFIGS / "experiments" / "image-folder.yaml"
@@ -99,6 +101,25 @@ def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
         rows = list(csv.DictReader(file))
     assert len(rows) == 40 and rows[0]["id"] == "0.png"
     assert sum(row["label"] == "vertical" for row in rows) >= 36
+
+    # The trained model stands alone: a class folder added after training (sorted first) shifts
+    # nothing, and a folder moved away is not needed to predict on files or to serve.
+    samples = tmp_path / "samples"
+    shutil.copytree(root / "vertical", samples)
+    before = predict(ckpt=trained.checkpoint, inputs=str(samples), output=tmp_path / "before.csv", accelerator="cpu")
+    make_folder(tmp_path / "extra", per_class=3)
+    shutil.move(tmp_path / "extra" / "blobs", root / "aaa-new-class")
+    for moved in (False, True):
+        if moved:
+            root.rename(tmp_path / "moved")
+        again = load_trained(trained.checkpoint)
+        assert again.class_names == list(CLASSES) and again.datamodule.num_channels == 3
+        after = predict(ckpt=trained.checkpoint, inputs=str(samples), output=tmp_path / "after.csv", accelerator="cpu")
+        assert after.read_text() == before.read_text()
+        # What needs the training folder (the test split) says what is wrong, in one line.
+        message = "no such folder" if moved else r"class folders \['aaa-new-class', .*\] are not the classes"
+        with user_error(message):
+            predict_main(["--ckpt", str(trained.checkpoint), "--output", str(tmp_path / "test.csv")])
 
 
 def write_bad(kind: str, root: Path) -> Path:

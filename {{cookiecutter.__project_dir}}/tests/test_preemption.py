@@ -16,14 +16,14 @@ from {{ cookiecutter.package_name }}.engine.runs import latest_checkpoint, run_d
 
 
 class SignalAtStep(L.Callback):
-    """Sends SIGUSR1 to this process after the given optimizer step, as SLURM would."""
+    """Sends a signal (default SIGUSR1, SLURM's warning) to this process after the given optimizer step."""
 
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, name: str = "SIGUSR1") -> None:
+        self.step, self.signal = step, signal.Signals[name]
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
         if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGUSR1)
+            os.kill(os.getpid(), self.signal)
 
 
 # Lightning 2.6's CSVLogger warns that it deletes the metrics.csv of a resumed run's folder; the CLI

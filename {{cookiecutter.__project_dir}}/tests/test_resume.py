@@ -7,13 +7,10 @@ import pytest
 import torch
 from conftest import shrunk_args
 from test_preemption import SignalAtStep
-from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.cli import CLI, main
-from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.callbacks import RunPlots
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
-from {{ cookiecutter.package_name }}.engine.data import split_indices
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
 
 # Three epochs, deterministic algorithms; the test after fit is not part of the comparison.
@@ -95,53 +92,11 @@ def test_stop_at_an_epoch_boundary_resumes_exactly(reference: CLI, tmp_path: Pat
     assert_same_end_state(reference, resumed)
 
 
-class OwnDataModule(ResumableDataModule):
-    """A user's DataModule written as the README's "Add your own data" says: data sets in setup, nothing else."""
-{% if cookiecutter.task == "tabular" %}
-    # What the CLI links to the model and its net (README: "Add your own data").
-    num_features, num_outputs, task, target_scale, class_names = 12, 3, "classification", (0.0, 1.0), ["a", "b", "c"]
-{%- elif cookiecutter.task == "language-model" %}
-    vocab_size, block_size = 256, 16  # the CLI links them to the net
-{%- else %}
-    num_classes = 3  # the CLI links it to the model and its net
-{%- endif %}
-
-    def __init__(self, size: int = 300, batch_size: int = 32, split_seed: int = 0) -> None:
-        super().__init__(batch_size=batch_size)
-        self.save_hyperparameters()
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
-        generator = torch.Generator().manual_seed(self.hparams.split_seed)
-{%- if cookiecutter.task == "language-model" %}
-{%- elif cookiecutter.task == "tabular" %}
-        inputs = torch.randn(self.hparams.size, self.num_features, generator=generator)
-        labels = (inputs[:, 0] > 0).long() + (inputs[:, 1] > 1).long()  # (N,) in [0, 3)
-{%- else %}
-        inputs = torch.randn(self.hparams.size, 1, 8, 8, generator=generator)
-        labels = (inputs.mean(dim=(1, 2, 3)) > 0).long() + (inputs[:, 0, 0, 0] > 1).long()  # (N,) in [0, 3)
-{%- endif %}
-{%- if cookiecutter.task == "language-model" %}
-        tokens = torch.randint(0, 8, (self.hparams.size, self.block_size + 1), generator=generator)
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (N, T) each, targets shifted by one
-        splits = split_indices(None, len(tokens), 0.15, 0.15, self.hparams.split_seed)
-        self.train_set, self.val_set, self.test_set = (
-            TensorDataset(inputs[rows], targets[rows]) for rows in splits.values()
-        )
-{%- else %}
-        splits = split_indices(labels.numpy(), len(labels), 0.15, 0.15, self.hparams.split_seed)
-        self.train_set, self.val_set, self.test_set = (
-            TensorDataset(inputs[rows], labels[rows]) for rows in splits.values()
-        )
-{%- endif %}
-
-
 @pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
 def test_a_users_own_datamodule_resumes_exactly_mid_epoch(tmp_path: Path) -> None:
     # Every data setting named: a switched class_path keeps the old class's values that fit the new one.
-    own = ["--data=test_resume.OwnDataModule", "--data.init_args.batch_size=32", "--trainer.log_every_n_steps=5"]
+    own = ["--data=own_pieces.OwnDataModule", "--data.init_args.batch_size=32", "--trainer.log_every_n_steps=5"]
     reference = main(["fit", *shrunk_args(tmp_path / "reference"), *EXACT, *own])
     args = [*shrunk_args(tmp_path / "own"), *EXACT, *own]
     interrupted = main(args, run=False)

@@ -33,6 +33,7 @@ pytest.importorskip("onnxruntime", reason="the export extra is not installed: pi
 pytest.importorskip("litserve", reason="the serve extra is not installed: pip install -e '.[export,serve]'")
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.engine.export import ExportError, export_all, export_onnx
 from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
 from {{ cookiecutter.package_name }}.engine.serving import check_inputs
@@ -388,23 +389,27 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture
-def server(shipped, tmp_path: Path):
-    """``python -m <package>.serve`` on a free loopback port, in its own process group; stopped with SIGTERM."""
-    trained, _, _ = shipped
+@contextlib.contextmanager
+def serving(checkpoint: Path, folder: Path, *args: str, env: dict[str, str] | None = None):
+    """``python -m <package>.serve`` on a free loopback port, in its own process group; stopped with SIGTERM.
+
+    Yields ``(port, process, log file)`` once ``/health`` answers 200.
+    """
     port = free_port()
-    log = (tmp_path / "serve.log").open("w")
+    log_path = folder / f"serve-{port}.log"
+    log = log_path.open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", f"{PACKAGE}.serve", "--ckpt", str(trained.checkpoint), "--port", str(port)],
-        cwd=tmp_path,
+        [sys.executable, "-m", f"{PACKAGE}.serve", "--ckpt", str(checkpoint), "--port", str(port), *args],
+        cwd=folder,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env=env,
     )
     try:
         deadline = time.monotonic() + 120
         while True:
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert process.poll() is None, log_path.read_text()[-3000:]
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
                     if answer.status == 200:
@@ -413,12 +418,20 @@ def server(shipped, tmp_path: Path):
                 pass
             assert time.monotonic() < deadline, "the server did not become healthy in 120 s"
             time.sleep(0.5)
-        yield trained, port, process, tmp_path / "serve.log"
+        yield port, process, log_path
     finally:
         with contextlib.suppress(ProcessLookupError):  # the test may have stopped it already
             os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
         log.close()
+
+
+@pytest.fixture
+def server(shipped, tmp_path: Path):
+    """The server over the module's trained checkpoint: ``(trained, port, process, log file)``."""
+    trained, _, _ = shipped
+    with serving(trained.checkpoint, tmp_path) as (port, process, log):
+        yield trained, port, process, log
 
 
 @pytest.mark.slow
@@ -479,6 +492,31 @@ def test_server_answers_batches_refuses_bad_requests_and_stops_on_sigterm(server
         again.listen()
 
 
+SERVE_BENCH = Path(__file__).parents[1] / "scripts" / "serve_load.py"
+
+
+@pytest.mark.slow
+def test_serve_bench_measures_the_server_against_the_in_process_baseline(shipped) -> None:
+    trained, _, _ = shipped
+    command = [sys.executable, str(SERVE_BENCH), "--ckpt", str(trained.checkpoint), "--requests", "8"]
+    done = subprocess.run([*command, "--concurrency", "1", "2"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    baseline, *levels = done.stdout.splitlines()
+    assert re.fullmatch(r"baseline: in-process Predictor, 1 example: p50 [\d.]+ ms \(torch threads \d+\)", baseline)
+    assert len(levels) == 2
+    for level, line in zip((1, 2), levels, strict=True):
+        pattern = (
+            rf"concurrency +{level}: 8 requests, p50 [\d.]+ ms, p99 [\d.]+ ms, \d+ requests/s, p50 / baseline [\d.]+x"
+        )
+        assert re.fullmatch(pattern, line), line
+
+
+def test_serve_bench_without_a_checkpoint_is_a_user_error(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(SERVE_BENCH)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("serve-bench: no checkpoint under logs/: train first")
+
+
 def test_serve_on_a_port_in_use_says_so_before_loading_anything(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -508,3 +546,124 @@ def test_request_checks_name_the_input_and_the_problem() -> None:
     text = {"kind": "text", "max_bytes": 4, "max_inputs": 4}
     with pytest.raises(ValueError, match=r"inputs\[0\] has 5 UTF-8 bytes; at most 4"):
         check_inputs(["héll"], text)
+
+
+@pytest.mark.slow
+def test_a_server_without_batching_answers(shipped, tmp_path: Path) -> None:
+    # --max_batch_size 1: LitServe then never calls batch()/unbatch(); each request runs alone.
+    trained, _, _ = shipped
+    with serving(trained.checkpoint, tmp_path, "--max_batch_size", "1") as (port, _, log):
+        bodies = [example_inputs(trained, 1 + i % 3) for i in range(6)]
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            answers = list(pool.map(lambda body: post(port, json.dumps({"inputs": body}).encode()), bodies))
+        for body, (status, answer) in zip(bodies, answers, strict=True):
+            assert status == 200, (answer, log.read_text()[-2000:])
+            assert_same_response(answer, expected_response(trained, body))
+
+
+# ---- a checkpoint's classes: the project's own load, others only when the user trusts them ------------
+
+
+def test_a_checkpoint_naming_a_class_outside_the_project_is_refused_before_any_import(shipped, tmp_path: Path) -> None:
+    trained, _, _ = shipped
+    checkpoint = torch.load(trained.checkpoint, map_location="cpu", weights_only=True)
+    # A module that would leave a mark if it were ever imported.
+    (tmp_path / "planted.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    checkpoint["datamodule_hyper_parameters"]["_class_path"] = "planted.Data"
+    planted = tmp_path / "planted.ckpt"
+    torch.save(checkpoint, planted)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(CheckpointError, match=r"names the class planted\.Data, outside .* --trust planted"):
+            load_trained(planted)
+        assert not (tmp_path / "imported").exists() and "planted" not in sys.modules
+        with user_error(r"--trust planted"):  # the command line: one line, exit 2
+            predict_main(["--ckpt", str(planted)])
+        # Trusted, it is imported (and then refused by Lightning: not a LightningDataModule).
+        with pytest.raises(ValueError, match=r"planted\.Data"):
+            load_trained(planted, trust=["planted"])
+        assert (tmp_path / "imported").exists()
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("planted", None)
+{%- if cookiecutter.task != "language-model" %}
+
+
+# ---- a user's own pieces ship like the bundled ones (README: "Add your own data, model or task") -----
+OWN_PIECES = Path(__file__).with_name("own_pieces.py")
+SOURCE = Path(__file__).resolve().parents[1] / "src" / PACKAGE
+OWN_CASES = {
+    # The README's DataModule in the package's data/: the project's own trust covers it.
+    "own-data-in-package": ([f"--data={PACKAGE}.data.mine.OwnDataModule"], None),
+    # Kept outside the package (here: tests/own_pieces.py): loading needs --trust.
+    "own-data-outside-trusted": (["--data=own_pieces.OwnDataModule"], "own_pieces"),
+{%- if cookiecutter.task == "image-classification" %}
+    # An own net in nets/ and an own task module in models/, on engine.TrainingModule.
+    "own-net-and-task-in-package": (
+        [
+            f"--data={PACKAGE}.data.mine.OwnDataModule",
+            f"--model={PACKAGE}.models.mine.OwnClassifier",
+            f"--model.init_args.net={PACKAGE}.nets.mine.OwnNet",
+        ],
+        None,
+    ),
+    "own-net-and-task-outside-trusted": (
+        [
+            "--data=own_pieces.OwnDataModule",
+            "--model=own_pieces.OwnClassifier",
+            "--model.init_args.net=own_pieces.OwnNet",
+        ],
+        "own_pieces",
+    ),
+{%- endif %}
+}
+
+
+@pytest.fixture
+def own_pieces_in_package():
+    """tests/own_pieces.py copied into the package as data/mine.py, nets/mine.py and models/mine.py."""
+    copies = [SOURCE / part / "mine.py" for part in ("data", "nets", "models")]
+    for copy in copies:
+        shutil.copy(OWN_PIECES, copy)
+    yield
+    for copy in copies:
+        copy.unlink()
+    for name in [name for name in sys.modules if name.endswith(".mine") and name.startswith(PACKAGE)]:
+        del sys.modules[name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", OWN_CASES)
+def test_own_pieces_train_then_predict_export_and_serve(case: str, own_pieces_in_package, tmp_path: Path) -> None:
+    args, trust = OWN_CASES[case]
+    own = ["--data.init_args.batch_size=32", "--trainer.max_epochs=2", "--trainer.log_every_n_steps=5"]
+    cli = main(["fit", *shrunk_args(tmp_path), *args, *own])
+    best = Path(cli.trainer.checkpoint_callback.best_model_path)
+    trust_args = ["--trust", trust] if trust else []
+    if trust:
+        with pytest.raises(CheckpointError, match=rf"names the class {trust}\.\w+, outside .* --trust {trust}"):
+            load_trained(best)
+    trained = load_trained(best, trust=[trust] if trust else [])
+    trained.datamodule.setup("predict")
+    raw, _ = trained.datamodule.raw_inputs("test")
+
+    written = predict(ckpt=best, output=tmp_path / "predictions.csv", accelerator="cpu", trust=trust)
+    with written.open() as file:
+        rows = list(csv.DictReader(file))
+    with torch.no_grad():
+        expected = trained.describe(trained.predictor(raw))
+    assert len(rows) == len(raw)
+    assert [row["label"] for row in rows] == [record["label"] for record in expected]
+
+    export_main(["--ckpt", str(best), "--output", str(tmp_path / "export"), *trust_args])
+    record = json.loads((tmp_path / "export" / "export.json").read_text())
+    for kind in ("onnx", "pt2"):
+        assert all(0 <= value <= TOLERANCE for value in record["max_abs_diff"][kind].values()), (kind, record)
+
+    env = {**os.environ, "PYTHONPATH": str(OWN_PIECES.parent)}  # own_pieces, for the server's worker
+    with serving(best, tmp_path, *trust_args, env=env) as (port, _, log):
+        inputs = raw[:3].tolist()
+        status, answer = post(port, json.dumps({"inputs": inputs}).encode())
+        assert status == 200, (answer, log.read_text()[-2000:])
+        assert_same_response(answer, expected_response(trained, inputs))
+{%- endif %}

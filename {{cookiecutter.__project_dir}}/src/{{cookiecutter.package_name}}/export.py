@@ -17,7 +17,7 @@ from jsonargparse import auto_cli
 
 from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.export import export_all
-from {{ cookiecutter.package_name }}.engine.inference import load_trained
+from {{ cookiecutter.package_name }}.engine.inference import load_trained, trusted_modules
 from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
 
@@ -29,6 +29,7 @@ def export(
     aoti: bool = False,
     int8: bool = False,
     tolerance: float = 1e-4,
+    trust: str | None = None,
 ) -> Path:
     """Export checkpoint ``ckpt``; print the checks and return the folder.
 
@@ -39,13 +40,15 @@ def export(
         aoti: also compile an AOTInductor package (about 40 s on CPU).
         int8: also score weight-only int8 Linear layers (torchao) on the test split.
         tolerance: largest absolute difference from eager PyTorch that an export may show.
+        trust: modules besides this project's package whose classes the checkpoint may name,
+            comma-separated (an own DataModule or net kept elsewhere); only for checkpoints you trust.
 
     Raises:
         FileNotFoundError: no checkpoint found or given.
         engine.export.ExportError: an export differs from PyTorch beyond ``tolerance``, or a package is missing.
     """
     path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
-    trained = load_trained(path)
+    trained = load_trained(path, trust=trusted_modules(trust))
     folder = Path(output) if output is not None else path.parent.parent / "export"
     record = export_all(trained, folder, onnx=onnx, aoti=aoti, int8=int8, tolerance=tolerance)
     for kind, filename in record["files"].items():

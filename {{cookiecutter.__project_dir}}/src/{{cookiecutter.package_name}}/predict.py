@@ -18,7 +18,7 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 
 from {{ cookiecutter.package_name }}.engine.callbacks import PredictionWriter
 from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
-from {{ cookiecutter.package_name }}.engine.inference import load_trained
+from {{ cookiecutter.package_name }}.engine.inference import load_trained, trusted_modules
 from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise, silence_srun_hint
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
 
@@ -28,6 +28,7 @@ def predict(
     inputs: str | None = None,
     output: Path | None = None,
     accelerator: str = "auto",
+    trust: str | None = None,
 ) -> Path:
     """Write predictions of checkpoint ``ckpt`` and return the file's path.
 
@@ -43,15 +44,18 @@ def predict(
         output: the file, .csv or .jsonl; default predictions.{{ 'jsonl' if cookiecutter.task == 'language-model' else 'csv' }} in the checkpoint's run
             folder.
         accelerator: Lightning accelerator: "auto", "cpu", "gpu".
+        trust: modules besides this project's package whose classes the checkpoint may name,
+            comma-separated (an own DataModule or net kept elsewhere); only for checkpoints you trust.
 
     Raises:
         FileNotFoundError: no checkpoint, or no inputs file.
         ValueError: inputs the DataModule cannot read (the message names the file and the fix).
     """
     path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
-    trained = load_trained(path)
+    trained = load_trained(path, trust=trusted_modules(trust))
     data = trained.datamodule
-    data.setup("predict")
+    if inputs is None:
+        data.setup("predict")  # the test split; your own inputs need only what the checkpoint holds
     data.use_inputs(inputs)
     file_format = trained.model.prediction_format
     writer = PredictionWriter(str(output) if output else str(PredictionWriter.default_path(path, file_format)))

@@ -18,7 +18,7 @@ from jsonargparse import auto_cli
 
 from {{ cookiecutter.package_name }}.engine.errors import LaunchError, exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.export import require
-from {{ cookiecutter.package_name }}.engine.inference import load_trained
+from {{ cookiecutter.package_name }}.engine.inference import load_trained, trusted_modules
 from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
 
@@ -33,6 +33,7 @@ def serve(
     max_body_bytes: int = 1 << 20,
     accelerator: str = "auto",
     workers_per_device: int = 1,
+    trust: str | None = None,
 ) -> None:
     """Serve checkpoint ``ckpt`` until stopped.
 
@@ -46,6 +47,8 @@ def serve(
         max_body_bytes: largest request body in bytes (more: HTTP 413).
         accelerator: "auto" (CUDA when available), "cpu" or "cuda".
         workers_per_device: model copies per device, each its own process.
+        trust: modules besides this project's package whose classes the checkpoint may name,
+            comma-separated (an own DataModule or net kept elsewhere); only for checkpoints you trust.
 
     Raises:
         FileNotFoundError: no checkpoint found or given.
@@ -56,8 +59,7 @@ def serve(
     from {{ cookiecutter.package_name }}.engine.serving import build_server
 
     path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
-    trained = load_trained(path)
-    trained.datamodule.setup("predict")
+    trained = load_trained(path, trust=trusted_modules(trust))  # no data read: the checkpoint is enough
     server = build_server(
         trained,
         max_batch_size=max_batch_size,
@@ -66,6 +68,7 @@ def serve(
         max_body_bytes=max_body_bytes,
         accelerator=accelerator,
         workers_per_device=workers_per_device,
+        trust=trusted_modules(trust),
     )
     print(f"Serving {path} on http://{host}:{port} (POST /predict, GET /health)", flush=True)
     server.run(host=host, port=port, generate_client_file=False)

@@ -6,8 +6,9 @@ folder needs (``configs/experiments/image-folder.yaml`` lists every setting). La
     DIR/<class>/<image>               one pool: a seeded, stratified train/val/test split
     DIR/{train,val,test}/<class>/...  the splits given (val and test optional: split from train)
 
-Class names, their count and the channel count come from the data: classes are the subfolder
-names in sorted order; when the images mix grey and colour, all are converted to RGB (the log
+Class names, their count and the channel count come from the data when training starts (and are
+saved in checkpoints: a trained model keeps them, whatever becomes of the folder): classes are the
+subfolder names in sorted order; when the images mix grey and colour, all are converted to RGB (the log
 says so), else they keep one channel. Every image is decoded with Pillow (https://pillow.readthedocs.io)
 and resized to ``image_size`` x ``image_size`` once, in ``setup``, into a uint8 tensor in memory
 (1,000 RGB images of 64x64 take 12 MB), so loading a batch is indexing, never decoding; on a GPU
@@ -81,7 +82,11 @@ class ImageFolderDataModule(ResumableDataModule):
         if image_size < 4:
             raise ConfigError(f"data.image_size must be at least 4 pixels, got {image_size}")
         self.save_hyperparameters()
-        self.files, self.class_names, self.mode = self._scan(Path(root))
+        # Found by scanning root when first asked (the CLI asks while it builds the model), or
+        # restored from a checkpoint (load_state_dict), which then never rescans for inference.
+        self.files: dict[str, list[tuple[Path, int]]] | None = None
+        self.class_names: list[str] | None = None
+        self.mode: str | None = None
         self.mean: list[float] | None = None  # per channel, of the training split in [0, 1]
         self.std: list[float] | None = None
         self._stats_on_device: tuple[tuple, torch.Tensor] | None = None  # (device, mean, std) -> (2, 1, C, 1, 1)
@@ -94,11 +99,31 @@ class ImageFolderDataModule(ResumableDataModule):
     # ---- what the CLI links to the model --------------------------------------------------------
     @property
     def num_classes(self) -> int:
+        if self.class_names is None:
+            self._find_files()
         return len(self.class_names)
 
     @property
     def num_channels(self) -> int:
+        if self.mode is None:
+            self._find_files()
         return 3 if self.mode == "RGB" else 1
+
+    def _find_files(self) -> None:
+        """Scan ``root`` once; a model restored from a checkpoint keeps its own class names and mode.
+
+        Raises:
+            ValueError: the folder's class folders are not the ones the model was trained on.
+        """
+        if self.files is not None:
+            return
+        files, class_names, mode = self._scan(Path(self.hparams.root))
+        if self.class_names is not None and class_names != self.class_names:
+            raise DataError(
+                f"data.root={self.hparams.root}: class folders {class_names} are not the classes this model was "
+                f"trained on {self.class_names}; restore them, or predict on files (INPUTS=), which needs no folder"
+            )
+        self.files, self.class_names, self.mode = files, class_names, self.mode or mode
 
     # ---- finding the files (headers only: cheap, and every bad file is named before training) -------
     def _scan(self, root: Path) -> tuple[dict[str, list[tuple[Path, int]]], list[str], str]:
@@ -137,6 +162,9 @@ class ImageFolderDataModule(ResumableDataModule):
         """Decode every image once, split, and measure the training split's statistics (idempotent)."""
         if self.train_set is not None:
             return
+        if stage == "predict" and self.predict_set is not None:
+            return  # your own inputs (use_inputs): the training folder is not needed
+        self._find_files()
         hp = self.hparams
         if "all" in self.files:
             pool = self.files["all"]
@@ -258,8 +286,10 @@ class ImageFolderDataModule(ResumableDataModule):
         return {**super().state_dict(), **stats}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the classes, mode and statistics the model was trained with: inference never rescans the folder."""
         super().load_state_dict(state_dict)
         self.mean, self.std = state_dict["mean"], state_dict["std"]
+        self.class_names, self.mode = list(state_dict["class_names"]), state_dict["mode"]
 
 
 def _image_mode(path: Path) -> str:

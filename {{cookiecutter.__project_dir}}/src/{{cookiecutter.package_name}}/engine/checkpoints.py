@@ -1,10 +1,15 @@
 """Checkpoint files: written atomically, and read with errors that name the file and what is wrong.
 
-Lightning's TorchCheckpointIO opens the target file for writing and then streams into it, so a
-crash, a kill or a full disk during a save leaves a truncated ``last.ckpt`` where the previous
-good one was. :class:`AtomicCheckpointIO` writes a temporary file in the same folder, flushes it
-to disk and renames it over the target (``os.replace`` is atomic on POSIX and Windows), so the
-target is always either the previous checkpoint or the new one, whole.
+Lightning 2.6's TorchCheckpointIO serialises the checkpoint in memory, writes it to a temporary
+file that fsspec makes in the system's temp folder (``tempfile.mkstemp``) and moves that over the
+target. When the temp folder is on another file system than the checkpoints (a node's local
+``/tmp``, checkpoints on a shared file system: the usual cluster) the move is a copy into the
+target, so a kill or a full disk during it leaves a truncated ``last.ckpt`` where the previous
+good one was; and nothing is flushed to disk, so a crash of the machine can lose a save that
+seemed done. :class:`AtomicCheckpointIO` writes the temporary file beside the target, fsyncs it,
+renames it over the target (``os.replace``, atomic on POSIX and Windows) and fsyncs the folder
+(the rename itself is durable only then), so the target is always either the previous checkpoint
+or the new one, whole (``tests/test_faults.py`` simulates both failures).
 """
 
 import os
@@ -40,8 +45,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(partial, path)
+            _fsync_folder(path.parent)
         finally:
             partial.unlink(missing_ok=True)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk; a no-op where folders cannot be opened (Windows)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def read_checkpoint(path: _PATH) -> dict[str, Any]:

@@ -4,9 +4,10 @@ A DataModule that inherits it only makes its data sets in ``setup`` (``self.trai
 ``self.val_set``, ``self.test_set``, and optionally ``self.predict_set``: anything with
 ``__len__`` and ``__getitem__``); the base serves them:
 
-- training batches in a random order that is a function of ``(seed, epoch)`` only, and a
-  checkpoint records how many batches of the current epoch were trained on, so a resumed run sees
-  exactly the batches an uninterrupted run would (``tests/test_resume.py``);
+- training batches in a random order that is a function of ``(seed, epoch)`` only, split across
+  processes under DDP, and a checkpoint records how many batches of the current epoch were trained
+  on, so a resumed run sees, on every process, exactly the batches an uninterrupted run would
+  (``tests/test_resume.py``; two DDP processes stopped by SIGTERM: ``tests/test_ddp.py``);
 - test and predict batches in which, under DDP, every sample is seen once (no padding repeats);
 - loaders with their own random generator, so iterating never draws from the global RNG that the
   model's dropout uses (and that ``RandomStateCheckpoint`` restores).
@@ -20,6 +21,7 @@ because Lightning builds the epoch's iterator before it restores the loader's st
 the well-kept choice for iterable or streaming data, where no order function exists.
 """
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,10 +30,10 @@ import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from sklearn.model_selection import train_test_split
-from torch import nn
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
+from {{ cookiecutter.package_name }}.engine.contract import ShippableData
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
@@ -71,29 +73,26 @@ def split_indices(
     return {"train": train, "val": val, "test": test}
 
 
-class EpochShuffle(Sampler[int]):
-    """A random order of ``range(size)`` that depends on ``(seed, epoch)`` only, like DistributedSampler's.
+class ResumableSampler(DistributedSampler):
+    """This process's share of a random order that depends on ``(seed, epoch)`` only, skipping what it trained on.
 
-    Lightning calls ``set_epoch`` before each epoch. A resumed run, though, makes the iterator of
-    the epoch it resumes in before that call, and Lightning then runs only that epoch's remaining
+    The order and the shares are :class:`torch.utils.data.DistributedSampler`'s (one process:
+    a ``randperm`` of the whole set; ``world_size`` processes: the permutation padded to a multiple
+    of it, process ``rank`` taking every ``world_size``-th sample from position ``rank``).
+    Lightning calls ``set_epoch`` before each epoch, and leaves a ``DistributedSampler`` in place
+    under DDP instead of substituting its own. A resumed run, though, makes the iterator of the
+    epoch it resumes in before that call, and Lightning then runs only that epoch's remaining
     batches: so the DataModule passes the epoch to resume in and ``skip``, the samples of that
-    epoch already trained on (dropped from the first iterator only).
+    epoch this process already trained on (dropped from the first iterator only).
     """
 
-    def __init__(self, size: int, seed: int = 0, epoch: int = 0, skip: int = 0) -> None:
-        self.size, self.seed, self.epoch, self.skip = size, seed, epoch, skip
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(self, dataset: Dataset, world_size: int, rank: int, seed: int, epoch: int = 0, skip: int = 0) -> None:
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        self.epoch, self.skip = epoch, skip
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.size, generator=generator).tolist()
         skip, self.skip = self.skip, 0
-        return iter(order[skip:])
-
-    def __len__(self) -> int:
-        return self.size
+        return itertools.islice(super().__iter__(), skip, None)
 
 
 class ResumableDataLoader(DataLoader):
@@ -109,8 +108,10 @@ class ResumableDataLoader(DataLoader):
         pass
 
 
-class ResumableDataModule(L.LightningDataModule):
+class ResumableDataModule(ShippableData, L.LightningDataModule):
     """Base LightningDataModule: exact-resume training loader, every-sample-once test loader, loader settings.
+
+    Its hooks for predict, export and serve (and their defaults) are :class:`engine.contract.ShippableData`'s.
 
     Subclasses call ``super().__init__(batch_size, num_workers, pin_memory, persistent_workers)``,
     create ``train_set``/``val_set``/``test_set`` in ``setup`` and, to save more state (say,
@@ -206,11 +207,11 @@ class ResumableDataModule(L.LightningDataModule):
             sampler = UnrepeatedDistributedSampler(
                 dataset, num_replicas=world_size, rank=self.trainer.global_rank, shuffle=False
             )
-        if shuffle and world_size == 1:
-            # Under DDP Lightning shuffles with a DistributedSampler, whose order is also a
-            # function of (seed, epoch) alone.
+        if shuffle:
             epoch, batches_done = self._resume_at
-            sampler = EpochShuffle(len(dataset), torch.initial_seed(), epoch, skip=batches_done * self.batch_size)
+            rank = self.trainer.global_rank if self.trainer is not None else 0
+            skip = batches_done * self.batch_size  # of this process's share: every process ran as many batches
+            sampler = ResumableSampler(dataset, world_size, rank, torch.initial_seed(), epoch, skip=skip)
             shuffle = False
         return ResumableDataLoader(
             dataset,
@@ -224,74 +225,6 @@ class ResumableDataModule(L.LightningDataModule):
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
         )
-
-    # ---- inference: raw inputs as a user holds them (engine.inference, make predict/export/serve) ----
-    def inference_transform(self) -> nn.Module:
-        """Raw inputs (B, ...) -> the net's inputs, as a module exported inside the model graph (identity here).
-
-        Override when batches are normalised or encoded: the returned module must do what
-        ``setup``'s preprocessing and ``transform_batch(training=False)`` do together, with plain
-        tensor operations, from statistics saved in the checkpoint.
-        """
-        return nn.Identity()
-
-    def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
-        """Raw inputs (N, ...) of a split, as :meth:`inference_transform` takes them, and their targets (N, ...).
-
-        Used to trace an export and to measure it (parity and accuracy). Call after :meth:`setup`.
-        """
-        raise NotImplementedError(f"{type(self).__name__} must implement raw_inputs(split) for export")
-
-    def dynamic_dims(self) -> dict[int, Any]:
-        """The axes of a raw input that an export leaves free (``torch.export.Dim``): the batch, here."""
-        return {0: torch.export.Dim("batch", min=1, max=1 << 20)}
-
-    def raw_description(self) -> str:
-        """What a raw input is, in words (units, range), for an export's model card."""
-        return "see the DataModule's raw_inputs"
-
-    def inference_metadata(self) -> dict[str, Any]:
-        """Anything else a user of an export needs to build its input (written to ``export.json``)."""
-        return {}
-
-    def request_schema(self) -> dict[str, Any]:
-        """How ``make serve`` checks a request's inputs (see :func:`engine.serving.check_inputs`).
-
-        Default: arrays shaped like one :meth:`raw_inputs` row, any finite numbers.
-        """
-        return {"kind": "array", "shape": list(self.raw_inputs("test")[0].shape[1:])}
-
-    def inputs_from_json(self, inputs: list[Any]) -> torch.Tensor:
-        """Raw inputs (B, ...) from a JSON request's ``inputs`` list (``make serve``).
-
-        The requests were checked against :meth:`request_schema` first. The default takes nested
-        lists of numbers shaped like one :meth:`raw_inputs` row each.
-        """
-        return torch.tensor(inputs, dtype=torch.float32)
-
-    def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
-        """Ids and raw inputs (N, ...) read from a user's file or folder (``make predict INPUTS=...``).
-
-        Raises:
-            ValueError: this DataModule reads no input files, or the file is not what it reads.
-        """
-        raise DataError(f"{type(self).__name__} reads no input files; predict over the test split (no INPUTS=)")
-
-    def use_inputs(self, path: str | None) -> None:
-        """Predict over ``path`` (see :meth:`read_inputs`), or over the test split when None. Call after setup."""
-        if path is None:
-            self.predict_set, self.predict_ids = None, [str(i) for i in self.test_ids()]
-            self._predicting_transformed_inputs = False
-            return
-        ids, raw = self.read_inputs(path)
-        with torch.no_grad():
-            self.predict_set = TensorDataset(self.inference_transform()(raw))
-        self.predict_ids = ids
-        self._predicting_transformed_inputs = True  # transform_batch is part of inference_transform
-
-    def test_ids(self) -> list[Any]:
-        """An id for each test sample, in order (default: its position in the test split)."""
-        return list(range(len(self.test_set))) if self.test_set is not None else []
 
     def state_dict(self) -> dict[str, Any]:
         """Where a resumed run's training data starts: the epoch and the batches of it already trained on."""

@@ -3,7 +3,8 @@
 A task subclasses it and implements :meth:`TrainingModule.shared_step` (batch -> loss, updating the
 metrics it is given) and passes its metrics to :meth:`TrainingModule.set_metrics`. What a user reads
 of the net's output (``output_head``, ``describe``, ``response``, ``score``: predictions files, exports,
-the server) defaults to a classifier's; a task with other outputs overrides those. The base provides:
+the server) defaults to a classifier's (:class:`engine.contract.ShippableModel`); a task with other
+outputs overrides those. The base provides:
 
 - the optimizer and learning-rate schedule from the config (``optimizer``, ``lr_scheduler``: any
   ``torch.optim`` class; AdamW with warm-up + cosine by default), weight decay on matrices only,
@@ -23,6 +24,7 @@ from lightning.pytorch.utilities import grad_norm
 from torch import nn
 from torchmetrics import MetricCollection
 
+from {{ cookiecutter.package_name }}.engine.contract import ShippableModel
 from {{ cookiecutter.package_name }}.engine.optim import WarmupCosine, accepts, parameter_groups
 from {{ cookiecutter.package_name }}.engine.precision import clip_gradients_under_fsdp, fused_optimizer_allowed
 
@@ -43,7 +45,7 @@ def adamw(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05)
 
 
-class TrainingModule(L.LightningModule):
+class TrainingModule(ShippableModel, L.LightningModule):
     """Base LightningModule: optimizer and schedule from the config, compile, channels-last, FSDP clipping.
 
     Args:
@@ -103,51 +105,6 @@ class TrainingModule(L.LightningModule):
         self.train_metrics.persistent(True)
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
-
-    # ---- inference (engine.inference): what a user reads; the defaults are a classifier's -----------
-    prediction_format = "csv"  # of make predict's file: "csv" or "jsonl" (for text)
-
-    def output_head(self) -> nn.Module:
-        """The net's output -> what a user reads, exported inside the model graph.
-
-        Default: class probabilities, a softmax over the last dimension (B, num_classes).
-        """
-        return nn.Softmax(dim=-1)
-
-    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        """The :meth:`output_head` of the net's output for the inputs ``batch[0]`` (default: probabilities)."""
-        return self.output_head()(self(batch[0]))
-
-    def infer(self, predictor: nn.Module, inputs: Any) -> Any:
-        """The server's and the export's computation on raw ``inputs``: ``predictor(inputs)`` here.
-
-        A task whose answer takes more than one pass (a language model's generation) overrides it.
-        """
-        return predictor(inputs)
-
-    def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
-        """One readable record per row of ``outputs`` (B, num_classes): the likeliest class and its probability."""
-        probability, index = outputs.max(dim=-1)
-        names = class_names or [str(i) for i in range(outputs.shape[-1])]
-        return [
-            {"label": names[i], "probability": round(p, 6)}
-            for i, p in zip(index.tolist(), probability.tolist(), strict=True)
-        ]
-
-    def response(self, outputs: torch.Tensor, class_names: list[str]) -> dict[str, Any]:
-        """The JSON answer of ``make serve`` for ``outputs`` (B, num_classes): labels and every probability."""
-        return {
-            "labels": [record["label"] for record in self.describe(outputs, class_names)],
-            "probabilities": outputs.tolist(),
-        }
-
-    def output_description(self) -> str:
-        """What :meth:`output_head` returns, in words, for an export's model card."""
-        return "class probabilities (softmax), one column per class"
-
-    def score(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-        """Quality of outputs (B, num_classes) against targets (B,): accuracy (for export checks and int8)."""
-        return {"acc": (outputs.argmax(dim=-1) == targets).float().mean().item()}
 
     # ---- the net --------------------------------------------------------------------------------
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ processes read it from an environment variable, as they do not load the model.
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,35 +115,44 @@ def split(outputs: Any, sizes: list[int]) -> list[Any]:
 class PredictorAPI(ls.LitAPI):
     """LitServe API over the :class:`engine.inference.Predictor` of a checkpoint, one per worker."""
 
-    def __init__(self, checkpoint: Path, max_batch_size: int, batch_timeout: float) -> None:
+    def __init__(self, checkpoint: Path, max_batch_size: int, batch_timeout: float, trust: Sequence[str] = ()) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
-        self.checkpoint = checkpoint
+        self.checkpoint, self.trust = checkpoint, tuple(trust)
         self.trained: Trained | None = None
 
     def setup(self, device: str) -> None:
-        self.trained = load_trained(self.checkpoint, map_location=device)
+        self.trained = load_trained(self.checkpoint, map_location=device, trust=self.trust)
         self.trained.predictor.to(device)
         self.device = device
 
     def decode_request(self, request: PredictRequest) -> Any:
         return self.trained.datamodule.inputs_from_json(request.inputs)
 
+    def predict(self, inputs: Any) -> Any:
+        """The model's answer to one request's inputs (what :meth:`decode_request` made of them)."""
+        if isinstance(inputs, torch.Tensor):
+            inputs = inputs.to(self.device)
+        with torch.inference_mode():
+            outputs = self.trained.model.infer(self.trained.predictor, inputs)
+        return outputs.float().cpu() if isinstance(outputs, torch.Tensor) else outputs
+
+    def encode_response(self, output: Any) -> dict[str, Any]:
+        return self.trained.model.response(output, self.trained.class_names)
+
+
+class BatchedPredictorAPI(PredictorAPI):
+    """:class:`PredictorAPI` that runs concurrent requests as one batch (LitServe calls these hooks only
+    when ``max_batch_size`` > 1; with 1 it hands ``predict`` one request's inputs)."""
+
     def batch(self, inputs: list[Any]) -> tuple[Any, list[int]]:
         return join(inputs)
 
     def predict(self, batch: tuple[Any, list[int]]) -> tuple[Any, list[int]]:
         inputs, sizes = batch
-        if isinstance(inputs, torch.Tensor):
-            inputs = inputs.to(self.device)
-        with torch.inference_mode():
-            outputs = self.trained.model.infer(self.trained.predictor, inputs)
-        return (outputs.float().cpu() if isinstance(outputs, torch.Tensor) else outputs), sizes
+        return super().predict(inputs), sizes
 
     def unbatch(self, output: tuple[Any, list[int]]) -> list[Any]:
         return split(*output)
-
-    def encode_response(self, output: Any) -> dict[str, Any]:
-        return self.trained.model.response(output, self.trained.class_names)
 
 
 def build_server(
@@ -154,6 +164,7 @@ def build_server(
     accelerator: str = "auto",
     workers_per_device: int = 1,
     timeout: float = 30.0,
+    trust: Sequence[str] = (),
 ) -> ls.LitServer:
     """A LitServer over ``trained`` (its checkpoint is loaded again in each worker).
 
@@ -163,10 +174,12 @@ def build_server(
         max_body_bytes: largest request body (more: 413).
         accelerator: "auto", "cpu" or "cuda"; ``workers_per_device`` model copies per device.
         timeout: seconds a request may wait for its answer (then 504).
+        trust: modules besides the project's that the checkpoint may name (engine.inference).
     """
     schema = {**trained.datamodule.request_schema(), "max_inputs": max_inputs}
     os.environ[SCHEMA_VARIABLE] = json.dumps(schema)  # read by the HTTP processes, which start after this
-    api = PredictorAPI(trained.checkpoint, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+    api_class = BatchedPredictorAPI if max_batch_size > 1 else PredictorAPI
+    api = api_class(trained.checkpoint, max_batch_size=max_batch_size, batch_timeout=batch_timeout, trust=trust)
     return ls.LitServer(
         api,
         accelerator=accelerator,
