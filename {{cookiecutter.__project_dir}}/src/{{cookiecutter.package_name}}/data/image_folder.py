@@ -85,8 +85,8 @@ class ImageFolderDataModule(ResumableDataModule):
         # Found by scanning root when first asked (the CLI asks while it builds the model), or
         # restored from a checkpoint (load_state_dict), which then never rescans for inference.
         self.files: dict[str, list[tuple[Path, int]]] | None = None
-        self.class_names: list[str] | None = None
-        self.mode: str | None = None
+        self._class_names: list[str] | None = None
+        self._mode: str | None = None
         self.mean: list[float] | None = None  # per channel, of the training split in [0, 1]
         self.std: list[float] | None = None
         self._stats_on_device: tuple[tuple, torch.Tensor] | None = None  # (device, mean, std) -> (2, 1, C, 1, 1)
@@ -98,15 +98,25 @@ class ImageFolderDataModule(ResumableDataModule):
 
     # ---- what the CLI links to the model --------------------------------------------------------
     @property
-    def num_classes(self) -> int:
-        if self.class_names is None:
+    def class_names(self) -> list[str]:
+        """Class names in label order: the checkpoint's, or the sorted class folders of ``root``."""
+        if self._class_names is None:
             self._find_files()
+        return self._class_names
+
+    @property
+    def mode(self) -> str:
+        """Pillow mode every image is converted to: "L" (grey) or "RGB"; the checkpoint's, or the folder's."""
+        if self._mode is None:
+            self._find_files()
+        return self._mode
+
+    @property
+    def num_classes(self) -> int:
         return len(self.class_names)
 
     @property
     def num_channels(self) -> int:
-        if self.mode is None:
-            self._find_files()
         return 3 if self.mode == "RGB" else 1
 
     def _find_files(self) -> None:
@@ -118,12 +128,12 @@ class ImageFolderDataModule(ResumableDataModule):
         if self.files is not None:
             return
         files, class_names, mode = self._scan(Path(self.hparams.root))
-        if self.class_names is not None and class_names != self.class_names:
+        if self._class_names is not None and class_names != self._class_names:
             raise DataError(
                 f"data.root={self.hparams.root}: class folders {class_names} are not the classes this model was "
-                f"trained on {self.class_names}; restore them, or predict on files (INPUTS=), which needs no folder"
+                f"trained on {self._class_names}; restore them, or predict on files (INPUTS=), which needs no folder"
             )
-        self.files, self.class_names, self.mode = files, class_names, self.mode or mode
+        self.files, self._class_names, self._mode = files, class_names, self._mode or mode
 
     # ---- finding the files (headers only: cheap, and every bad file is named before training) -------
     def _scan(self, root: Path) -> tuple[dict[str, list[tuple[Path, int]]], list[str], str]:
@@ -289,7 +299,7 @@ class ImageFolderDataModule(ResumableDataModule):
         """Restore the classes, mode and statistics the model was trained with: inference never rescans the folder."""
         super().load_state_dict(state_dict)
         self.mean, self.std = state_dict["mean"], state_dict["std"]
-        self.class_names, self.mode = list(state_dict["class_names"]), state_dict["mode"]
+        self._class_names, self._mode = list(state_dict["class_names"]), state_dict["mode"]
 
 
 def _image_mode(path: Path) -> str:
