@@ -92,7 +92,8 @@ def test_ddp_run_stopped_mid_epoch_by_sigterm_resumes_exactly(tmp_path: Path) ->
     (reference,) = (tmp_path / "reference").rglob("last.ckpt")
 
     args = [*shrunk_args(tmp_path / "stopped"), *ddp]
-    signal_at_step = {"class_path": "test_preemption.SignalAtStep", "init_args": {"step": 7, "name": "SIGTERM"}}
+    init_args = {"step": 7, "name": "SIGTERM"}
+    signal_at_step = {"class_path": "test_preemption.SignalAtStep", "init_args": init_args}
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args]
     stopped = subprocess.run(
