@@ -12,8 +12,8 @@ A DataModule that inherits it only makes its data sets in ``setup`` (``self.trai
 - loaders with their own random generator, so iterating never draws from the global RNG that the
   model's dropout uses (and that ``RandomStateCheckpoint`` restores).
 
-The order is a pure function of (seed, epoch, batches done), the same for any number of workers,
-so there is no iterator state to save: about 40 lines, no dependency. torchdata's
+The order is a pure function of (seed, epoch, world size, rank, batches done), the same for any
+number of workers, so there is no iterator state to save: torch's DistributedSampler plus a skip. torchdata's
 ``StatefulDataLoader`` (which saves the sampler's and workers' positions instead) was measured
 against it: with Lightning 2.6 it resumes in the wrong order as soon as ``configure_optimizers``
 reads ``trainer.estimated_stepping_batches`` (as every schedule given the run's length does),

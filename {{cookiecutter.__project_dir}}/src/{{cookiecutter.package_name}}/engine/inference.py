@@ -137,16 +137,15 @@ def import_trusted_classes(checkpoint: dict[str, Any], path: Path, trust: Sequen
         *class_paths(checkpoint.get("hyper_parameters")),
         *class_paths(checkpoint.get("datamodule_hyper_parameters")),
     ]
-    for class_path in names:
-        module = class_path.rpartition(".")[0]
+    modules = {class_path: class_path.rpartition(".")[0] for class_path in names}
+    for class_path, module in modules.items():
         if not is_trusted(module, trust):
             raise CheckpointError(
                 f"{path} names the class {class_path}, outside this project's package ({PROJECT_PACKAGE}): "
                 f"refused. If you trust this checkpoint, allow its module: --trust {module} "
                 f"(make predict/export/serve TRUST={module})"
             )
-    for class_path in names:
-        module = class_path.rpartition(".")[0]
+    for class_path, module in modules.items():  # only once every name passed: nothing untrusted is imported
         try:
             importlib.import_module(module)
         except ImportError as error:
