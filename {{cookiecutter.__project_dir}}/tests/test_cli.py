@@ -135,36 +135,68 @@ def test_gpu_preset_uses_the_chosen_precision_and_tf32() -> None:
     assert gpu["float32_matmul_precision"] == "high"
 
 
+FIX_THE_VALUE = "; fix the value in the config or on the command line"
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("--trainer.max_epoch=3", "max_epoch"),
-        ("--data.init_args.batch_size=many", "batch_size"),
-        ("--model.init_args.optimizer.init_args.lr=fast", "lr"),
-        ("--model.init_args.optimizer=torch.optim.NoSuchOptimizer", "optimizer"),
-        ("--float32_matmul_precision=low", "float32_matmul_precision"),
-        ("--model.init_args.compile_mode=fastest", "compile_mode"),
+        ("--trainer.max_epoch=3", "trainer.max_epoch: no such option; did you mean trainer.max_epochs?"),
+        ("--trainer.max_epochs=ten", f"trainer.max_epochs: expected int or null, got 'ten'{FIX_THE_VALUE}"),
+        ("--data.init_args.batch_size=many", f"data.init_args.batch_size: expected int, got 'many'{FIX_THE_VALUE}"),
+        (
+            "--model.init_args.optimizer.init_args.lr=fast",
+            f"model.init_args.optimizer.init_args.lr: expected float, got 'fast'{FIX_THE_VALUE}",
+        ),
+        (
+            "--model.init_args.optimizer.init_args.lrr=0.1",
+            "model.init_args.optimizer.init_args.lrr: no such option of torch.optim.AdamW; "
+            "did you mean model.init_args.optimizer.init_args.lr?",
+        ),
+        (
+            "--model.init_args.net.init_args.dropuot=0.1",
+            "model.init_args.net.init_args.dropuot: no such option of {{ cookiecutter.package_name }}.nets.",
+        ),
+        (
+            "--model.init_args.optimizer=torch.optim.Adamw",
+            "model.init_args.optimizer.class_path: cannot import torch.optim.Adamw; did you mean torch.optim.Adam?",
+        ),
+        (
+            "--float32_matmul_precision=low",
+            f"float32_matmul_precision: expected one of 'highest', 'high', 'medium' or null, got 'low'{FIX_THE_VALUE}",
+        ),
+        ("--model.init_args.compile_mode=fastest", "model.init_args.compile_mode: expected one of 'default', "),
+        # Refused by torch.optim.AdamW itself, which the module builds only when fit starts: checked before.
+        (
+            "--model.init_args.optimizer.init_args.lr=-1",
+            "model.init_args.optimizer torch.optim.AdamW refused its arguments: Invalid learning rate: -1.0; "
+            "fix model.init_args.optimizer.init_args in the config",
+        ),
     ],
 )
-def test_bad_config_fails_before_training(
+def test_bad_config_is_one_line_naming_the_key_and_the_fix(
     cli_args: list[str], capsys: pytest.CaptureFixture, tmp_path: Path, override: str, message: str
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", *cli_args, override])
-    assert exit_info.value.code != 0
-    assert message in capsys.readouterr().err
-    assert not (tmp_path / "logs").exists()  # nothing was built, so nothing was written
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().splitlines()[-1].startswith(f"error: {message}"), err[-2000:]
+    assert "usage:" not in err and "Traceback" not in err and "Union" not in err
+    written = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert written == [], f"a refused config wrote {written}"  # no run folder, no config.yaml
 
 
-def test_unknown_key_in_a_config_file_fails_before_training(
+def test_unknown_key_in_a_config_file_names_it_and_its_closest_match(
     cli_args: list[str], capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
     typo = tmp_path / "typo.yaml"
     typo.write_text("trainer:\n  max_epoch: 3\n")
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", *cli_args, f"--config={typo}"])
-    assert exit_info.value.code != 0
-    assert "max_epoch" in capsys.readouterr().err
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.rstrip().splitlines()
+    assert err[-1] == "error: trainer.max_epoch: no such option; did you mean trainer.max_epochs?"
     assert not (tmp_path / "logs").exists()
 
 

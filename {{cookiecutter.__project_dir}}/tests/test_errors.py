@@ -1,11 +1,14 @@
 """Every class of user error ends in one line that names the file or field, exit status 2, no traceback."""
 
+import functools
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import CONFIGS, ROOT, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -47,6 +50,38 @@ def test_a_gpu_preset_on_a_machine_without_one_says_so(tmp_path: Path, preset: s
     with user_error(message):
         main(["fit", *shrunk_args(tmp_path), f"--config={CONFIGS / 'presets' / f'{preset}.yaml'}"])
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_bug_in_a_nets_constructor_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only our own argument checks (ConfigError) become one line: a plain ValueError raised while a
+    # user's net is built is a bug, and must reach the user with its traceback.
+    net_class = _default_net_class()
+    build = net_class.__init__
+
+    @functools.wraps(build)
+    def buggy(self, *args, **kwargs):
+        raise ValueError("a bug in the net")
+
+    monkeypatch.setattr(net_class, "__init__", buggy)
+    with pytest.raises(ValueError) as raised:
+        main(["fit", *shrunk_args(tmp_path)])
+    chain = [raised.value]
+    while chain[-1].__cause__ or chain[-1].__context__:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    assert "a bug in the net" in [str(error) for error in chain]
+
+
+def _default_net_class() -> type:
+    class_path = yaml.safe_load((CONFIGS / "default.yaml").read_text())["model"]["init_args"]["net"]["class_path"]
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_nets_raise_config_errors_without_importing_lightning() -> None:
+    # nets/ stay plain PyTorch: their ConfigError comes from a module that imports no framework.
+    code = "import sys, {{ cookiecutter.package_name }}.nets; print('lightning' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip() == "False"
 
 
 def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

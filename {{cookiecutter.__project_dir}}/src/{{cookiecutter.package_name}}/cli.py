@@ -7,6 +7,7 @@ with jsonargparse's message before anything is built or trained. The run policy 
 test after fit) lives in ``engine``; this file only wires it to the CLI's hooks.
 """
 
+import os
 import sys
 from pathlib import Path
 from typing import Literal
@@ -14,10 +15,12 @@ from typing import Literal
 import lightning as L
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from {{ cookiecutter.package_name }}.engine import TrainingModule
 from {{ cookiecutter.package_name }}.engine import config as run_config
 from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.errors import (
     ConfigError,
+    UserError,
     check_config_files,
     exit_on_user_error,
     readable_parser_message,
@@ -42,10 +45,18 @@ _NAMED_CHECKPOINTS = ("best", "last", "hpc", "registry")
 
 
 class Parser(LightningArgumentParser):
-    """LightningCLI's parser; a config value a class refuses is reported with that class's message alone."""
+    """LightningCLI's parser; a mistake is one line naming the key, the problem and the fix (exit 2).
+
+    jsonargparse would print the whole usage (some 50 lines) and its nested type-union message;
+    an unknown key gets the closest accepted one ("did you mean trainer.max_epochs?").
+    """
 
     def error(self, message: str, ex: Exception | None = None):
-        super().error(readable_parser_message(message), ex)
+        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):
+            super().error(message, ex)  # a nested parser's error, caught and handled by jsonargparse
+        parser = getattr(ex, "subcommand_parser", None) or self
+        print(f"error: {readable_parser_message(message, _option_keys(parser))}", file=sys.stderr)
+        self.exit(2)
 
 
 class CLI(LightningCLI):
@@ -108,14 +119,16 @@ class CLI(LightningCLI):
             read_checkpoint(ckpt_path)
 
     def instantiate_classes(self) -> None:
-        # nets/ stay plain PyTorch and validate their arguments with ValueError: raised while the
-        # classes are built from the config, it is a config mistake, reported without a traceback.
+        # jsonargparse wraps what a constructor raises in its own ValueError. Our own argument checks
+        # (a UserError such as ConfigError, raised by nets/ too) become one line; anything else is a
+        # bug in a constructor and keeps its traceback.
         try:
             super().instantiate_classes()
         except ValueError as error:
-            if isinstance(error, ConfigError):
+            cause = _user_error_in_chain(error)
+            if cause is None or cause is error:
                 raise
-            raise ConfigError(readable_parser_message(str(error))) from error
+            raise cause from error
 
     def before_instantiate_classes(self) -> None:
         run_config.prepare(self.config.get(self.subcommand, self.config), self.subcommand)
@@ -123,6 +136,9 @@ class CLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         # Before any process group is set up: a mismatch fails here instead of hanging later.
         check_world_size(self.trainer)
+        if self.subcommand == "fit" and isinstance(self.model, TrainingModule):
+            # The optimizer is built when fit starts, after the run folder exists: check its arguments now.
+            self.model.check_optimizer()
 
     def _check_ckpt_path(self) -> None:
         # A checkpoint that does not fit the model fails here with what differs, before anything runs.
@@ -152,6 +168,28 @@ class CLI(LightningCLI):
         if self.config.fit.test_after_fit and not self.trainer.interrupted:
             evaluate_best_checkpoint(self.trainer, self.model, self.datamodule)
         report_profiler_files(self.trainer)
+
+
+def _user_error_in_chain(error: BaseException) -> UserError | None:
+    """The first :class:`UserError` among ``error`` and the exceptions it was raised from."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, UserError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _option_keys(parser) -> list[str]:
+    """Every option key of ``parser`` and its subcommands' parsers (``trainer.max_epochs``, ...)."""
+    keys = []
+    for action in parser._actions:
+        if isinstance(action.choices, dict):  # the subcommands: a parser each
+            keys += [key for sub in action.choices.values() if hasattr(sub, "_actions") for key in _option_keys(sub)]
+        elif action.dest and action.dest != "help":
+            keys.append(action.dest)
+    return keys
 
 
 def _is_checkpoint_file(ckpt_path: str | None) -> bool:

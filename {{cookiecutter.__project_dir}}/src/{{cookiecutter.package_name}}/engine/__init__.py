@@ -13,8 +13,22 @@
   ``serving.py`` (the LitServe API and its request checks): ``make predict``, ``export``, ``serve``.
 """
 
-from .data import ResumableDataModule
-from .module import TrainingModule
-from .optim import WarmupCosine
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .data import ResumableDataModule
+    from .module import TrainingModule
+    from .optim import WarmupCosine
 
 __all__ = ["ResumableDataModule", "TrainingModule", "WarmupCosine"]
+
+# Imported when first asked for (PEP 562): ``engine.errors`` stays importable without Lightning,
+# so a plain-PyTorch net can raise its ConfigError.
+_SOURCES = {"ResumableDataModule": ".data", "TrainingModule": ".module", "WarmupCosine": ".optim"}
+
+
+def __getattr__(name: str):
+    if name not in _SOURCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_SOURCES[name], __name__), name)

@@ -8,16 +8,23 @@ is a bug and keeps its traceback.
 
 Each subclass also derives from the built-in exception its callers would expect (``ValueError``
 for a bad value, ``FileNotFoundError`` for a missing file), so ``except ValueError`` still works.
+
+This module imports neither torch nor Lightning: a plain-PyTorch net in ``nets/`` raises
+:class:`ConfigError` for a bad argument without pulling in a framework. Only a :class:`UserError`
+becomes one line; any other exception, a ``ValueError`` from a bug included, keeps its traceback.
 """
 
+import difflib
+import importlib
+import inspect
 import itertools
+import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 
 class UserError(Exception):
@@ -64,27 +71,127 @@ def check_config_files(args: Sequence[str]) -> None:
             ) from None
 
 
-def readable_parser_message(message: str) -> str:
-    """jsonargparse's message for a class that refused its config values, without its type-union noise.
+# The lines of jsonargparse's error for a value it refused, from the outer option to the inner one.
+_PARSER_KEY = re.compile(r'^Parser key "(?P<key>[^"]+)":')
+_CLASS_PROBLEM = re.compile(r"^Problem with given class_path '(?P<cls>[^']+)':")
+_CALLABLE_PREFIX = re.compile(r"^Type .* expects a function or a callable class: ")  # an optimizer's arguments
+_NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value type:")
+_UNKNOWN_OPTION = re.compile(r"Option '(?P<key>[^']+)' is not accepted")
+_EXPECTED_TYPE = re.compile(r"^Expected a (?:<class '(?P<cls>[^']+)'>|typing\.Literal\[(?P<literal>.*)\])")
+_NOT_IMPORTABLE = re.compile(r"^Expected a path but (?P<value>\S+) either not accessible or invalid")
+_GOT_VALUE = re.compile(r"(?:Got|Given) value: (?P<value>.*?)(?:\. Got value: .*)?$")
+_NO_ATTRIBUTE = re.compile(r"module '(?P<module>[^']+)' has no attribute '(?P<name>[^']+)'")
+_CLASS_PATH_GIVEN = re.compile(r"class_path='(?P<cls>[^']+)'")
+_UNRECOGNIZED = re.compile(r"^unrecognized arguments: (?P<args>.+)$")
+_NOT_ACCEPTED = re.compile(r"^Subcommand '[^']+' does not accept option '(?P<key>[^']+)'")
 
-    A ``--model`` or ``--data`` class is validated by building it; when its constructor raises,
-    jsonargparse lists that error among the failures of every other type the option accepts
-    (``Expected a <class 'NoneType'>``, the whole given Namespace). Only the constructor's own
-    message is the user's business.
+
+def readable_parser_message(message: str, known_keys: Iterable[str] = ()) -> str:
+    """jsonargparse's error for a refused config value as one line: the full key, the problem, the fix.
+
+    jsonargparse nests its message once per class it descends into and lists every alternative
+    type it tried (``Expected a <class 'NoneType'>``, the whole given value). This keeps the dotted
+    key as it is written in YAML (``model.init_args.net.init_args.dropout``), the innermost problem,
+    and for a mistyped key or class the closest accepted one: from ``known_keys`` (the command's
+    options), from the signature of the class the key was given to, or from the module named.
     """
-    if "Does not validate against any of the Union subtypes" not in message:
+    lines = [line.strip().removeprefix("- ") for line in message.splitlines() if line.strip()]
+    if not lines:
         return message
-    reasons = [
-        line.removeprefix("  - ")
-        for line in message.splitlines()
-        if line.startswith("  - ") and not line.startswith("  - Expected a <class 'NoneType'>")
-    ]
-    return "\n".join(reasons) or message
+    if match := _UNRECOGNIZED.match(lines[0]):
+        keys = [arg.split("=", 1)[0].lstrip("-") for arg in match["args"].split() if arg.startswith("--")]
+        return "; ".join(_unknown_key(key, known_keys) for key in keys) or message
+    if match := _NOT_ACCEPTED.match(lines[0]):
+        return _unknown_key(match["key"], known_keys)
+    path: list[str] = []
+    classes: list[str] = []
+    problems: list[str] = []  # what the innermost option reported, one line per alternative type
+    for line in lines:
+        if prefix := _CALLABLE_PREFIX.match(line):
+            remainder = line[prefix.end() :]
+            if _PARSER_KEY.match(remainder):
+                path.append("init_args")  # a callable's class (an optimizer) and its init_args
+            line = remainder
+        if match := _PARSER_KEY.match(line):
+            path.append(match["key"])
+            problems = []
+        elif match := _CLASS_PROBLEM.match(line):
+            classes.append(match["cls"])
+            path.append("init_args")
+            problems = []
+        elif not line.startswith(_NOISE):
+            problems.append(line)
+    if not problems or not path:
+        return message
+    key = ".".join(path)
+    for problem in problems:
+        if match := _UNKNOWN_OPTION.search(problem):
+            if given := _CLASS_PATH_GIVEN.search(problem):
+                classes.append(given["cls"])
+                key += ".init_args"
+            return _unknown_key(f"{key}.{match['key']}", (), classes[-1] if classes else None)
+    values = [match["value"] for problem in problems if (match := _GOT_VALUE.search(problem))]
+    got = f", got {values[0]!r}" if values else ""
+    for problem in problems:
+        if match := _NO_ATTRIBUTE.search(problem):  # a mistyped class_path
+            return _unimportable(key.removesuffix(".init_args") + ".class_path", f"{match['module']}.{match['name']}")
+    types = [m["cls"] for p in problems if (m := _EXPECTED_TYPE.match(p)) and m["cls"] not in (None, "NoneType")]
+    literals = [m["literal"] for p in problems if (m := _EXPECTED_TYPE.match(p)) and m["literal"]]
+    if literals:
+        types.append(f"one of {', '.join(literals)}")
+    if types:
+        # A NoneType alternative inside a class belongs to the outer option's union, not this key's.
+        nullable = not classes and "Expected a <class 'NoneType'>" in problems
+        expected = " or ".join(types + ["null"] * nullable)
+        return f"{key}: expected {expected}{got}; fix the value in the config or on the command line"
+    for problem in problems:
+        if match := _NOT_IMPORTABLE.match(problem):
+            return _unimportable(key, match["value"])
+    problem = problems[0]
+    return problem if key in problem else f"{key}: {problem}"
+
+
+def _unimportable(key: str, class_path: str) -> str:
+    """'<key>: cannot import <class_path>' with the closest name of its module, when the module exists."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        names = [attribute for attribute in dir(importlib.import_module(module)) if not attribute.startswith("_")]
+    except (ImportError, ValueError, TypeError):
+        return f"{key}: cannot import {class_path}; give the full class path, e.g. package.module.ClassName"
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = f"did you mean {module}.{close[0]}?" if close else f"{module} has no {name}"
+    return f"{key}: cannot import {class_path}; {hint}"
+
+
+def _unknown_key(key: str, known_keys: Iterable[str], cls: str | None = None) -> str:
+    """'<key>: no such option' with the closest accepted key, from ``known_keys`` or the class's arguments."""
+    prefix = key.rpartition(".")[0]
+    if cls:
+        candidates = [f"{prefix}.{option}" for option in _class_arguments(cls)]
+        where = f" of {cls}"
+    else:
+        candidates = list(known_keys)
+        where = ""
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}?" if close else "run with --help to list the options"
+    return f"{key}: no such option{where}; {hint}"
+
+
+def _class_arguments(class_path: str) -> list[str]:
+    """The keyword arguments ``class_path``'s constructor accepts ([] when it cannot be imported)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        return [p.name for p in inspect.signature(cls).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return []
 
 
 @contextmanager
 def exit_on_user_error(program: str = "error") -> Iterator[None]:
     """Turn a :class:`UserError` (or Lightning's MisconfigurationException) into one line on stderr and exit 2."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException  # here: nets import this module
+
     try:
         yield
     except (UserError, MisconfigurationException) as error:

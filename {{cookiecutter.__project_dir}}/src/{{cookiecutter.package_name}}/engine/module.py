@@ -25,6 +25,7 @@ from torch import nn
 from torchmetrics import MetricCollection
 
 from {{ cookiecutter.package_name }}.engine.contract import ShippableModel
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.optim import WarmupCosine, accepts, parameter_groups
 from {{ cookiecutter.package_name }}.engine.precision import clip_gradients_under_fsdp, fused_optimizer_allowed
 
@@ -193,6 +194,27 @@ class TrainingModule(ShippableModel, L.LightningModule):
             return {"optimizer": optimizer}
         schedule = {"scheduler": scheduler, "interval": "step"}
         return {"optimizer": optimizer, "lr_scheduler": schedule}
+
+    def check_optimizer(self) -> None:
+        """Build the optimizer and its schedule once, on throwaway objects, so bad arguments fail before fit.
+
+        Raises:
+            ConfigError: the optimizer or the schedule refused its arguments (``lr: -1``), naming the key.
+        """
+        key = "optimizer"
+        try:
+            optimizer = self.optimizer_factory(parameter_groups(self.named_parameters()))
+            key = "lr_scheduler"
+            if self.lr_scheduler_factory is not None:
+                run_length = {"total_steps": 1000} if accepts(self.lr_scheduler_factory, "total_steps") else {}
+                self.lr_scheduler_factory(optimizer, **run_length)
+        except (ValueError, TypeError) as error:
+            config = self.hparams.get(key)
+            class_path = config.get("class_path") if isinstance(config, dict) else ""
+            raise ConfigError(
+                f"model.init_args.{key} {class_path} refused its arguments: {error}; "
+                f"fix model.init_args.{key}.init_args in the config"
+            ) from error
 
     def build_optimizer(
         self, total_steps: int, fused: bool = False

@@ -6,6 +6,8 @@ from itertools import pairwise
 import torch
 from torch import nn
 
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+
 
 class ConvBlock(nn.Module):
     """``Conv3x3 -> BatchNorm -> GELU``, twice, then 2x2 max-pooling: (B, C_in, H, W) -> (B, C_out, H/2, W/2)."""
@@ -51,12 +53,12 @@ class CNN(nn.Module):
     ) -> None:
         super().__init__()
         if not channels or in_channels < 1 or num_classes < 1 or any(c < 1 for c in channels):
-            raise ValueError(
+            raise ConfigError(
                 f"CNN sizes must be positive and channels non-empty, got in_channels={in_channels}, "
                 f"channels={list(channels)}, num_classes={num_classes}"
             )
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"model.init_args.net.init_args.dropout must be in [0, 1), got {dropout}")
+            raise ConfigError(f"model.init_args.net.init_args.dropout must be in [0, 1), got {dropout}")
         widths = [in_channels, *channels]
         self.blocks = nn.Sequential(*(ConvBlock(c_in, c_out) for c_in, c_out in pairwise(widths)))
         self.dropout = nn.Dropout(dropout)

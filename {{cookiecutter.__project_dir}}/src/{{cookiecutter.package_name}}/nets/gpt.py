@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+
 
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention in which position t attends to positions <= t only."""
@@ -93,14 +95,14 @@ class GPT(nn.Module):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("block_size", block_size), ("n_layer", n_layer)):
             if value < 1:
-                raise ValueError(f"model.init_args.net.init_args.{name} must be positive, got {value}")
+                raise ConfigError(f"model.init_args.net.init_args.{name} must be positive, got {value}")
         if n_head < 1 or n_embd % n_head:
-            raise ValueError(
+            raise ConfigError(
                 f"model.init_args.net.init_args.n_head ({n_head}) must divide n_embd ({n_embd}): "
                 "each head gets n_embd / n_head channels"
             )
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"model.init_args.net.init_args.dropout must be in [0, 1), got {dropout}")
+            raise ConfigError(f"model.init_args.net.init_args.dropout must be in [0, 1), got {dropout}")
         self.block_size = block_size
         self.activation_checkpointing = activation_checkpointing
         self.token_embedding = nn.Embedding(vocab_size, n_embd)

@@ -5,6 +5,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+
 
 class MLP(nn.Module):
     """Flatten, then ``Linear -> GELU -> Dropout`` per hidden layer, then a linear classifier.
@@ -31,12 +33,12 @@ class MLP(nn.Module):
     ) -> None:
         super().__init__()
         if in_channels < 1 or image_size < 1 or num_classes < 1 or any(h < 1 for h in hidden_sizes):
-            raise ValueError(
+            raise ConfigError(
                 f"MLP sizes must be positive, got in_channels={in_channels}, image_size={image_size}, "
                 f"hidden_sizes={list(hidden_sizes)}, num_classes={num_classes}"
             )
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"model.init_args.net.init_args.dropout must be in [0, 1), got {dropout}")
+            raise ConfigError(f"model.init_args.net.init_args.dropout must be in [0, 1), got {dropout}")
         layers: list[nn.Module] = [nn.Flatten()]
         width = in_channels * image_size**2
         for hidden in hidden_sizes:

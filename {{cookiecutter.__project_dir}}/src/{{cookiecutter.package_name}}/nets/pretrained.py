@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+
 
 class PretrainedNet(nn.Module):
     """``backbone`` (a torchvision model without its classifier) -> features (B, F) -> ``head``: (B, num_classes).
@@ -51,9 +53,9 @@ class PretrainedNet(nn.Module):
                 'install it with: pip install -e ".[vision]"'
             ) from None
         if in_channels not in (1, 3):
-            raise ValueError(f"PretrainedNet.in_channels must be 1 or 3, got {in_channels}")
+            raise ConfigError(f"PretrainedNet.in_channels must be 1 or 3, got {in_channels}")
         if architecture not in torchvision.models.list_models(module=torchvision.models):
-            raise ValueError(f"PretrainedNet.architecture={architecture!r} is not a torchvision classification model")
+            raise ConfigError(f"PretrainedNet.architecture={architecture!r} is not a torchvision classification model")
         self.in_channels = in_channels
         self.backbone = torchvision.models.get_model(architecture, weights=None)
         if weights is not None:
@@ -71,10 +73,10 @@ def _cached_weights(torchvision, architecture: str, name: str) -> dict[str, torc
     try:
         weights = torchvision.models.get_model_weights(architecture)[name]
     except (KeyError, ValueError):
-        raise ValueError(f"PretrainedNet.weights={name!r}: no such weights for {architecture}") from None
+        raise ConfigError(f"PretrainedNet.weights={name!r}: no such weights for {architecture}") from None
     path = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
     if not path.is_file():
-        raise ValueError(
+        raise ConfigError(
             f"PretrainedNet: {architecture} weights {name} are not in the local cache ({path}). Fetch them once "
             f"where there is internet (python -c \"import torchvision; torchvision.models.get_model('{architecture}', "
             f"weights='{name}')\"), copy the file there, or set weights: null for random weights"
@@ -90,7 +92,7 @@ def _drop_classifier(model: nn.Module) -> int:
     """
     linears = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     if not linears:
-        raise ValueError(f"PretrainedNet: {type(model).__name__} has no linear classifier to replace")
+        raise ConfigError(f"PretrainedNet: {type(model).__name__} has no linear classifier to replace")
     name, last = linears[-1]
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, nn.Identity())

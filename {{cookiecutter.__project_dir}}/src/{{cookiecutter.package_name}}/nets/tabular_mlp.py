@@ -5,6 +5,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+
 
 class TabularMLP(nn.Module):
     """``Linear -> LayerNorm -> GELU -> Dropout`` per hidden layer, then a linear output layer.
@@ -31,12 +33,12 @@ class TabularMLP(nn.Module):
     ) -> None:
         super().__init__()
         if in_features < 1 or out_features < 1 or any(h < 1 for h in hidden_sizes):
-            raise ValueError(
+            raise ConfigError(
                 f"TabularMLP sizes must be positive, got in_features={in_features}, "
                 f"out_features={out_features}, hidden_sizes={list(hidden_sizes)}"
             )
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"model.init_args.net.init_args.dropout must be in [0, 1), got {dropout}")
+            raise ConfigError(f"model.init_args.net.init_args.dropout must be in [0, 1), got {dropout}")
         layers: list[nn.Module] = []
         width = in_features
         for hidden in hidden_sizes:
