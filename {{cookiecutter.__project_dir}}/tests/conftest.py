@@ -53,6 +53,7 @@ def shrunk_args(tmp_path: Path) -> list[str]:
         "--trainer.limit_val_batches=3",
         "--trainer.limit_test_batches=3",
         "--trainer.log_every_n_steps=5",
+        "--trainer.val_check_interval=10",  # validation counts optimizer steps: once per 10-batch epoch
 {%- endif %}
     ]
 

@@ -135,6 +135,21 @@ def test_gpu_preset_uses_the_chosen_precision_and_tf32() -> None:
     assert gpu["float32_matmul_precision"] == "high"
 
 
+def test_test_metrics_name_the_epoch_and_step_of_the_tested_checkpoint(tmp_path: Path) -> None:
+    # The best checkpoint by the inverted criterion is the first epoch's, not the last step's.
+    best = yaml.safe_load((CONFIGS / "default.yaml").read_text())["trainer"]["callbacks"][0]
+    assert best["class_path"].endswith("ModelCheckpoint")
+    worst = {**best["init_args"], "mode": "min" if best["init_args"]["mode"] == "max" else "max"}
+    inverted = tmp_path / "worst.yaml"
+    inverted.write_text(yaml.safe_dump({"trainer": {"callbacks": [{**best, "init_args": worst}]}}))
+    cli = main(["fit", *shrunk_args(tmp_path), "--trainer.max_epochs=3", f"--config={inverted}"])
+    run = Path(cli.trainer.checkpoint_callback.dirpath).parent
+    summary = json.loads((run / "test_metrics.json").read_text())
+    tested = torch.load(summary["checkpoint"], map_location="cpu", weights_only=True)
+    assert (summary["epoch"], summary["global_step"]) == (tested["epoch"], tested["global_step"])
+    assert summary["global_step"] < cli.trainer.global_step  # not the end of the run
+
+
 FIX_THE_VALUE = "; fix the value in the config or on the command line"
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import CONFIGS, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -161,6 +162,18 @@ def test_own_folder_of_text_trains_below_its_unigram_entropy_and_generates(
     model = LanguageModel.load_from_checkpoint(summary["checkpoint"], weights_only=True)
     with pytest.raises(ValueError, match="the prompt has 33 tokens"):
         model.generate(TextDataModule.encode("x" * 33).unsqueeze(0), 5)
+
+
+def test_a_run_shorter_than_an_epoch_validates_and_tests_its_best_checkpoint(tmp_path: Path) -> None:
+    # The README's quick try (--trainer.max_steps=200) stops long before the first epoch ends.
+    trainer = yaml.safe_load((CONFIGS / "default.yaml").read_text())["trainer"]
+    interval = trainer["val_check_interval"]
+    assert isinstance(interval, int) and trainer["check_val_every_n_epoch"] is None  # counted in steps
+    args = [*shrunk_args(tmp_path), f"--trainer.val_check_interval={interval}"]
+    cli = main(["fit", *args, "--trainer.limit_train_batches=null", f"--trainer.max_steps={interval}"])
+    assert cli.trainer.num_training_batches > interval  # the epoch was not over
+    summary = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
+    assert summary["checkpoint"] is not None and summary["global_step"] == interval
 
 
 def test_generate_without_a_checkpoint_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

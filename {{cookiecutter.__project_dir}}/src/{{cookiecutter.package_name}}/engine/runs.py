@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -228,16 +229,22 @@ def evaluate_best_checkpoint(trainer: L.Trainer, model: L.LightningModule, datam
     """Test the best checkpoint of the fit that just ended and write ``test_metrics.json`` into the run folder.
 
     The first ModelCheckpoint tracks the best model. fast_dev_run and runs without a ModelCheckpoint
-    have none: then the weights in memory are tested. The summary names the checkpoint, the global
-    step, the world size and the metrics.
+    have none: then the weights in memory are tested. The summary names the checkpoint, the epoch
+    and global step it was saved at (the trainer's own when no checkpoint was tested), the world
+    size and the metrics.
     """
     checkpoint = trainer.checkpoint_callback
     ckpt_path = checkpoint.best_model_path if checkpoint is not None and checkpoint.best_model_path else None
     results = trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     if trainer.is_global_zero and results and not trainer.fast_dev_run:
+        saved_at = {"epoch": max(trainer.current_epoch - 1, 0), "global_step": trainer.global_step}
+        if ckpt_path and Path(ckpt_path).is_file():
+            # Memory-mapped: the two counters are read without reading the weights.
+            tested = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+            saved_at = {name: tested[name] for name in saved_at}
         summary = {
             "checkpoint": ckpt_path,
-            "global_step": trainer.global_step,
+            **saved_at,
             "world_size": trainer.world_size,
             "metrics": results[0],
         }
