@@ -28,7 +28,8 @@ def write_sweep(tmp_path: Path, n_trials: int = 3) -> Path:
         "train_config": str(ROOT / "configs" / "default.yaml"),
         "args": [arg for arg in shrunk_args(tmp_path) if not arg.startswith("--config=")]
         + ["--trainer.max_epochs=2", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2"]
-        + ["--trainer.log_every_n_steps=2", "--test_after_fit=false", "--trainer.enable_progress_bar=false"],
+        + ["--trainer.log_every_n_steps=2", "--test_after_fit=false", "--trainer.enable_progress_bar=false"]
+        + ["--trainer.check_val_every_n_epoch=1", "--trainer.val_check_interval=1.0"],  # once an epoch, every task
         "metric": "val/loss",
         "direction": "minimize",
         "n_trials": n_trials,
@@ -80,6 +81,9 @@ def test_a_killed_sweep_continues_to_its_trial_count(tmp_path: Path) -> None:
         assert final[stale.number].state == TrialState.FAIL
         retries = [t.params for t in final if t.system_attrs.get("failed_trial") == stale.number]
         assert retries == ([stale.params] if stale.params else [])
+    # The continued sweep drew new points: equal values only where a killed trial was retried.
+    drawn = [tuple(sorted(t.params.items())) for t in final if t.params and "failed_trial" not in t.system_attrs]
+    assert len(set(drawn)) == len(drawn), f"a continued sweep drew the same point again: {drawn}"
     # Every trial is a normal run with its own run folder and config.
     run_dirs = {t.user_attrs["run_dir"] for t in finished}
     assert len(run_dirs) == 3 and all((Path(d) / "config.yaml").is_file() for d in run_dirs)
@@ -96,6 +100,60 @@ def test_a_killed_sweep_continues_to_its_trial_count(tmp_path: Path) -> None:
 
 
 UNIFORM = {"type": "uniform", "low": 0, "high": 1}  # not an Optuna distribution name here
+
+
+def tiny_sweep(tmp_path: Path, n_trials: int, extra: list[str] = (), params: dict | None = None) -> optuna.Study:
+    """The tiny study of :func:`write_sweep`, run in this process."""
+    spec = yaml.safe_load(write_sweep(tmp_path, n_trials).read_text())
+    spec["args"] += list(extra)
+    if params is not None:
+        spec["params"] = params
+    return sweep(**spec)
+
+
+def test_a_continued_sweep_draws_new_points(tmp_path: Path) -> None:
+    first = tiny_sweep(tmp_path, n_trials=1).trials[0].params
+    continued = tiny_sweep(tmp_path, n_trials=2).trials[1].params  # a new process would start the same way
+    assert continued != first
+
+
+def test_each_trial_is_its_own_wandb_run_and_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    wandb_logger = [
+        "--trainer.logger=lightning.pytorch.loggers.WandbLogger",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+        "--trainer.logger.init_args.project=tiny",
+    ]
+    study = tiny_sweep(tmp_path, n_trials=2, extra=wandb_logger)
+    run_dirs = [Path(trial.user_attrs["run_dir"]) for trial in study.trials]
+    assert [d.name for d in run_dirs] == ["tiny-trial0", "tiny-trial1"]
+    for run in run_dirs:  # one config each (none "resumed"), and each trial's own last.ckpt
+        assert sorted(p.name for p in run.glob("config*.yaml")) == ["config.yaml"]
+        assert (run / "checkpoints" / "last.ckpt").is_file()
+    runs = {path.name.split("-", 3)[-1] for path in (tmp_path / "logs" / "wandb").glob("offline-run-*")}
+    assert runs == {"tiny-trial0", "tiny-trial1"}
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (
+            {"model.init_args.optimizer.init_args.lrr": LEARNING_RATE},
+            r"model\.init_args\.optimizer\.init_args\.lrr: no such option of torch\.optim\.AdamW; did you mean",
+        ),
+        (
+            {"model.init_args.optimizer.init_args.lr": {"type": "float", "low": 0.1, "high": 0.01}},
+            r"params\.model.*low",
+        ),
+    ],
+    ids=["typo", "low-above-high"],
+)
+def test_a_bad_search_space_fails_before_any_trial(tmp_path: Path, params: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        tiny_sweep(tmp_path, n_trials=1, params=params)
+    assert trials(tmp_path) == []  # nothing RUNNING for a later sweep to retry
 
 
 def test_a_bad_search_space_names_the_key(tmp_path: Path) -> None:

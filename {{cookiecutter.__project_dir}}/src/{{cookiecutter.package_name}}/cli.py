@@ -55,8 +55,9 @@ class Parser(LightningArgumentParser):
         if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):
             super().error(message, ex)  # a nested parser's error, caught and handled by jsonargparse
         parser = getattr(ex, "subcommand_parser", None) or self
-        print(f"error: {readable_parser_message(message, _option_keys(parser))}", file=sys.stderr)
-        self.exit(2)
+        readable = readable_parser_message(message, _option_keys(parser))
+        print(f"error: {readable}", file=sys.stderr)
+        raise SystemExit(2) from ConfigError(readable)  # the message stays reachable, as exit_on_user_error's
 
 
 class CLI(LightningCLI):

@@ -8,16 +8,25 @@ PyTorchLightningPruningCallback). The study lives in a database (SQLite by defau
 
 - a killed sweep continues where it stopped: run the same command again. A trial killed mid-run
   stops sending heartbeats; once ``grace_period`` seconds have passed it is marked failed and its
-  values are tried again (``RetryHeartbeatStaleTrialCallback``);
-- several processes can share one study (``scripts/slurm/sweep.sbatch``: a SLURM job array); the
-  study ends once it has ``n_trials`` finished (complete or pruned) trials, however many ran them.
+  values are tried again (``RetryHeartbeatStaleTrialCallback``). The continued sweep's sampler is
+  reseeded (Optuna's ``reseed_rng``), so it draws new points instead of the first process's again;
+- the search space is checked before the first trial: a mistyped key or ``low > high`` is one
+  line naming ``params.<key>``, and no trial is left behind;
+- several processes can share one study (``scripts/slurm/sweep.sbatch``: a SLURM job array; every
+  task but the first reseeds its sampler); the study ends once it has ``n_trials`` finished
+  (complete or pruned) trials, however many ran them.
+
+Every trial ends its logger run when it ends (pruned ones too), so each trial is its own wandb run.
 
 When it ends, the best trial's full config (its run folder's ``config.yaml``) is copied to
 ``<sweep folder>/best.yaml``: ``make train CONFIG=<sweep folder>/best.yaml`` trains it again.
 A trial stopped by a non-finite loss (StopOnNonFinite) counts as failed and the search goes on.
 """
 
+import contextlib
 import datetime
+import io
+import os
 import shutil
 import sys
 import warnings
@@ -30,7 +39,7 @@ import lightning as L
 from {{ cookiecutter.package_name }}.cli import main as cli_main
 from {{ cookiecutter.package_name }}.engine.callbacks import NonFiniteError
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, exit_on_user_error
-from {{ cookiecutter.package_name }}.engine.runs import run_dir
+from {{ cookiecutter.package_name }}.engine.runs import finish_logger_runs, run_dir
 
 try:
     import optuna
@@ -138,21 +147,84 @@ def sweep(
         overrides.append(f"--trainer.logger.init_args.version={study_name}-trial{trial.number}")
         # Built as `fit` builds it (run folder, config.yaml, callbacks), then fit with the pruning
         # callback added; selection is on validation, so the test split stays for the final model.
-        with mock.patch.object(sys, "argv", sys.argv[:1]):  # LightningCLI warns when it sees both argv and args
-            cli = cli_main([f"--config={train_config}", *(args or []), *overrides], run=False)
+        cli = build_trial([f"--config={train_config}", *(args or []), *overrides], f"trial {trial.number}")
         pruning = PyTorchLightningPruningCallback(trial, monitor=metric)
         cli.trainer.callbacks.append(pruning)
         trial.set_user_attr("run_dir", str(run_dir(cli.trainer)))
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        try:
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        finally:  # pruned, failed or complete: the next trial gets its own logger run and folder
+            finish_logger_runs()
         return score(cli.trainer, metric, direction)
 
+    check_search_space(params, [f"--config={train_config}", *(args or [])])
     fail_trials_killed_before_their_first_heartbeat(study, database, grace_period)
+    array_task = os.environ.get("SLURM_ARRAY_TASK_ID", "")
+    if study.get_trials(deepcopy=False) or array_task not in ("", os.environ.get("SLURM_ARRAY_TASK_MIN")):
+        # A continued study, or another task of a job array sharing it: a sampler seeded as the
+        # first process was would draw that process's points again (Optuna's own advice for
+        # parallel workers: reseed each). A fresh study in one process keeps the configured seed.
+        study.sampler.reseed_rng()
     finished = len(study.get_trials(deepcopy=False, states=FINISHED))
     if finished < n_trials:
         print(f"sweep: study {study_name!r} has {finished} of {n_trials} finished trials; storage {database.url}")
         study.optimize(objective, callbacks=[MaxTrialsCallback(n_trials, states=FINISHED)], catch=(NonFiniteError,))
     write_best(study, sweep_dir)
     return study
+
+
+def build_trial(args: list[str], name: str):
+    """The CLI of one trial, built (``run=False``) from ``args``; a refused config is a ConfigError.
+
+    The CLI exits on a config mistake (after printing it); raised as an exception instead, Optuna
+    marks the trial failed rather than leaving it RUNNING for a later sweep to retry.
+    """
+    with mock.patch.object(sys, "argv", sys.argv[:1]):  # LightningCLI warns when it sees both argv and args
+        try:
+            with contextlib.redirect_stderr(io.StringIO()) as printed:  # said once, below
+                return cli_main(args, run=False)
+        except SystemExit as refused:
+            problem = refused.__cause__ or printed.getvalue().strip().removeprefix("error: ")
+            raise ConfigError(f"{name}: the training config refused it: {problem}") from refused.__cause__
+
+
+def check_search_space(params: dict[str, dict[str, Any]], args: list[str]) -> None:
+    """Check every ``params`` entry and that the training config accepts its keys, before any trial exists.
+
+    Each search space must make an Optuna distribution (``low <= high``, a positive ``low`` on a
+    log scale, ...), and the training config is built once with each key set to its space's first
+    value, so a mistyped key fails here in one line, naming the closest valid key.
+
+    Raises:
+        ConfigError: naming ``params.<key>`` and the problem.
+    """
+    first_values = []
+    for name, spec in params.items():
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        try:
+            if kind == "float":
+                optuna.distributions.FloatDistribution(
+                    spec["low"], spec["high"], log=spec.get("log", False), step=spec.get("step")
+                )
+                first_values.append(f"--{name}={spec['low']}")
+            elif kind == "int":
+                optuna.distributions.IntDistribution(
+                    spec["low"], spec["high"], log=spec.get("log", False), step=spec.get("step", 1)
+                )
+                first_values.append(f"--{name}={spec['low']}")
+            elif kind == "categorical":
+                optuna.distributions.CategoricalDistribution(spec["choices"])
+                first_values.append(f"--{name}={spec['choices'][0]}")
+            else:
+                raise ConfigError(f"params.{name}.type must be float, int or categorical, got {kind!r}")
+        except KeyError as missing:
+            raise ConfigError(f"params.{name}: {kind} needs {missing.args[0]!r}") from None
+        except (ValueError, TypeError, IndexError) as error:
+            if isinstance(error, ConfigError):
+                raise
+            raise ConfigError(f"params.{name}: {error}") from None
+    build_trial([*args, *first_values], "params")
+    finish_logger_runs()
 
 
 def fail_trials_killed_before_their_first_heartbeat(

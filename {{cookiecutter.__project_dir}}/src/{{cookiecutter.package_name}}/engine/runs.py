@@ -6,6 +6,7 @@ or ``version_<n>``), so the folder and the logger run are found from each other.
 """
 
 import json
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -252,6 +253,18 @@ def evaluate_best_checkpoint(trainer: L.Trainer, model: L.LightningModule, datam
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=2) + "\n")
         rank_zero_info(f"Test metrics written to {path}")
+
+
+def finish_logger_runs() -> None:
+    """End this process's wandb run (if any), so that the next Trainer of the process starts its own.
+
+    wandb keeps one run per process (``wandb.run``): a second WandbLogger would log into the first
+    run and its folder ("a wandb run already in progress ... will reuse this run"). Lightning's
+    ``finalize`` does not end it; ``wandb.finish()`` does. A no-op when wandb was never imported.
+    """
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
 
 
 class SaveConfigToRunDir(SaveConfigCallback):
