@@ -141,7 +141,8 @@ def test_test_metrics_name_the_epoch_and_step_of_the_tested_checkpoint(tmp_path:
     assert best["class_path"].endswith("ModelCheckpoint")
     worst = {**best["init_args"], "mode": "min" if best["init_args"]["mode"] == "max" else "max"}
     inverted = tmp_path / "worst.yaml"
-    inverted.write_text(yaml.safe_dump({"trainer": {"callbacks": [{**best, "init_args": worst}]}}))
+    trainer = {"callbacks": [{**best, "init_args": worst}]}
+    inverted.write_text(yaml.safe_dump({"trainer": trainer}))
     cli = main(["fit", *shrunk_args(tmp_path), "--trainer.max_epochs=3", f"--config={inverted}"])
     run = Path(cli.trainer.checkpoint_callback.dirpath).parent
     summary = json.loads((run / "test_metrics.json").read_text())

@@ -100,6 +100,7 @@ def test_a_killed_sweep_continues_to_its_trial_count(tmp_path: Path) -> None:
 
 
 UNIFORM = {"type": "uniform", "low": 0, "high": 1}  # not an Optuna distribution name here
+BACKWARDS = {"type": "float", "low": 0.1, "high": 0.01}
 
 
 def tiny_sweep(tmp_path: Path, n_trials: int, extra: list[str] = (), params: dict | None = None) -> optuna.Study:
@@ -143,10 +144,7 @@ def test_each_trial_is_its_own_wandb_run_and_folder(tmp_path: Path, monkeypatch:
             {"model.init_args.optimizer.init_args.lrr": LEARNING_RATE},
             r"model\.init_args\.optimizer\.init_args\.lrr: no such option of torch\.optim\.AdamW; did you mean",
         ),
-        (
-            {"model.init_args.optimizer.init_args.lr": {"type": "float", "low": 0.1, "high": 0.01}},
-            r"params\.model.*low",
-        ),
+        ({"model.init_args.optimizer.init_args.lr": BACKWARDS}, r"params\.model.*low"),
     ],
     ids=["typo", "low-above-high"],
 )
