@@ -201,7 +201,9 @@ def test_preempted_job_saves_requeues_and_resumes(cluster: Cluster, project: Pat
     last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == total
     assert last["lr_schedulers"][0]["last_epoch"] == total
-    assert json.loads((run / "test_metrics.json").read_text())["global_step"] == total
+    summary = json.loads((run / "test_metrics.json").read_text())
+    tested = torch.load(project / summary["checkpoint"], map_location="cpu", weights_only=True)  # the best one
+    assert summary["global_step"] == tested["global_step"] and 0 < summary["global_step"] <= total
 
     # Same run folder, same logger run: one folder for the job, and every wandb run has its id.
     assert [p.name for p in (project / "logs" / SLUG).iterdir() if p.name.endswith(str(job_id))] == [run.name]

@@ -8,11 +8,10 @@ import contextlib
 import csv
 {%- endif %}
 import json
-{%- if cookiecutter.task == "language-model" %}
 import math
-{%- endif %}
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -334,6 +333,70 @@ def test_make_predict_runs_as_one_quiet_process_beside_slurm(shipped, tmp_path: 
     assert f"{len(rows)} predictions written to {output}" in done.stdout + done.stderr
 
 
+{%- if cookiecutter.task != "language-model" %}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("content", "message"),
+{%- if cookiecutter.task == "tabular" %}
+    [
+        ("abc", r"row 1, column '(?P<column>.+)': 'abc' is not a number"),
+        ("17,99", r"row 1, column .*: '17,99' is not a number"),
+        ("1e308", r"row 1, column .*: 1e\+308 is not finite within float32"),
+        ("inf", r"row 1, column .*: inf is not finite within float32"),
+        (None, r"no rows below the header"),
+    ],
+    ids=["text", "decimal-comma", "huge", "infinite", "header-only"],
+)
+def test_predict_refuses_values_it_would_answer_wrongly(
+    shipped, tmp_path: Path, content: str | None, message: str
+) -> None:
+    trained, _, _ = shipped
+    rows = trained.datamodule.read().iloc[:3].drop(columns=["target"]).astype(object)
+    if content is None:
+        rows = rows.iloc[:0]
+    else:
+        rows.iloc[1, 0] = content  # the first numeric column
+    inputs = tmp_path / "rows.csv"
+    rows.to_csv(inputs, index=False)
+{%- else %}
+    [
+        ("nan", r"row 1 holds NaN or infinite pixel values"),
+        ("bom", None),
+        (";", r"not readable as comma-separated numbers, no header row"),
+        ("header", r"not readable as comma-separated numbers, no header row"),
+    ],
+    ids=["nan", "byte-order-mark", "semicolons", "header-row"],
+)
+def test_predict_refuses_values_it_would_answer_wrongly(
+    shipped, tmp_path: Path, content: str, message: str | None
+) -> None:
+    trained, _, _ = shipped
+    raw, _ = trained.datamodule.raw_inputs("test")
+    lines = [",".join(f"{value:g}" for value in image.flatten().tolist()) for image in raw[:3]]
+    text = "\n".join(lines)
+    if content == "nan":
+        text = "\n".join([lines[0], lines[1].replace("0", "nan", 1), lines[2]])
+    elif content == ";":
+        text = text.replace(",", ";")
+    elif content == "header":
+        text = ",".join(f"pixel{i}" for i in range(64)) + "\n" + text
+    inputs = tmp_path / "digits.csv"
+    inputs.write_text(text, encoding="utf-8-sig" if content == "bom" else "utf-8")
+    if message is None:  # Excel's byte-order mark is read, not refused
+        path = predict(ckpt=trained.checkpoint, inputs=str(inputs), output=tmp_path / "out.jsonl", accelerator="cpu")
+        assert len(path.read_text().splitlines()) == 3
+        return
+{%- endif %}
+    output = tmp_path / "out.jsonl"
+    output.write_text("the previous predictions\n")
+    with user_error(message):
+        predict_main(["--ckpt", str(trained.checkpoint), "--inputs", str(inputs), "--output", str(output)])
+    assert output.read_text() == "the previous predictions\n"  # exit 2 says it; nothing half-written
+{%- endif %}
+
+
 @pytest.mark.slow
 def test_predict_on_a_missing_inputs_file_is_a_user_error(shipped, tmp_path: Path) -> None:
     trained, _, _ = shipped
@@ -426,6 +489,53 @@ def serving(checkpoint: Path, folder: Path, *args: str, env: dict[str, str] | No
         log.close()
 
 
+def bad_requests(one: list[Any]) -> dict[str, bytes]:
+    """Bodies that must get 422, each valid JSON (Python's json writes NaN and Infinity, as many clients do)."""
+{%- if cookiecutter.task == "tabular" %}
+    column = next(iter(one[0]))  # the first column is numeric in the bundled tables
+    return {
+        "wrong columns": json.dumps({"inputs": [{"nope": 1.0}]}).encode(),
+        "wrong type": json.dumps({"inputs": [{key: [1, 2] for key in one[0]}]}).encode(),
+        "text in a numeric column": json.dumps({"inputs": [{**one[0], column: "tall"}]}).encode(),
+        "NaN": json.dumps({"inputs": [{**one[0], column: float("nan")}]}).encode(),
+        "beyond float32": json.dumps({"inputs": [{**one[0], column: 1e308}]}).encode(),
+        "a 400-digit integer": json.dumps({"inputs": [{**one[0], column: 10**400}]}).encode(),
+    }
+{%- elif cookiecutter.task == "language-model" %}
+    return {
+        "not text": json.dumps({"inputs": [123]}).encode(),
+        "too long": json.dumps({"inputs": ["x" * 100_000]}).encode(),
+    }
+{%- else %}
+    return {
+        "wrong shape": json.dumps({"inputs": [[1.0, 2.0]]}).encode(),
+        "wrong type": json.dumps({"inputs": [[[["a"] * 8] * 8]]}).encode(),
+        "out of range": json.dumps({"inputs": [[[[99.0] * 8] * 8]]}).encode(),
+        "NaN": json.dumps({"inputs": [[[[float("nan")] * 8] * 8]]}).encode(),
+        "Infinity": json.dumps({"inputs": [[[[float("inf")] * 8] * 8]]}).encode(),
+        "1e400": b'{"inputs": [[' + b",".join([b"[" + b",".join([b"1e400"] * 8) + b"]"] * 8) + b"]]}",
+    }
+{%- endif %}
+
+
+def readme_curl() -> str:
+    """The generated README's ``curl`` for ``make serve``, as written there."""
+    lines = (Path(__file__).parents[1] / "README.md").read_text().splitlines()
+    return next(line for line in lines if line.startswith("curl -s localhost:8000/predict"))
+
+
+@pytest.mark.slow
+def test_the_readmes_curl_command_gets_an_answer(server) -> None:
+    trained, port, _, _ = server
+    command = shlex.split(readme_curl().split("   #")[0].replace("localhost:8000", f"localhost:{port}"))
+    body = command.index("-d") + 1
+    if "..." in command[body]:  # the README shortens the example: the same command with a whole one
+        command[body] = json.dumps({"inputs": example_inputs(trained, 1)})
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    answer = json.loads(done.stdout)
+    assert_same_response(answer, expected_response(trained, json.loads(command[body])["inputs"]))
+
+
 @pytest.fixture
 def server(shipped, tmp_path: Path):
     """The server over the module's trained checkpoint: ``(trained, port, process, log file)``."""
@@ -442,36 +552,35 @@ def test_server_answers_batches_refuses_bad_requests_and_stops_on_sigterm(server
     assert status == 200, answer
     assert_same_response(answer, expected_response(trained, inputs))
 
-    # Concurrent requests of different sizes, batched together by the server, each answered alone.
-    bodies = [example_inputs(trained, 1 + i % 3) for i in range(16)]
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        answers = list(pool.map(lambda body: post(port, json.dumps({"inputs": body}).encode()), bodies))
-    for body, (status, answer) in zip(bodies, answers, strict=True):
-        assert status == 200, answer
-        assert_same_response(answer, expected_response(trained, body))
-
+    # Concurrent requests of different sizes, batched together by the server, each answered alone;
+    # a bad request among them (every fourth) gets its 422 and fails none of the good ones.
     one = example_inputs(trained, 1)
+    poison = list(bad_requests(one).values())
+    bodies = [
+        poison[i % len(poison)] if i % 4 == 3 else json.dumps({"inputs": example_inputs(trained, 1 + i % 3)}).encode()
+        for i in range(96)
+    ]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        answers = list(pool.map(lambda body: post(port, body), bodies))
+    for i, (body, (status, answer)) in enumerate(zip(bodies, answers, strict=True)):
+        if i % 4 == 3:
+            assert status == 422, (body[:200], status, answer)
+        else:
+            assert status == 200, answer
+            assert_same_response(answer, expected_response(trained, json.loads(body)["inputs"]))
+
     bad = {
         "not JSON": b"{inputs: nope",
         "no inputs": json.dumps({"examples": one}).encode(),
         "empty": json.dumps({"inputs": []}).encode(),
         "too many": json.dumps({"inputs": one * 257}).encode(),
-{%- if cookiecutter.task == "tabular" %}
-        "wrong columns": json.dumps({"inputs": [{"nope": 1.0}]}).encode(),
-        "wrong type": json.dumps({"inputs": [{key: [1, 2] for key in one[0]}]}).encode(),
-{%- elif cookiecutter.task == "language-model" %}
-        "not text": json.dumps({"inputs": [123]}).encode(),
-        "too long": json.dumps({"inputs": ["x" * 100_000]}).encode(),
-{%- else %}
-        "wrong shape": json.dumps({"inputs": [[1.0, 2.0]]}).encode(),
-        "wrong type": json.dumps({"inputs": [[[["a"] * 8] * 8]]}).encode(),
-        "out of range": json.dumps({"inputs": [[[[99.0] * 8] * 8]]}).encode(),
-{%- endif %}
+        **bad_requests(one),
     }
     for name, body in bad.items():
         status, answer = post(port, body)
         assert status == 422, (name, status, answer)
-        assert "detail" in answer, name
+        detail = json.loads(answer)["detail"]
+        assert ("inputs" in detail or "JSON" in detail) and len(detail) <= 500, (name, detail)  # no echo
     status, _ = post(port, b'{"inputs": [' + b"1," * (1 << 20) + b"1]}")
     assert status == 413  # over max_body_bytes (1 MiB)
     status, answer = post(port, json.dumps({"inputs": one}).encode())
@@ -533,16 +642,27 @@ def test_request_checks_name_the_input_and_the_problem() -> None:
         "inputs is empty": [],
         "3 inputs in one request; send at most 2": [[[0, 0], [0, 0]]] * 3,
         r"inputs\[0\] must be a list of 2": [[[0, 0]]],
-        r"inputs\[0\]\[1\]\[0\] must be a finite number": [[[0, 0], ["x", 0]]],
+        r"inputs\[0\]\[1\]\[0\] must be a number, got str": [[[0, 0], ["x", 0]]],
+        r"inputs\[0\]\[0\]\[0\] must be a finite number within float32": [[[math.inf, 0], [0, 0]]],
         r"inputs\[0\]\[0\]\[1\] = 2 is outside": [[[0, 2], [0, 0]]],
     }
     for message, inputs in cases.items():
         with pytest.raises(ValueError, match=message):
             check_inputs(inputs, schema)
-    rows = {"kind": "row", "columns": ["a", "b"], "max_inputs": 4}
-    check_inputs([{"a": 1, "b": None}], rows)
+    rows = {"kind": "row", "columns": ["a", "b"], "numeric": ["a"], "max_inputs": 4}
+    check_inputs([{"a": 1, "b": None}, {"a": None, "b": "x"}, {"a": -3.5e38 / 1.1, "b": 2}], rows)
     with pytest.raises(ValueError, match=r"missing columns \['b'\], unknown columns \['c'\]"):
         check_inputs([{"a": 1, "c": 2}], rows)
+    numeric = {
+        r"inputs\[0\]\['a'\] \(a numeric column; null for a missing value\) must be a number, got str": "tall",
+        r"must be a number, got bool True": True,
+        r"must be a finite number within float32 \(\|x\| <= 3\.4e38\), got 1e\+308": 1e308,
+        r"must be a finite number within float32 .*, got nan": math.nan,
+        r"must be a finite number within float32 .*, got 1000+\.\.\.": 10**400,
+    }
+    for message, value in numeric.items():
+        with pytest.raises(ValueError, match=message):
+            check_inputs([{"a": value, "b": "x"}], rows)
     text = {"kind": "text", "max_bytes": 4, "max_inputs": 4}
     with pytest.raises(ValueError, match=r"inputs\[0\] has 5 UTF-8 bytes; at most 4"):
         check_inputs(["héll"], text)

@@ -143,15 +143,21 @@ class DigitsDataModule(ResumableDataModule):
             raise MissingFileError(
                 f"INPUTS={path}: no such file; give a .npy array or a CSV of 64 pixel values per row"
             )
-        if file.suffix == ".npy":
-            values = np.load(file, allow_pickle=False)
-        elif file.suffix == ".csv":
-            values = np.loadtxt(file, delimiter=",", ndmin=2)
-        else:
+        if file.suffix not in (".npy", ".csv"):
             raise DataError(f"INPUTS={path}: digits are read from .npy or .csv files, not {file.suffix or 'no suffix'}")
-        values = np.asarray(values, dtype=np.float32)
+        try:
+            if file.suffix == ".npy":
+                values = np.asarray(np.load(file, allow_pickle=False), dtype=np.float32)
+            else:  # utf-8-sig: a byte-order mark (Excel's CSV export) is not a value
+                values = np.loadtxt(file, delimiter=",", ndmin=2, dtype=np.float32, encoding="utf-8-sig")
+        except (ValueError, TypeError, OSError, EOFError) as error:
+            expected = "a numeric .npy array" if file.suffix == ".npy" else "comma-separated numbers, no header row"
+            raise DataError(f"INPUTS={path}: not readable as {expected} ({str(error).splitlines()[0]})") from None
         if values.size == 0 or values.size % 64 or values.reshape(len(values), -1).shape[1] != 64:
             raise DataError(f"INPUTS={path}: each row must hold 64 pixel values (8x8), got shape {list(values.shape)}")
+        if not np.isfinite(values).all():
+            row = int(np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))[0])
+            raise DataError(f"INPUTS={path}: row {row} holds NaN or infinite pixel values; pixels are numbers in [0, 16]")
         if values.min() < 0 or values.max() > _PIXEL_MAX:
             raise DataError(
                 f"INPUTS={path}: pixel values must be in [0, 16] (as sklearn's digits), got "

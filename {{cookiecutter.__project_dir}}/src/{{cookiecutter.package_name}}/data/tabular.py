@@ -42,6 +42,30 @@ TargetType = Literal["auto", "classification", "regression"]
 MAX_INTEGER_CLASSES = 50
 
 
+def _numeric_column(column: pd.Series, name: str) -> np.ndarray:
+    """A numeric column as float64, NaN where a value is missing.
+
+    Raises:
+        DataError: a value that is neither missing nor a number, or not finite as float32 (the
+            model's input type), naming the first such row (0-based) and the column.
+    """
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64)
+    given = column.notna().to_numpy()
+    not_a_number = given & np.isnan(values)
+    too_large = given & ~np.isnan(values) & ~(np.abs(values) <= np.finfo(np.float32).max)
+    beyond = "is not finite within float32 (|x| <= 3.4e38)"
+    for bad, problem in ((not_a_number, "is not a number"), (too_large, beyond)):
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            value = column.iloc[row]
+            shown = repr(value) if isinstance(value, str) else str(value)
+            raise DataError(
+                f"row {row}, column {name!r}: {shown} {problem} "
+                f"({int(bad.sum())} such value(s)); leave the cell empty for a missing value"
+            )
+    return values
+
+
 class TabularDataModule(ResumableDataModule):
     """A CSV table split (stratified for classes), encoded with training statistics, served as (B, F) batches.
 
@@ -250,13 +274,14 @@ class TabularDataModule(ResumableDataModule):
         missing or unseen. :meth:`inference_transform` then does what :meth:`encode` does.
 
         Raises:
-            ValueError: a feature column of the training table is missing from ``frame``.
+            DataError: a feature column of the training table is missing from ``frame``, or a numeric
+                column holds text, an infinity or a number beyond float32 (named by row and column).
         """
         prep = self._prepared()
         missing = [name for name in [*prep["numeric"], *prep["categorical"]] if name not in frame.columns]
         if missing:
             raise DataError(f"rows to encode lack the column(s) {missing} the model was trained with")
-        parts = [pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64) for name in prep["numeric"]]
+        parts = [_numeric_column(frame[name], name) for name in prep["numeric"]]
         for name, categories in prep["categorical"].items():
             index = {category: i for i, category in enumerate(categories)}
             codes = frame[name].astype(str).map(index).fillna(-1).to_numpy(dtype=np.float64)
@@ -306,11 +331,16 @@ class TabularDataModule(ResumableDataModule):
             frame = pd.read_csv(path)
         except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
             raise DataError(f"INPUTS={path}: not a readable CSV table ({error})") from None
-        return [str(i) for i in range(len(frame))], self.raw_rows(frame)
+        if frame.empty:
+            raise DataError(f"INPUTS={path}: no rows below the header; add the rows to predict")
+        try:
+            return [str(i) for i in range(len(frame))], self.raw_rows(frame)
+        except DataError as error:
+            raise DataError(f"INPUTS={path}: {error}") from None
 
     def request_schema(self) -> dict[str, Any]:
         prep = self._prepared()
-        return {"kind": "row", "columns": [*prep["numeric"], *prep["categorical"]]}
+        return {"kind": "row", "columns": [*prep["numeric"], *prep["categorical"]], "numeric": list(prep["numeric"])}
 
     def inputs_from_json(self, inputs: list[Any]) -> torch.Tensor:
         """Rows given as objects ``{column: value}`` (null for a missing value) -> raw rows (B, columns)."""
