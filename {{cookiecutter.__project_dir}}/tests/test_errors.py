@@ -38,6 +38,17 @@ def test_an_unreadable_checkpoint_is_named(tmp_path: Path) -> None:
         main(["test", *shrunk_args(tmp_path), f"--ckpt_path={garbage}"])
 
 
+def test_resuming_with_another_optimizer_is_refused_before_training(tmp_path: Path) -> None:
+    # Lightning would load AdamW's state into SGD and fail at the first step (KeyError: 'momentum').
+    main(["fit", *shrunk_args(tmp_path), "--test_after_fit=false"])
+    last = next(tmp_path.rglob("last.ckpt"))
+    before = last.read_bytes()
+    switched = ["--model.init_args.optimizer=torch.optim.SGD", "--trainer.max_epochs=2", "--resume=true"]
+    with user_error(r"was trained with model\.init_args\.optimizer torch\.optim\.AdamW, .* now says torch\.optim\.SGD"):
+        main(["fit", *shrunk_args(tmp_path), *switched])
+    assert last.read_bytes() == before  # nothing trained, nothing written
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the presets are valid here")
 @pytest.mark.parametrize(
     ("preset", "message"),

@@ -17,7 +17,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from {{ cookiecutter.package_name }}.engine import TrainingModule
 from {{ cookiecutter.package_name }}.engine import config as run_config
-from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, read_checkpoint
+from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, check_optimizer_continues, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.errors import (
     ConfigError,
     UserError,
@@ -160,6 +160,8 @@ class CLI(LightningCLI):
     def before_fit(self) -> None:
         self._check_ckpt_path()
         ckpt_path = self.config_init.fit.get("ckpt_path")
+        if _is_checkpoint_file(ckpt_path):  # fit continues the optimizer and schedule too
+            check_optimizer_continues(read_checkpoint(ckpt_path), self.model, ckpt_path)
         if ckpt_path and self.trainer.is_global_zero:
             replace_resume_warnings(str(run_dir(self.trainer)))
         keep_csv_metrics(self.trainer)

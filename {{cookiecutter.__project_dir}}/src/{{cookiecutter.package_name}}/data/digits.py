@@ -157,7 +157,7 @@ class DigitsDataModule(ResumableDataModule):
             raise DataError(f"INPUTS={path}: each row must hold 64 pixel values (8x8), got shape {list(values.shape)}")
         if not np.isfinite(values).all():
             row = int(np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))[0])
-            raise DataError(f"INPUTS={path}: row {row} holds NaN or infinite pixel values; pixels are numbers in [0, 16]")
+            raise DataError(f"INPUTS={path}: row {row} holds NaN or infinite pixel values; pixels are in [0, 16]")
         if values.min() < 0 or values.max() > _PIXEL_MAX:
             raise DataError(
                 f"INPUTS={path}: pixel values must be in [0, 16] (as sklearn's digits), got "

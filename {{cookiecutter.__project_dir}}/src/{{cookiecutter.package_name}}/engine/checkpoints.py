@@ -118,3 +118,28 @@ def check_fits(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH) 
             f"{path} does not fit the configured model: " + "; ".join(problems) + ". Use the config the checkpoint "
             "was trained with (config.yaml in its run folder: --config <run>/config.yaml)."
         )
+
+
+def check_optimizer_continues(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH) -> None:
+    """Refuse to resume ``fit`` when the configured optimizer or schedule class is not the checkpoint's.
+
+    Lightning would load the old optimizer's state into the new one and fail at the first step
+    (AdamW -> SGD: ``KeyError: 'momentum'``), or continue a schedule with another one's state.
+
+    Raises:
+        CheckpointError: naming both classes and the two ways on.
+    """
+    saved = checkpoint.get("hyper_parameters") or {}
+    configured = getattr(model, "hparams", {})
+    for key in ("optimizer", "lr_scheduler"):
+        before, now = _class_path(saved.get(key)), _class_path(configured.get(key))
+        if before and now and before != now:
+            raise CheckpointError(
+                f"{path} was trained with model.init_args.{key} {before}, and the config now says {now}: "
+                f"the saved {key} state cannot continue in another class. Resume with the run's own config "
+                "(--config <run>/config.yaml), or start a new run (without --resume or --ckpt_path)"
+            )
+
+
+def _class_path(config: Any) -> str | None:
+    return config.get("class_path") if isinstance(config, dict) else None
