@@ -67,11 +67,7 @@ def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> No
     assert isinstance(trainer.progress_bar_callback, RichProgressBar)
     assert trainer.progress_bar_callback.refresh_rate == 4  # redraws per second (make bench)
     best, last = (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint))
-{%- if cookiecutter.task != "image-classification" %}
     assert (best.monitor, best.mode, best.save_top_k) == ("val/loss", "min", 1)
-{%- else %}
-    assert (best.monitor, best.mode, best.save_top_k) == ("val/acc", "max", 1)
-{%- endif %}
     assert (last.monitor, last.filename) == (None, "last")
     assert trainer.checkpoint_callback is best  # what the after-fit test loads
     assert any(isinstance(c, LearningRateMonitor) for c in trainer.callbacks)

@@ -39,7 +39,7 @@ def test_run_folder_holds_config_checkpoints_and_metrics(trained) -> None:
     assert run == Path(cli.trainer.logger.log_dir)
     checkpoints = {p.name for p in (run / "checkpoints").iterdir()}
     assert "last.ckpt" in checkpoints
-    assert len(checkpoints) == 2  # last + the best by val/acc
+    assert len(checkpoints) == 2  # last + the best by val/loss
     expected = {"config.yaml", "test_metrics.json", "metrics.csv", "hparams.yaml", "curves.png", "confusion_matrix.png"}
     assert expected <= {p.name for p in run.iterdir()}
     summary = json.loads((run / "test_metrics.json").read_text())

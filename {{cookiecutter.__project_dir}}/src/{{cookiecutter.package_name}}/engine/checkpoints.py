@@ -12,8 +12,10 @@ renames it over the target (``os.replace``, atomic on POSIX and Windows) and fsy
 or the new one, whole (``tests/test_faults.py`` simulates both failures).
 """
 
+import errno
 import os
 import pickle
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -46,8 +48,30 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 os.fsync(file.fileno())
             os.replace(partial, path)
             _fsync_folder(path.parent)
+        except (OSError, RuntimeError) as error:
+            # torch.save reports a full disk as "unexpected pos ..." (its zip writer), not ENOSPC.
+            if _disk_is_full(error, path.parent):
+                raise DiskFullError(
+                    f"no space left on the disk of {path.parent} while writing {path.name} (the previous "
+                    f"{path.name}, if any, is unchanged): free space there, `make resume`"
+                ) from error
+            raise
         finally:
             partial.unlink(missing_ok=True)
+
+
+class DiskFullError(UserError, OSError):
+    """A checkpoint could not be written for lack of disk space; nothing saved before was touched."""
+
+
+def _disk_is_full(error: BaseException, folder: Path, margin: int = 64 << 20) -> bool:
+    """ENOSPC (or EDQUOT), or a write error while less than ``margin`` bytes are free in ``folder``."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return shutil.disk_usage(folder).free < margin
+    except OSError:
+        return False
 
 
 def _fsync_folder(folder: Path) -> None:

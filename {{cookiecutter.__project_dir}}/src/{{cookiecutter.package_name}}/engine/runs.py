@@ -39,14 +39,25 @@ def run_dir(trainer: L.Trainer) -> Path:
 def latest_checkpoint(folder: Path) -> Path | None:
     """The newest resumable checkpoint of a run folder, or None.
 
-    Candidates are ``checkpoints/last.ckpt`` (rewritten after every epoch) and the
-    ``checkpoints/interrupted-step<N>.ckpt`` that ``callbacks.PreemptionCheckpoint`` saves on a
-    signal. The newest file wins, so a job pre-empted twice resumes from its latest state, not from its first
-    pre-emption. A sharded (FSDP) checkpoint is a folder and counts too.
+    Candidates are every checkpoint of ``checkpoints/``: ``last.ckpt`` (rewritten after every
+    epoch), the ``interrupted-step<N>.ckpt`` that ``callbacks.PreemptionCheckpoint`` saves on a
+    signal, and the best ``epoch*.ckpt`` (a whole training state too). The newest loadable one
+    wins, so a job pre-empted twice resumes from its latest state, and a run whose last save failed
+    (a full disk) from the save before. A sharded (FSDP) checkpoint is a folder and counts too.
     """
-    candidates = [folder / "checkpoints" / "last.ckpt", *folder.glob("checkpoints/interrupted-step*.ckpt")]
-    existing = [path for path in candidates if path.exists()]
-    return max(existing, key=lambda path: path.stat().st_mtime) if existing else None
+    existing = sorted(folder.glob("checkpoints/*.ckpt"), key=lambda path: path.stat().st_mtime, reverse=True)
+    for path in existing:  # newest first; one that cannot be read (a save cut short) is passed over
+        if path.is_dir() or _is_readable_checkpoint(path):
+            return path
+    return None
+
+
+def _is_readable_checkpoint(path: Path) -> bool:
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # any reason not to resume from it (truncated, corrupt, refused): try the next one
+        return False
+    return isinstance(checkpoint, dict) and "state_dict" in checkpoint and "optimizer_states" in checkpoint
 
 
 def best_checkpoint(root: str | Path = "logs") -> Path:
