@@ -1,9 +1,12 @@
 """Processes started by srun or torchrun must match the Trainer's num_nodes x devices; SLURM runs get a fixed name."""
 
+import logging
+import os
+import warnings
 from pathlib import Path
 
 import pytest
-from conftest import user_error
+from conftest import shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
@@ -78,3 +81,23 @@ def test_interactive_allocations_are_not_slurm_runs(monkeypatch: pytest.MonkeyPa
     fake_slurm_task(monkeypatch, ntasks=2)
     monkeypatch.setenv("SLURM_JOB_NAME", job_name)
     assert slurm_job_id() is None
+
+
+def test_on_a_login_node_fit_says_once_where_it_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Lightning's own hint ("The `srun` command is available on your system but is not used") is
+    # said by every Trainer; pyproject.toml does not filter it for this test.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for name in [name for name in os.environ if name.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
+        warnings.simplefilter("always")
+        main(["fit", *shrunk_args(tmp_path)])
+    assert [str(w.message) for w in caught if "srun" in str(w.message)] == []
+    ours = [record.getMessage() for record in caplog.records if "srun is on this machine's PATH" in record.getMessage()]
+    assert len(ours) == 1

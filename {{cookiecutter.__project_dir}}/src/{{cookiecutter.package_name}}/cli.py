@@ -28,8 +28,10 @@ from {{ cookiecutter.package_name }}.engine.errors import (
 from {{ cookiecutter.package_name }}.engine.launch import check_world_size
 from {{ cookiecutter.package_name }}.engine.quiet import (
     replace_resume_warnings,
+    replace_srun_hint,
     silence_dependency_noise,
     silence_predict_warnings,
+    silence_srun_hint,
 )
 from {{ cookiecutter.package_name }}.engine.runs import (
     SaveConfigToRunDir,
@@ -159,6 +161,8 @@ class CLI(LightningCLI):
 
     def before_fit(self) -> None:
         self._check_ckpt_path()
+        if self.trainer.is_global_zero:
+            replace_srun_hint()
         ckpt_path = self.config_init.fit.get("ckpt_path")
         if _is_checkpoint_file(ckpt_path):  # fit continues the optimizer and schedule too
             check_optimizer_continues(read_checkpoint(ckpt_path), self.model, ckpt_path)
@@ -211,6 +215,7 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
     Trainer, model and DataModule (``cli.trainer``, ``cli.model``, ``cli.datamodule``).
     """
     silence_dependency_noise()
+    silence_srun_hint()  # said by every Trainer as it is built; fit says it once in our words (before_fit)
     with exit_on_user_error():
         check_config_files(sys.argv[1:] if args is None else args)
         return CLI(

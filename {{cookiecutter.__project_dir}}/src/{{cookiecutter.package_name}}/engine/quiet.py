@@ -5,6 +5,8 @@ about the user's own setup (and everything our code says) still reach the termin
 """
 
 import logging
+import os
+import shutil
 import warnings
 
 # lightning 2.6 (lightning/pytorch/utilities/_pytree.py) on torch >= 2.10 warns on every run that
@@ -44,6 +46,19 @@ SRUN_HINT = r"The `srun` command is available on your system but is not used"
 def silence_srun_hint() -> None:
     """Drop the hint above for this process (entry points that always run as one process)."""
     warnings.filterwarnings("ignore", message=SRUN_HINT)
+
+
+def replace_srun_hint() -> None:
+    """Drop Lightning's srun hint (said by every Trainer, twice in a fit that tests) and say once where this trains.
+
+    Said only when ``srun`` is on the PATH and this process was not started by it (a login node).
+    """
+    silence_srun_hint()
+    if shutil.which("srun") and "SLURM_NTASKS" not in os.environ:
+        logging.getLogger("lightning.pytorch.utilities.rank_zero").info(
+            "srun is on this machine's PATH, but this run was not started by it: it trains here, on this "
+            "machine. To train on the cluster, submit the batch script{{ ' (sbatch scripts/slurm/train.sbatch)' if cookiecutter.include_slurm == 'yes' else '' }}."
+        )
 
 
 class _DropLitLoggerTip(logging.Filter):
