@@ -49,6 +49,25 @@ def test_resuming_with_another_optimizer_is_refused_before_training(tmp_path: Pa
     assert last.read_bytes() == before  # nothing trained, nothing written
 
 
+class RunsCode:
+    """Unpickling this calls print: what a malicious checkpoint would do with os.system."""
+
+    def __reduce__(self):
+        return (print, ("code from the checkpoint ran",))
+
+
+def test_a_checkpoint_holding_code_is_refused_as_such_not_as_corrupt(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    planted = tmp_path / "planted.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"x": RunsCode()}}, planted)
+    with user_error(rf"^{planted}: holds Python code \((builtins\.)?print\) that weights-only loading .* refuses"):
+        main(["test", *shrunk_args(tmp_path), f"--ckpt_path={planted}"])
+    err = capsys.readouterr()
+    assert "code from the checkpoint ran" not in err.out
+    assert len(err.err.strip().splitlines()[-1]) < 300  # one line, not torch's page
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the presets are valid here")
 @pytest.mark.parametrize(
     ("preset", "message"),

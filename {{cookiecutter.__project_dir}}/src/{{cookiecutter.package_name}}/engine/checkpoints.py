@@ -15,6 +15,7 @@ or the new one, whole (``tests/test_faults.py`` simulates both failures).
 import errno
 import os
 import pickle
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -99,13 +100,18 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        if "Unsupported global" not in str(error):  # garbage where the pickle should be
+        message = str(error)
+        # torch's message is a page long; the code it refused is named in one of two forms:
+        # "Unsupported global: GLOBAL builtins.print", "Trying to load unsupported GLOBAL posix.system ...".
+        code = re.search(r"unsupported global:? (?:global )?([\w.]+)", message, flags=re.IGNORECASE)
+        if code is None:  # garbage where the pickle should be ("Unsupported operand 110")
+            problem = next((line.strip() for line in message.splitlines() if "Unsupported" in line), "")
             raise CheckpointError(
-                f"{path}: not a readable checkpoint: corrupt ({str(error).splitlines()[-1]})"
+                f"{path}: not a readable checkpoint: corrupt, or not written by torch.save ({problem})"
             ) from error
         raise CheckpointError(
-            f"{path}: holds Python objects that torch.load(weights_only=True) refuses to unpickle ({error}). "
-            "Only load checkpoints you trust; this project's checkpoints never need that."
+            f"{path}: holds Python code ({code.group(1)}) that weights-only loading (torch.load(weights_only=True)) "
+            "refuses to run. Load only checkpoints you trust; this project's own never hold code."
         ) from error
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as error:
         raise CheckpointError(
