@@ -70,11 +70,13 @@ def test_latest_checkpoint_prefers_the_newest_file(tmp_path: Path) -> None:
     last.parent.mkdir()
     first, second = last.with_name("interrupted-step10.ckpt"), last.with_name("interrupted-step30.ckpt")
     for age, path in enumerate([second, last, first]):
-        path.write_bytes(b"")
+        torch.save({"state_dict": {}, "optimizer_states": []}, path)  # a whole training state
         os.utime(path, (1000 - age, 1000 - age))
     assert latest_checkpoint(tmp_path) == second
     os.utime(last, (2000, 2000))  # a later epoch ended after the pre-emption checkpoint
     assert latest_checkpoint(tmp_path) == last
+    last.write_bytes(b"PK\x03\x04 cut short")  # a save that failed: the newest whole one instead
+    assert latest_checkpoint(tmp_path) == second
 
 
 def test_signal_name_is_checked() -> None:
