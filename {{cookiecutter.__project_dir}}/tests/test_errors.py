@@ -60,7 +60,8 @@ def test_a_checkpoint_holding_code_is_refused_as_such_not_as_corrupt(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     planted = tmp_path / "planted.ckpt"
-    torch.save({"state_dict": {}, "hyper_parameters": {"x": RunsCode()}}, planted)
+    hyper_parameters = {"x": RunsCode()}
+    torch.save({"state_dict": {}, "hyper_parameters": hyper_parameters}, planted)
     with user_error(rf"^{planted}: holds Python code \((builtins\.)?print\) that weights-only loading .* refuses"):
         main(["test", *shrunk_args(tmp_path), f"--ckpt_path={planted}"])
     err = capsys.readouterr()
