@@ -146,7 +146,7 @@ def write_bad(kind: str, root: Path) -> Path:
         ("missing", "data.root=.*nowhere: no such folder"),
         ("one-class", "1 class folder"),
         ("no-images", "no images"),
-        ("corrupt", r"broken.png: not a readable image; remove or replace the file"),
+        ("corrupt", r"broken.png: not a readable image \(.*\); remove or replace the file"),
     ],
 )
 def test_bad_folders_fail_before_training_and_write_nothing(tmp_path: Path, kind: str, message: str) -> None:
@@ -154,3 +154,24 @@ def test_bad_folders_fail_before_training_and_write_nothing(tmp_path: Path, kind
     with user_error(message):
         main(["fit", *shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={root}"])
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))
+
+
+def test_a_decompression_bomb_is_named_in_training_and_in_inputs(tmp_path: Path, monkeypatch) -> None:
+    # Pillow refuses an image of more than twice MAX_IMAGE_PIXELS; a lower limit makes a 64x64 PNG one.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    root = make_folder(tmp_path / "images", per_class=10)  # 24x24 pictures: within the limit
+    bomb = root / "blobs" / "bomb.png"
+    Image.new("L", (64, 64)).save(bomb)
+    message = rf"^{bomb}: Image size \(4096 pixels\) exceeds limit of 2000 pixels, Pillow's guard against decompression"
+    with user_error(message + r" bombs; remove the file, or raise PIL.Image.MAX_IMAGE_PIXELS if you trust it$"):
+        main(["fit", *shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={root}"])
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))
+
+    bomb.unlink()
+    data = ImageFolderDataModule(root=str(root), image_size=8, batch_size=4)
+    data.setup("fit")
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    Image.new("L", (64, 64)).save(inputs / "bomb.png")
+    with pytest.raises(ValueError, match=rf"^{inputs / 'bomb.png'}: Image size \(4096 pixels\) exceeds"):
+        data.read_inputs(str(inputs))

@@ -413,7 +413,8 @@ def example_inputs(trained: Trained, count: int) -> list[Any]:
     frame = trained.datamodule.read().iloc[trained.datamodule.split_rows["test"][:count]]
     return frame.drop(columns=["target"]).to_dict("records")
 {%- elif cookiecutter.task == "language-model" %}
-    return ["Call me", "The whale", "It was the best of times", "Moby"][:count]
+    prompts = ["Call me", "The whale", "It was the best of times", "Moby", "Ahab", "The sea", "Queequeg", "Ishmael"]
+    return prompts[:count]
 {%- else %}
     return trained.datamodule.raw_inputs("test")[0][:count].tolist()
 {%- endif %}
@@ -585,6 +586,11 @@ def test_server_answers_batches_refuses_bad_requests_and_stops_on_sigterm(server
     assert status == 413  # over max_body_bytes (1 MiB)
     status, answer = post(port, json.dumps({"inputs": one}).encode())
     assert status == 200 and "Traceback" not in log.read_text()  # no worker died
+    # A refused request is one line in the log (uvicorn's access line), never a traceback.
+    lines = log.read_text().splitlines()
+    refused = sum(1 for i in range(len(bodies)) if i % 4 == 3) + len(bad)
+    assert sum('"POST /predict HTTP/1.1" 422' in line for line in lines) == refused
+    assert all(line.startswith(("INFO:", "Serving ")) or " - litserve." in line for line in lines), lines
 
     assert f"http://127.0.0.1:{port}" in log.read_text()  # loopback unless HOST= says otherwise
     os.killpg(process.pid, signal.SIGTERM)
@@ -608,14 +614,17 @@ SERVE_BENCH = Path(__file__).parents[1] / "scripts" / "serve_load.py"
 def test_serve_bench_measures_the_server_against_the_in_process_baseline(shipped) -> None:
     trained, _, _ = shipped
     command = [sys.executable, str(SERVE_BENCH), "--ckpt", str(trained.checkpoint), "--requests", "8"]
-    done = subprocess.run([*command, "--concurrency", "1", "2"], capture_output=True, text=True, timeout=600)
+    command += ["--concurrency", "1", "2", "--rounds", "2", "--bad-every", "4"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    baseline, *levels = done.stdout.splitlines()
+    baseline, server, *levels = done.stdout.splitlines()
     assert re.fullmatch(r"baseline: in-process Predictor, 1 example: p50 [\d.]+ ms \(torch threads \d+\)", baseline)
-    assert len(levels) == 2
-    for level, line in zip((1, 2), levels, strict=True):
+    assert re.fullmatch(r"server: \d+ processes, largest RSS \d+ MB after warm-up", server), server
+    assert len(levels) == 4
+    for (round_, level), line in zip([(1, 1), (1, 2), (2, 1), (2, 2)], levels, strict=True):
         pattern = (
-            rf"concurrency +{level}: 8 requests, p50 [\d.]+ ms, p99 [\d.]+ ms, \d+ requests/s, p50 / baseline [\d.]+x"
+            rf"round {round_} concurrency +{level}: 8 requests, good 6/6 answered, bad 2/2 refused, "
+            r"p50 [\d.]+ ms, p99 [\d.]+ ms, \d+ requests/s, p50 / baseline [\d.]+x, largest RSS \d+ MB"
         )
         assert re.fullmatch(pattern, line), line
 
@@ -679,6 +688,77 @@ def test_a_server_without_batching_answers(shipped, tmp_path: Path) -> None:
         for body, (status, answer) in zip(bodies, answers, strict=True):
             assert status == 200, (answer, log.read_text()[-2000:])
             assert_same_response(answer, expected_response(trained, body))
+
+
+# Loaded by every Python process of a server started with its folder on PYTHONPATH (LitServe's
+# workers are spawned, so a patch made in the test would not reach them): the raw example
+# PLANTED_FAULTS["decode"] fails decoding, and the model fails on any batch holding PLANTED_FAULTS["model"].
+PLANTED_FAULTS = """
+import json
+import os
+
+import torch
+
+from {{ cookiecutter.package_name }}.engine import serving
+
+faults = json.loads(os.environ["PLANTED_FAULTS"])
+setup = serving.PredictorAPI.setup
+
+
+def planted_setup(self, device):
+    setup(self, device)
+    data, model = self.trained.datamodule, self.trained.model
+    decode, infer = data.inputs_from_json, model.infer
+    poison = decode([faults["model"]])[0]
+
+    def planted_decode(inputs):
+        if faults["decode"] in inputs:
+            raise ValueError("planted decoding fault")
+        return decode(inputs)
+
+    def planted_infer(predictor, inputs):
+        if any(torch.equal(example.cpu(), poison) for example in inputs):
+            raise RuntimeError("planted model fault")
+        return infer(predictor, inputs)
+
+    data.inputs_from_json, model.infer = planted_decode, planted_infer
+
+
+serving.PredictorAPI.setup = planted_setup
+"""
+
+
+@pytest.mark.slow
+def test_a_request_that_fails_in_the_worker_fails_alone(shipped, tmp_path: Path) -> None:
+    trained, _, _ = shipped
+    examples = example_inputs(trained, 8)
+    faults = {"decode": examples[6], "model": examples[7]}
+    (tmp_path / "sitecustomize.py").write_text(PLANTED_FAULTS)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PLANTED_FAULTS": json.dumps(faults)}
+    bodies = []
+    for i in range(64):  # concurrent, so that good requests share batches with the failing ones
+        if i % 8 == 3:
+            bodies.append([examples[0], faults["decode"]])
+        elif i % 8 == 7:
+            bodies.append([faults["model"], examples[1]])
+        else:
+            bodies.append(examples[: 1 + i % 3])
+    with serving(trained.checkpoint, tmp_path, env=env) as (port, _, log):
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            answers = list(pool.map(lambda inputs: post(port, json.dumps({"inputs": inputs}).encode()), bodies))
+        text = log.read_text()
+    for i, (inputs, (status, answer)) in enumerate(zip(bodies, answers, strict=True)):
+        if i % 8 == 3:
+            assert (status, json.loads(answer)) == (422, {"detail": "inputs: planted decoding fault"})
+        elif i % 8 == 7:
+            assert status == 500 and "the model failed on this request's inputs" in answer, (status, answer)
+        else:
+            assert status == 200, (i, status, answer, text[-3000:])
+            assert_same_response(answer, expected_response(trained, inputs))
+    # One line per failed request, and one traceback: the worker's first failure.
+    assert text.count("request failed with 422: ValueError: planted decoding fault") == 8, text[-3000:]
+    assert text.count("request failed with 500: RuntimeError: planted model fault") == 8, text[-3000:]
+    assert text.count("Traceback") == 1, text[-3000:]
 
 
 # ---- a checkpoint's classes: the project's own load, others only when the user trusts them ------------

@@ -220,8 +220,8 @@ class ImageFolderDataModule(ResumableDataModule):
             try:
                 with Image.open(path) as image:
                     pixels = np.asarray(image.convert(self.mode).resize((size, size), Image.Resampling.BILINEAR))
-            except (OSError, UnidentifiedImageError) as error:
-                raise DataError(f"{path}: not a readable image ({error}); remove or replace the file") from None
+            except UNREADABLE as error:
+                raise unreadable(path, error) from None
             images[index] = torch.from_numpy(pixels.reshape(size, size, -1).copy()).permute(2, 0, 1)
         return images, torch.tensor([label for _, label in items], dtype=torch.int64)
 
@@ -306,11 +306,26 @@ def _image_mode(path: Path) -> str:
     """'L' for grey images, 'RGB' for anything with colour; reads the header only.
 
     Raises:
-        ValueError: the file is not an image Pillow can identify; names it and the fix.
+        ValueError: the file is not an image Pillow can identify, or claims more pixels than
+            ``PIL.Image.MAX_IMAGE_PIXELS`` allows (a decompression bomb); names it and the fix.
     """
     try:
         with Image.open(path) as image:
             mode = image.mode
-    except (OSError, UnidentifiedImageError):
-        raise DataError(f"{path}: not a readable image; remove or replace the file") from None
+    except UNREADABLE as error:
+        raise unreadable(path, error) from None
     return "L" if mode in ("1", "L", "I", "I;16", "F") else "RGB"
+
+
+# What Pillow raises for a file it will not decode; DecompressionBombError is none of the others.
+UNREADABLE = (OSError, UnidentifiedImageError, Image.DecompressionBombError)
+
+
+def unreadable(path: Path, error: Exception) -> DataError:
+    """The one-line error naming ``path`` for an ``UNREADABLE`` error of Pillow, and the fix."""
+    if isinstance(error, Image.DecompressionBombError):  # a few KB of PNG can claim billions of pixels
+        return DataError(
+            f"{path}: {error.args[0].split(',')[0]}, Pillow's guard against decompression bombs; remove the file, "
+            "or raise PIL.Image.MAX_IMAGE_PIXELS if you trust it"
+        )
+    return DataError(f"{path}: not a readable image ({error}); remove or replace the file")

@@ -9,8 +9,12 @@ https://lightning.ai/docs/litserve
 - A request is checked in the HTTP process, before it can join a batch: not JSON, no ``inputs``,
   too many inputs, or an input of the wrong shape, type or range (NaN, infinities and numbers
   beyond float32 included) gets 422 naming the input and the problem, without echoing the input
-  back (LitServe fails a whole batch when one request's decoding fails, so no check is left to
-  the worker). Bodies over ``max_body_bytes`` get 413.
+  back. Bodies over ``max_body_bytes`` get 413.
+- A request that still fails in the worker fails alone (LitServe would fail its whole batch): each
+  request is decoded on its own, and a batch that raises is run again one request at a time, so
+  only the request that raises gets an error (422 for a ``ValueError`` of its decoding, naming
+  it; 500 otherwise). Each failure is one line in the log; the first one of a worker also logs
+  its traceback.
 - The body is read as JSON whatever its ``Content-Type`` says: ``curl -d`` sends
   ``application/x-www-form-urlencoded`` unless told otherwise.
 
@@ -19,9 +23,11 @@ processes read it from an environment variable, as they do not load the model.
 """
 
 import json
+import logging
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,8 @@ from {{ cookiecutter.package_name }}.engine.inference import Trained, load_train
 SCHEMA_VARIABLE = "SERVE_REQUEST_SCHEMA"
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # inputs become float32 tensors: larger ones are inf
 MAX_DETAIL_CHARS = 500  # a 422 answer names the problem; it never echoes a large input back
+
+log = logging.getLogger(__name__)
 
 
 def check_inputs(inputs: list[Any], schema: dict[str, Any]) -> None:
@@ -157,6 +165,17 @@ class JSONBodyMiddleware:
         await self.app(scope, receive, send)
 
 
+@dataclass
+class Failed:
+    """The answer to one request that failed in the worker, in place of its outputs: ``status`` and ``detail``."""
+
+    status: int
+    detail: str
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"detail": self.detail[:MAX_DETAIL_CHARS]}, status_code=self.status)
+
+
 def join(parts: list[Any]) -> tuple[Any, list[int]]:
     """Requests' decoded inputs as one batch: tensors concatenated on dim 0, lists joined; and each one's size."""
     sizes = [len(part) for part in parts]
@@ -174,12 +193,17 @@ def split(outputs: Any, sizes: list[int]) -> list[Any]:
 
 
 class PredictorAPI(ls.LitAPI):
-    """LitServe API over the :class:`engine.inference.Predictor` of a checkpoint, one per worker."""
+    """LitServe API over the :class:`engine.inference.Predictor` of a checkpoint, one per worker.
+
+    Every hook returns a :class:`Failed` for a request it cannot answer instead of raising, as
+    LitServe answers 500 to every request of a batch when a hook raises.
+    """
 
     def __init__(self, checkpoint: Path, max_batch_size: int, batch_timeout: float, trust: Sequence[str] = ()) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
         self.checkpoint, self.trust = checkpoint, tuple(trust)
         self.trained: Trained | None = None
+        self.failures = 0
 
     def setup(self, device: str) -> None:
         self.trained = load_trained(self.checkpoint, map_location=device, trust=self.trust)
@@ -187,33 +211,70 @@ class PredictorAPI(ls.LitAPI):
         self.device = device
 
     def decode_request(self, request: PredictRequest) -> Any:
-        return self.trained.datamodule.inputs_from_json(request.inputs)
+        try:
+            return self.trained.datamodule.inputs_from_json(request.inputs)
+        except ValueError as error:  # the input, which the HTTP process's checks let through
+            return self.failed(422, f"inputs: {error}", error)
+        except Exception as error:
+            return self.failed(500, "the server failed to decode this request's inputs; see its log", error)
 
     def predict(self, inputs: Any) -> Any:
         """The model's answer to one request's inputs (what :meth:`decode_request` made of them)."""
+        if isinstance(inputs, Failed):
+            return inputs
+        try:
+            return self.infer(inputs)
+        except Exception as error:
+            return self.failed(500, "the model failed on this request's inputs; see the server's log", error)
+
+    def infer(self, inputs: Any) -> Any:
+        """Outputs of the model for decoded ``inputs`` (a batch of one request or several), on the CPU."""
         if isinstance(inputs, torch.Tensor):
             inputs = inputs.to(self.device)
         with torch.inference_mode():
             outputs = self.trained.model.infer(self.trained.predictor, inputs)
         return outputs.float().cpu() if isinstance(outputs, torch.Tensor) else outputs
 
-    def encode_response(self, output: Any) -> dict[str, Any]:
+    def encode_response(self, output: Any) -> Any:
+        if isinstance(output, Failed):
+            return output.response()  # FastAPI sends a Response as it is: this request's status only
         return self.trained.model.response(output, self.trained.class_names)
+
+    def failed(self, status: int, detail: str, error: Exception) -> Failed:
+        """Log one line for a request that failed here (and the traceback of a worker's first), and answer it."""
+        self.failures += 1
+        reason = f"{type(error).__name__}: {str(error)[:MAX_DETAIL_CHARS]}"
+        log.error("request failed with %d: %s", status, reason, exc_info=error if self.failures == 1 else None)
+        return Failed(status, detail)
 
 
 class BatchedPredictorAPI(PredictorAPI):
     """:class:`PredictorAPI` that runs concurrent requests as one batch (LitServe calls these hooks only
-    when ``max_batch_size`` > 1; with 1 it hands ``predict`` one request's inputs)."""
+    when ``max_batch_size`` > 1; with 1 it hands ``predict`` one request's inputs).
 
-    def batch(self, inputs: list[Any]) -> tuple[Any, list[int]]:
-        return join(inputs)
+    A batch whose run raises is run again request by request, so that only the request that raises
+    fails (:meth:`PredictorAPI.predict`); a request whose decoding failed never joins a batch.
+    """
 
-    def predict(self, batch: tuple[Any, list[int]]) -> tuple[Any, list[int]]:
-        inputs, sizes = batch
-        return super().predict(inputs), sizes
+    def batch(self, inputs: list[Any]) -> list[Any]:
+        return inputs  # joined in predict, which can still split them when the batch fails
 
-    def unbatch(self, output: tuple[Any, list[int]]) -> list[Any]:
-        return split(*output)
+    def predict(self, parts: list[Any]) -> list[Any]:
+        ready = [index for index, part in enumerate(parts) if not isinstance(part, Failed)]
+        answers = list(parts)
+        if not ready:
+            return answers
+        try:
+            inputs, sizes = join([parts[index] for index in ready])
+            outputs = split(self.infer(inputs), sizes)
+        except Exception:  # one request's inputs, most likely: find it by running each alone
+            outputs = [super(BatchedPredictorAPI, self).predict(parts[index]) for index in ready]
+        for index, output in zip(ready, outputs, strict=True):
+            answers[index] = output
+        return answers
+
+    def unbatch(self, outputs: list[Any]) -> list[Any]:
+        return outputs
 
 
 def build_server(
