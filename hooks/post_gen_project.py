@@ -96,9 +96,9 @@ def placeholders() -> dict[str, str]:
     logger = {"wandb": "Weights & Biases (offline until `wandb login`)", "tensorboard": "TensorBoard", "csv": "CSV"}
     src = f"src/{PACKAGE}"
     experiment = ANSWERS["__experiment"]
-    run = f"logs/{experiment}/version_<n>"
-    if ANSWERS["logger"] == "wandb":
-        run = "logs/{{ cookiecutter.project_slug }}/<run id>"
+    # engine/runs.py names a run <config>-<YYYYmmdd-HHMMSS>-<4 hex digits>, whatever the logger.
+    name = "{{ cookiecutter.project_slug }}" if ANSWERS["logger"] == "wandb" else experiment
+    run = f"logs/{name}/<config>-<date>-<time>-<xxxx>"
     return {
         "tech_stack": (
             f"Python >={ANSWERS['python_version']}, PyTorch and Lightning (versions below), "

@@ -88,6 +88,15 @@ def test_default_bake(cookies) -> None:
     check_bake(project, answers)
 
 
+def test_make_help_lists_targets_without_colour_codes_off_a_terminal(cookies) -> None:
+    project = bake(cookies)
+    shown = subprocess.run(["make", "help"], cwd=project, capture_output=True, text=True, check=True).stdout
+    assert "\x1b[" not in shown  # a pipe or a file: plain text
+    assert re.search(r"^  train +Fit on the bundled data", shown, re.MULTILINE), shown
+    targets = re.findall(r"^([a-zA-Z_-]+):.*## ", (project / "Makefile").read_text(), re.MULTILINE)
+    assert [line.split()[0] for line in shown.splitlines()] == targets
+
+
 @pytest.mark.parametrize(
     "answers", MATRIX, ids=lambda a: f"{a['task']}-{a['logger']}-{a['precision']}-compile_{a['compile']}"
 )

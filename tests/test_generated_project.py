@@ -88,7 +88,7 @@ def test_second_bake_tabular_passes_its_own_tests_and_trains(cookies) -> None:
         # The profiler's report lands in the run folder, beside that run's config, and make says where.
         output = make(project, "profile", args="--trainer.max_epochs=1", stderr=True)
         (report,) = (project / "logs").rglob("fit-profile.txt")
-        assert report.parent.parent.name == "tabular"  # logs/tabular/version_<n>/fit-profile.txt
+        assert report.parent.parent.name == "tabular"  # logs/tabular/<config>-<date>-<time>-<xxxx>/fit-profile.txt
         assert (report.parent / "config.yaml").exists() and "Profiler Report" in report.read_text()
         assert f"Profiler report written to {report.relative_to(project)}" in output
 

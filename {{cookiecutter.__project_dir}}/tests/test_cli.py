@@ -3,6 +3,8 @@
 import json
 import logging
 import math
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,17 +51,62 @@ def test_print_config_round_trips(capsys: pytest.CaptureFixture, tmp_path: Path)
 {%- endif %}
 
 
+# What a default run may print, line by line: our own lines, Lightning's that say something about
+# this run, the model summary, the progress bars with their metrics, and the test table.
+ALLOWED_LINES = (
+    r"Seed set to \d+",
+    r"(GPU|TPU|HPU) available: .*",
+    r"srun is on this machine's PATH, but this run was not started by it: .*",
+    r"Run folder: \S+ \(wandb offline: `wandb sync \S+` uploads it\)",
+    r"[┏┃┡│└].*",  # the model summary's and the test metrics' tables
+    r"(Trainable|Non-trainable|Total) params: .*",
+    r"Total estimated model params size \(MB\): .*",
+    r"Modules in (train|eval) mode: \d+",
+    r"Total FLOPs: .*",
+    r"(Sanity Checking|Epoch \d+|Validation|Testing)\b.*",  # progress bars
+    r"[\w/]+: -?[\d.]+(e-?\d+)?",  # the bar's metrics, one a line
+    r"`Trainer.fit` stopped: `max_(epochs|steps)=\d+` reached.",
+    r"Plot written to \S+",
+    r"Restoring states from the checkpoint path at \S+",
+    r"Loaded model weights from the checkpoint at \S+",
+    r"Test metrics written to \S+",
+)
+
+
 @pytest.mark.slow
-def test_a_run_prints_no_dependency_noise(tmp_path: Path) -> None:
-    # A fresh process, as `make train` runs: the progress bar, the summary and the test table.
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *shrunk_args(tmp_path)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+def test_a_default_run_prints_only_lines_a_person_needs(tmp_path: Path) -> None:
+    # A fresh process, as `make train` runs, with the default logger (wandb, offline here) and the
+    # model summary; its output is not a terminal, so no colour codes either.
+    overrides = [
+        "--trainer.logger=lightning.pytorch.loggers.WandbLogger",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+        "--trainer.logger.init_args.project=test",
+        "--trainer.enable_model_summary=true",
+    ]
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *shrunk_args(tmp_path), *overrides]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_")}
+    env["NETRC"] = str(tmp_path / "no-netrc")  # no credentials: wandb logs offline
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
-    assert "Test metrics written to" in output
-    # Lightning's LeafSpec deprecation (torch >= 2.10), its LitLogger advert, the bar's v_num.
-    for noise in ("LeafSpec", "litlogger", "v_num"):
-        assert noise not in output, f"{noise} in the output of a default run"
+    lines = [line.strip() for line in re.split(r"[\r\n]", output) if line.strip()]
+    unexpected = [line for line in lines if not any(re.fullmatch(allowed, line) for allowed in ALLOWED_LINES)]
+    assert not unexpected, "\n".join(unexpected)
+    assert "\x1b[" not in output  # no colour codes in a file
+    (run,) = (tmp_path / "logs" / "test").iterdir()
+    assert sum(line.startswith(f"Run folder: {run}") for line in lines) == 1
+
+
+def test_a_new_run_is_named_after_its_config_and_start_time(tmp_path: Path) -> None:
+    for _ in range(2):  # two runs in the same second still get folders of their own
+        main(["fit", *shrunk_args(tmp_path), "--test_after_fit=false"])
+    runs = sorted(path.name for path in (tmp_path / "logs" / "test").iterdir())
+    assert len(runs) == 2, runs
+    for name in runs:
+        assert re.fullmatch(r"default-\d{8}-\d{6}-[0-9a-f]{4}", name), name
+    named = "--trainer.logger.init_args.version=mine"
+    main(["fit", *shrunk_args(tmp_path), "--test_after_fit=false", named])
+    assert (tmp_path / "logs" / "test" / "mine" / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> None:

@@ -27,6 +27,7 @@ from {{ cookiecutter.package_name }}.engine.errors import (
 )
 from {{ cookiecutter.package_name }}.engine.launch import check_world_size
 from {{ cookiecutter.package_name }}.engine.quiet import (
+    drop_wandb_anonymous,
     replace_resume_warnings,
     replace_srun_hint,
     silence_dependency_noise,
@@ -35,6 +36,7 @@ from {{ cookiecutter.package_name }}.engine.quiet import (
 )
 from {{ cookiecutter.package_name }}.engine.runs import (
     SaveConfigToRunDir,
+    announce_run,
     evaluate_best_checkpoint,
     keep_csv_metrics,
     profile_into_run_dir,
@@ -139,6 +141,7 @@ class CLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         # Before any process group is set up: a mismatch fails here instead of hanging later.
         check_world_size(self.trainer)
+        drop_wandb_anonymous(self.trainer.loggers)
         if self.subcommand == "fit" and isinstance(self.model, TrainingModule):
             # The optimizer is built when fit starts, after the run folder exists: check its arguments now.
             self.model.check_optimizer()
@@ -168,6 +171,7 @@ class CLI(LightningCLI):
             check_optimizer_continues(read_checkpoint(ckpt_path), self.model, ckpt_path)
         if ckpt_path and self.trainer.is_global_zero:
             replace_resume_warnings(str(run_dir(self.trainer)))
+        announce_run(self.trainer)
         keep_csv_metrics(self.trainer)
         profile_into_run_dir(self.trainer)
 

@@ -79,10 +79,16 @@ def prepare_loggers(trainer_config) -> None:
         if save_dir:
             # wandb looks for a git repository from its save folder, and warns if it is missing.
             Path(save_dir).mkdir(parents=True, exist_ok=True)
-        if "WandbLogger" in str(getattr(logger, "class_path", "")) and not wandb_is_configured():
+        if "WandbLogger" not in str(getattr(logger, "class_path", "")):
+            continue
+        if not wandb_is_configured():
             # No credentials and no chosen mode: log offline (sync later with `wandb sync`)
             # instead of stopping at a login prompt.
             os.environ["WANDB_MODE"] = "offline"
+        # wandb prints a dozen lines per run, colour codes in a log file and a warning about the
+        # `anonymous` argument Lightning always passes; engine.runs.announce_run says where the run
+        # is in one line instead. WANDB_SILENT=false brings wandb's own lines back.
+        os.environ.setdefault("WANDB_SILENT", "true")
 
 
 def drop_progress_bar_if_disabled(trainer_config) -> None:

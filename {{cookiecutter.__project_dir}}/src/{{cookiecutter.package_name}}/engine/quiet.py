@@ -12,8 +12,10 @@ import warnings
 # lightning 2.6 (lightning/pytorch/utilities/_pytree.py) on torch >= 2.10 warns on every run that
 # torch.utils._pytree.LeafSpec is deprecated: a note to Lightning's developers, not to a user.
 LEAFSPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
-# lightning 2.6 (trainer/connectors/logger_connector) advertises its hosted LitLogger on every run.
-LITLOGGER_TIP = "Tip: For seamless cloud logging"
+# lightning 2.6 (trainer/connectors/logger_connector) advertises its hosted LitLogger on every run,
+# and (trainer.estimated_stepping_batches, which the learning-rate schedule reads) says it builds
+# the training loader to count its batches.
+RANK_ZERO_NOISE = ("Tip: For seamless cloud logging", "to estimate number of stepping batches")
 
 
 # lightning 2.6 when a run continues in its own folder (make resume, a requeued SLURM job): the
@@ -61,17 +63,31 @@ def replace_srun_hint() -> None:
         )
 
 
-class _DropLitLoggerTip(logging.Filter):
+def drop_wandb_anonymous(loggers: list) -> None:
+    """Stop wandb's "The anonymous setting has no effect" warning on every run.
+
+    lightning 2.6's WandbLogger passes ``anonymous=None`` to ``wandb.init`` when the user left it
+    unset, and wandb (>= 0.22) warns about the setting whenever it is passed at all. Dropping the
+    unset value before the run starts changes nothing else (None is wandb's default).
+    """
+    for logger in loggers:
+        init = getattr(logger, "_wandb_init", None)
+        if isinstance(init, dict) and init.get("anonymous", "set") is None:
+            del init["anonymous"]
+
+
+class _DropRankZeroNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return LITLOGGER_TIP not in record.getMessage()
+        message = record.getMessage()
+        return not any(noise in message for noise in RANK_ZERO_NOISE)
 
 
 def silence_dependency_noise() -> None:
     """Filter the messages above; safe to call more than once."""
     warnings.filterwarnings("ignore", message=LEAFSPEC, category=FutureWarning)
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(existing, _DropLitLoggerTip) for existing in logger.filters):
-        logger.addFilter(_DropLitLoggerTip())
+    if not any(isinstance(existing, _DropRankZeroNoise) for existing in logger.filters):
+        logger.addFilter(_DropRankZeroNoise())
 
 
 def replace_resume_warnings(run_dir: str) -> None:

@@ -1,18 +1,28 @@
 """Run folders and the run policy: where one run's config, checkpoints and metrics live, how a run is found again.
 
 A run folder is ``<save_dir>/<name>/<version>`` of the first logger, the folder Lightning's
-ModelCheckpoint writes ``checkpoints/`` into. Its version is the logger's run id (the wandb id,
-or ``version_<n>``), so the folder and the logger run are found from each other.
+ModelCheckpoint writes ``checkpoints/`` into. Its version is the logger's run id (for wandb, the
+run id too), so the folder and the logger run are found from each other. A new run's version is
+``<config>-<YYYYmmdd-HHMMSS>-<4 hex digits>`` (``default-20261124-104404-3f9a``: the config file
+it was started with, its local start time, and a random part so that runs started in the same
+second differ), ``slurm-<job id>`` under SLURM, ``<config>-torchrun-<run id>`` under torchrun, or what
+the user passes
+(``--trainer.logger.init_args.version=<name>``).
 """
 
 import json
+import os
+import re
+import secrets
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import SaveConfigCallback
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers.logger import DummyExperiment
 from lightning.pytorch.utilities import rank_zero_info
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
@@ -34,6 +44,21 @@ def run_dir(trainer: L.Trainer) -> Path:
         logger.experiment  # noqa: B018 - wandb knows its run id only once the run has started
     version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
     return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version)
+
+
+def announce_run(trainer: L.Trainer) -> None:
+    """Say in one line where this run writes (rank zero), with how to upload an offline wandb run or its address."""
+    if not trainer.is_global_zero:
+        return
+    where = f"Run folder: {run_dir(trainer)}"
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger) and not isinstance(logger.experiment, DummyExperiment):
+            run = logger.experiment
+            if run.settings.mode == "offline":
+                where += f" (wandb offline: `wandb sync {Path(run.dir).parent}` uploads it)"
+            else:
+                where += f" (wandb: {run.url})"
+    rank_zero_info(where)
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
@@ -184,10 +209,32 @@ def choose_run(config, fit: bool = True) -> None:
         explicit = fit and config.get("ckpt_path") and run_version(trainer) is None
         if explicit and (run := run_of_checkpoint(trainer, config.ckpt_path)) is not None:
             set_run_version(trainer, run.name)
+        elif run_version(trainer) is None:
+            set_run_version(trainer, new_run_name(config))
         return
     if fit and config.get("ckpt_path") is None and (checkpoint := latest_checkpoint(run)) is not None:
         rank_zero_info(f"Resuming run {run} from {checkpoint}")
         config.ckpt_path = str(checkpoint)
+
+
+# Every process of a DDP run must name the run alike. Lightning starts the other processes on this
+# machine by running the same command again, with LOCAL_RANK set: they take the name rank 0 chose
+# from the environment they inherit. torchrun starts every process itself: they share its run id.
+RUN_NAME_VARIABLE = "RUN_NAME_OF_LOCAL_RANK_0"
+
+
+def new_run_name(config) -> str:
+    """``<config file>-<local start time>-<random>`` for a new run (see the module docstring);
+    ``<config file>-torchrun-<its run id>`` for a run that torchrun started."""
+    if os.environ.get("LOCAL_RANK", "0") != "0" and RUN_NAME_VARIABLE in os.environ:
+        return os.environ[RUN_NAME_VARIABLE]
+    files = config.get("config") or []
+    stem = Path(str(files[-1])).stem if files else "run"
+    if torchrun_id := os.environ.get("TORCHELASTIC_RUN_ID"):
+        return f"{stem}-torchrun-{re.sub(r'[^A-Za-z0-9_-]', '-', torchrun_id)[:36]}"
+    name = f"{stem}-{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+    os.environ[RUN_NAME_VARIABLE] = name
+    return name
 
 
 def _run_to_resume(trainer_config) -> Path:
