@@ -1,6 +1,7 @@
 """Bakes: the default and a matrix over every choice; exact files, valid syntax, ruff-clean, filled guides."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -90,7 +91,8 @@ def test_default_bake(cookies) -> None:
 
 def test_make_help_lists_targets_without_colour_codes_off_a_terminal(cookies) -> None:
     project = bake(cookies)
-    shown = subprocess.run(["make", "help"], cwd=project, capture_output=True, text=True, check=True).stdout
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}  # as a user's shell runs it
+    shown = subprocess.run(["make", "help"], cwd=project, capture_output=True, text=True, check=True, env=env).stdout
     assert "\x1b[" not in shown  # a pipe or a file: plain text
     assert re.search(r"^  train +Fit on the bundled data", shown, re.MULTILINE), shown
     targets = re.findall(r"^([a-zA-Z_-]+):.*## ", (project / "Makefile").read_text(), re.MULTILINE)
