@@ -607,6 +607,17 @@ def test_server_answers_batches_refuses_bad_requests_and_stops_on_sigterm(server
         again.listen()
 
 
+@pytest.mark.slow
+def test_ctrl_c_stops_the_server_without_a_traceback(server) -> None:
+    _, port, process, log = server
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C sends: every process of the terminal's group
+    assert process.wait(timeout=60) == 0
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))  # the port is free again
+
+
 SERVE_BENCH = Path(__file__).parents[1] / "scripts" / "serve_load.py"
 
 

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,6 +207,10 @@ class PredictorAPI(ls.LitAPI):
         self.failures = 0
 
     def setup(self, device: str) -> None:
+        # Ctrl-C reaches every process of the terminal's group: the main process stops this worker
+        # (SIGTERM) as it shuts down, so the worker ignores the interrupt instead of printing a
+        # KeyboardInterrupt traceback from inside LitServe's queue.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.trained = load_trained(self.checkpoint, map_location=device, trust=self.trust)
         self.trained.predictor.to(device)
         self.device = device
