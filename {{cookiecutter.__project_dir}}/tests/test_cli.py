@@ -97,6 +97,17 @@ def test_a_default_run_prints_only_lines_a_person_needs(tmp_path: Path) -> None:
     assert sum(line.startswith(f"Run folder: {run}") for line in lines) == 1
 
 
+def test_a_step_limited_run_shows_a_bar_that_ends_at_its_last_step(tmp_path: Path) -> None:
+    # Lightning's bar says "Epoch 0/<max_epochs - 1>" and counts to the epoch's end, with its ETA,
+    # though max_steps stops the run earlier.
+    args = ["--trainer.max_steps=3", "--trainer.val_check_interval=3", "--test_after_fit=false"]
+    cli = main(["fit", *shrunk_args(tmp_path), *args])
+    (bar,) = [callback for callback in cli.trainer.callbacks if isinstance(callback, RichProgressBar)]
+    assert cli.trainer.global_step == 3
+    assert bar.total_train_batches == 3
+    assert bar._get_train_description(0) == "Epoch 0 (stops at step 3)"
+
+
 def test_a_new_run_is_named_after_its_config_and_start_time(tmp_path: Path) -> None:
     for _ in range(2):  # two runs in the same second still get folders of their own
         main(["fit", *shrunk_args(tmp_path), "--test_after_fit=false"])

@@ -593,6 +593,15 @@ def test_server_answers_batches_refuses_bad_requests_and_stops_on_sigterm(server
     assert all(line.startswith(("INFO:", "Serving ")) or " - litserve." in line for line in lines), lines
 
     assert f"http://127.0.0.1:{port}" in log.read_text()  # loopback unless HOST= says otherwise
+    # The start-up line says what a request holds.
+{%- if cookiecutter.task == "tabular" %}
+    assert re.search(r'POST /predict \{"inputs": \[\.\.\.\]\}, 1 to 256 inputs, each an object', log.read_text())
+{%- elif cookiecutter.task == "language-model" %}
+    assert re.search(r'POST /predict \{"inputs": \[\.\.\.\]\}, 1 to 256 inputs, each a string', log.read_text())
+{%- else %}
+    shape = list(trained.datamodule.request_schema()["shape"])
+    assert f"1 to 256 inputs, each a nested list of shape {shape} of numbers in [0.0, " in log.read_text()
+{%- endif %}
     os.killpg(process.pid, signal.SIGTERM)
     process.wait(timeout=60)
     with pytest.raises(ProcessLookupError):  # every process of the group is gone

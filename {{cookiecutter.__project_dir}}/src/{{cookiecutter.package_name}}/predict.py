@@ -38,8 +38,9 @@ def predict(
 {%- if cookiecutter.task == "tabular" %} A CSV with the training columns (the target
             column may be absent).
 {%- elif cookiecutter.task == "language-model" %} A text file of prompts, one per line.
-{%- else %} A .npy array (N, 8, 8) or a CSV of 64 pixel
-            values 0-16 per row, no header.
+{%- else %} Digits: a .npy array (N, 8, 8) or a CSV of 64 pixel
+            values 0-16 per row, no header. An image-folder model: a folder of images (subfolders
+            too) or one image file, resized as in training.
 {%- endif %}
         output: the file, .csv or .jsonl; default predictions.{{ 'jsonl' if cookiecutter.task == 'language-model' else 'csv' }} in the checkpoint's run
             folder.

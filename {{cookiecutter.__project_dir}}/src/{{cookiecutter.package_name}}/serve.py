@@ -56,7 +56,7 @@ def serve(
     """
     check_address(host, port)  # before loading anything: uvicorn would only say so after the model is up
     require("litserve")
-    from {{ cookiecutter.package_name }}.engine.serving import build_server
+    from {{ cookiecutter.package_name }}.engine.serving import build_server, describe_request
 
     path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
     trained = load_trained(path, trust=trusted_modules(trust))  # no data read: the checkpoint is enough
@@ -70,7 +70,8 @@ def serve(
         workers_per_device=workers_per_device,
         trust=trusted_modules(trust),
     )
-    print(f"Serving {path} on http://{host}:{port} (POST /predict, GET /health)", flush=True)
+    request = describe_request(trained.datamodule, max_inputs)
+    print(f"Serving {path} on http://{host}:{port}: POST /predict {request}; GET /health", flush=True)
     server.run(host=host, port=port, generate_client_file=False)
 
 

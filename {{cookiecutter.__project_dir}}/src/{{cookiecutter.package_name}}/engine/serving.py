@@ -74,6 +74,23 @@ def check_inputs(inputs: list[Any], schema: dict[str, Any]) -> None:
             raise ValueError(f"{where} has {len(example.encode('utf-8'))} UTF-8 bytes; at most {schema['max_bytes']}")
 
 
+def describe_request(datamodule: Any, max_inputs: int) -> str:
+    """The body ``POST /predict`` takes, in words, from the DataModule's ``request_schema()``."""
+    schema = datamodule.request_schema()
+    if schema["kind"] == "array":
+        each = (
+            f"a nested list of shape {schema['shape']} of numbers in [{schema.get('min')}, {schema.get('max')}] "
+            f"({datamodule.raw_description()})"
+        )
+    elif schema["kind"] == "row":
+        columns = schema["columns"]
+        shown = ", ".join(columns[:6]) + (f", ... ({len(columns)} columns)" if len(columns) > 6 else "")
+        each = "an object {column: value} with the columns " + shown + "; null for a missing value"
+    else:
+        each = f"a string of at most {schema['max_bytes']} UTF-8 bytes"
+    return '{"inputs": [...]}' + f", 1 to {max_inputs} inputs, each {each}"
+
+
 def _check_number(value: Any, where: str) -> None:
     """A JSON number that stays finite as float32 (a 400-digit integer, 1e308, NaN and Infinity do not)."""
     if isinstance(value, bool) or not isinstance(value, int | float):

@@ -19,6 +19,28 @@ class ThrottledRichProgressBar(RichProgressBar):
     def __init__(self, refresh_rate: int = 4, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
         self._last_train_update = 0.0
+        self._epoch_stops_at: int | None = None  # batch index at which max_steps ends this epoch
+
+    # ---- a run that max_steps stops inside an epoch: the bar counts to that step, not the epoch's end ----
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_stops_at = None
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            done = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # batches of this epoch before a resume
+            left = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
+            self._epoch_stops_at = done + left
+        super().on_train_epoch_start(trainer, pl_module)
+
+    @property
+    def total_train_batches(self) -> int | float:
+        total = super().total_train_batches
+        return total if self._epoch_stops_at is None else min(total, self._epoch_stops_at)
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        # Lightning's "Epoch 0/4" counts to max_epochs, which a step limit may never reach.
+        trainer = self.trainer
+        if self._epoch_stops_at is not None and self._epoch_stops_at < super().total_train_batches:
+            return f"Epoch {current_epoch} (stops at step {trainer.max_steps})"
+        return super()._get_train_description(current_epoch)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         # Lightning adds the logger's version (v_num) to the bar's metrics; the run folder's name
