@@ -58,6 +58,8 @@ ALLOWED_LINES = (
     r"(GPU|TPU|HPU) available: .*",
     r"srun is on this machine's PATH, but this run was not started by it: .*",
     r"Run folder: \S+ \(wandb offline: `wandb sync \S+` uploads it\)",
+    r"Columns of .*, (classification|regression)\):",  # a table's columns and how each is used
+    r"(numeric, standardised|categorical, one-hot|dropped \(data.drop_columns\)).*",
     r"[┏┃┡│└].*",  # the model summary's and the test metrics' tables
     r"(Trainable|Non-trainable|Total) params: .*",
     r"Total estimated model params size \(MB\): .*",

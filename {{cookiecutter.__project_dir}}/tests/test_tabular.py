@@ -1,6 +1,7 @@
 """Tables: encoding with training statistics, your own CSV (strings, gaps, unseen categories), regression, bad input."""
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -129,6 +130,28 @@ def test_bad_tables_fail_before_training_and_write_nothing(
     with user_error(message):
         main(["fit", *shrunk_args(tmp_path), f"--data.init_args.path={bad}", f"--data.init_args.target={target}"])
     assert not [path for path in tmp_path.rglob("*") if path.is_file() and path != bad]  # no run folder, no file
+
+
+def test_drop_columns_keeps_a_column_from_the_model_and_every_column_is_reported(
+    table: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    frame = pd.read_csv(table)
+    frame.insert(0, "row_id", np.arange(len(frame)))  # an id: a column a model must never see
+    frame.to_csv(table, index=False)
+    with caplog.at_level(logging.INFO):
+        data = TabularDataModule(path=str(table), target="label", drop_columns=["row_id"])
+        data.setup("fit")
+    assert list(data.preprocessing["numeric"]) == ["x1", "x2"] and data.num_features == 2 + 1 + 3
+    report = caplog.text
+    assert f"Columns of data.path={table} (target 'label', classification):" in report
+    assert "numeric, standardised with training statistics (2): x1 (+ missing indicator), x2" in report
+    assert "categorical, one-hot over training values (1): colour (3 values)" in report
+    assert "dropped (data.drop_columns): row_id" in report
+    # Predicting needs only the columns the model uses: the id may be absent.
+    assert data.encode(frame.drop(columns=["row_id", "label"]).head(3)).shape == (3, 6)
+    for wrong in (["rowid"], ["label"]):
+        with pytest.raises(ValueError, match=r"data.drop_columns: \['\w+'\] are not feature columns of .*row_id"):
+            TabularDataModule(path=str(table), target="label", drop_columns=wrong).setup("fit")
 
 
 def test_missing_file_names_the_field(tmp_path: Path) -> None:

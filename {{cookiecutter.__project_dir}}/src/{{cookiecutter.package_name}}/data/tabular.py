@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from sklearn.datasets import load_breast_cancer, load_diabetes
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -66,6 +67,20 @@ def _numeric_column(column: pd.Series, name: str) -> np.ndarray:
     return values
 
 
+def _column_report(prep: dict[str, Any], dropped: list[str], source: str) -> str:
+    """How each column of the table is used, in a few lines: numeric, categorical with its count of values, dropped."""
+    numeric = [name + (" (+ missing indicator)" if c["indicator"] else "") for name, c in prep["numeric"].items()]
+    lines = [f"Columns of {source} (target {prep['target']!r}, {prep['task']}):"]
+    if numeric:
+        lines.append(f"  numeric, standardised with training statistics ({len(numeric)}): {', '.join(numeric)}")
+    if prep["categorical"]:
+        categories = [f"{name} ({len(values)} values)" for name, values in prep["categorical"].items()]
+        lines.append(f"  categorical, one-hot over training values ({len(categories)}): {', '.join(categories)}")
+    if dropped:
+        lines.append(f"  dropped (data.drop_columns): {', '.join(dropped)}")
+    return "\n".join(lines)
+
+
 class TabularDataModule(ResumableDataModule):
     """A CSV table split (stratified for classes), encoded with training statistics, served as (B, F) batches.
 
@@ -77,6 +92,7 @@ class TabularDataModule(ResumableDataModule):
     Args:
         path: a CSV file with a header row; None for the ``bundled`` table.
         target: the column to predict (the bundled tables' is "target").
+        drop_columns: columns the model must not see: row ids, leaks of the target, free text.
         bundled: the scikit-learn table served when ``path`` is None.
         target_type: "classification", "regression", or "auto": strings, booleans and integers
             with at most 50 distinct values are classes, anything else numeric is regression.
@@ -85,15 +101,17 @@ class TabularDataModule(ResumableDataModule):
         split_seed: seed of the split, independent of the training seed.
 
     Raises:
-        ValueError: the file is missing, empty or not a table; ``target`` is not a column; the target
-            has a single value or missing values; a column is empty in every row; a class has too few
-            rows to split. Each message names the file or field and the fix.
+        ValueError: the file is missing, empty or not a table; ``target`` or a name in
+            ``drop_columns`` is not a column; the target has a single value or missing values; a column
+            is empty in every row; a class has too few rows to split. Each message names the file or
+            field and the fix.
     """
 
     def __init__(
         self,
         path: str | None = None,
         target: str = "target",
+        drop_columns: list[str] | None = None,
         bundled: Literal["breast_cancer", "diabetes"] = "breast_cancer",
         target_type: TargetType = "auto",
         batch_size: int = 64,
@@ -194,7 +212,14 @@ class TabularDataModule(ResumableDataModule):
                 f"{source}: the target column {target!r} has a single value ({labels.iloc[0]!r}): nothing to learn; "
                 "choose another data.target"
             )
-        features = frame.drop(columns=[target])
+        dropped = list(hp.drop_columns or [])
+        unknown = [name for name in dropped if name not in frame.columns or name == target]
+        if unknown:
+            raise DataError(
+                f"data.drop_columns: {unknown} are not feature columns of {source} (the target cannot be dropped); "
+                f"its columns are {list(frame.columns)}"
+            )
+        features = frame.drop(columns=[target, *dropped])
         empty = [name for name in features.columns if features[name].isna().all()]
         if empty:
             raise DataError(f"{source}: column(s) {empty} are empty in every row; drop them from the file")
@@ -236,6 +261,7 @@ class TabularDataModule(ResumableDataModule):
                 }
             else:
                 prep["categorical"][str(name)] = sorted(column.dropna().astype(str).unique().tolist())
+        rank_zero_info(_column_report(prep, dropped, source))
         if task == "regression":
             values = train[target].astype(float)
             prep["target_mean"], prep["target_std"] = float(values.mean()), float(values.std() or 1.0)
