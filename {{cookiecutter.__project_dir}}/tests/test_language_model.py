@@ -86,7 +86,7 @@ def test_windows_tile_evaluation_text_without_overlap() -> None:
 
 BAD_TEXT = {
     "missing": ("missing.txt", None, "does not exist"),
-    "no-txt-files": ("empty", None, "has no .txt files"),
+    "no-txt-files": ("empty", None, r"has no files ending in \.txt; .* data\.suffixes"),
     "blank": ("blank.txt", b"  \n", "holds no text"),
     "not-utf8": ("latin1.txt", "café crème".encode("latin-1"), "not UTF-8"),
     "shorter-than-a-block": ("short.txt", b"too short", "fewer than one window"),
@@ -105,6 +105,21 @@ def test_bad_text_fails_before_training_and_writes_no_run_folder(tmp_path: Path,
     with user_error(rf"(?=.*data\.(path|block_size)).*{message}"):
         main(["fit", *shrunk_args(tmp_path / "run"), f"--config={EXPERIMENT}", f"--data.init_args.path={path}"])
     assert not [file for file in (tmp_path / "run").rglob("*") if file.is_file()]  # no run folder, no file
+
+
+def test_suffixes_pick_the_files_a_folder_is_read_from(tmp_path: Path) -> None:
+    folder = tmp_path / "notes"
+    (folder / "deeper").mkdir(parents=True)
+    (folder / "a.md").write_text("markdown " * 40)
+    (folder / "deeper" / "b.RST").write_text("restructured " * 40)
+    (folder / "c.txt").write_text("plain " * 40)
+    (folder / "d.json").write_text('{"not": "text to learn"}')
+    assert read_text(folder) == (folder / "c.txt").read_bytes()  # .txt only, by default
+    both = TextDataModule(path=str(folder), suffixes=(".md", "rst"), block_size=8, val_fraction=0.2, test_fraction=0.2)
+    data = bytes(torch.cat(list(both.splits.values())).tolist())
+    assert data == (folder / "a.md").read_bytes() + b"\n\n" + (folder / "deeper" / "b.RST").read_bytes()
+    with pytest.raises(ValueError, match=r"data.suffixes must name at least one file ending"):
+        TextDataModule(path=str(folder), suffixes=())
 
 
 NOUNS = ["the whale", "the sea", "a ship", "the captain", "an oar"]

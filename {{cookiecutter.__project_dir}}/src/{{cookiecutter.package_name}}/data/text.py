@@ -1,4 +1,5 @@
-"""Text as bytes: a file or a folder of ``.txt`` files, split into contiguous train/val/test stretches.
+"""Text as bytes: a file or a folder of text files (``.txt`` unless ``suffixes`` says otherwise), split
+into contiguous train/val/test stretches.
 
 Tokens are the UTF-8 bytes of the text (a vocabulary of 256), so there is no tokenizer to train
 or download and any language or script works. Without a path the DataModule serves the bundled
@@ -16,6 +17,7 @@ stretch without overlap, so every evaluated token is counted once.
 """
 
 import gzip
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -46,25 +48,33 @@ class TokenWindows(Dataset):
         return window[:-1], window[1:]
 
 
-def read_text(path: str | Path | None) -> bytes:
-    """The UTF-8 bytes of ``path``: a text file, or a folder whose ``.txt`` files are joined in name order.
+def read_text(path: str | Path | None, suffixes: Sequence[str] = (".txt",)) -> bytes:
+    """The UTF-8 bytes of ``path``: a text file, or a folder whose files ending in one of ``suffixes``
+    (searched recursively) are joined in name order.
 
     None reads the bundled corpus. Files in a folder are separated by a blank line.
 
     Raises:
         FileNotFoundError: ``path`` does not exist (names ``data.path``).
-        ValueError: the folder has no ``.txt`` file, the text is empty, or a file is not valid UTF-8
-            (names the file and the byte offset, and how to convert it).
+        ValueError: the folder has no file with those suffixes, the text is empty, or a file is not
+            valid UTF-8 (names the file and the byte offset, and how to convert it).
     """
     if path is None:
         with resources.files(__package__).joinpath("corpora", BUNDLED).open("rb") as packed:
             return gzip.decompress(packed.read())
     path = Path(path).expanduser()
     if not path.exists():
-        raise MissingFileError(f"data.path: {path} does not exist; give a text file or a folder of .txt files")
-    files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
+        raise MissingFileError(f"data.path: {path} does not exist; give a text file or a folder of text files")
+    if path.is_dir():
+        files = sorted(f for f in path.rglob("*") if f.is_file() and f.name.lower().endswith(tuple(suffixes)))
+    else:
+        files = [path]
     if not files:
-        raise DataError(f"data.path: {path} has no .txt files; put the text in files ending in .txt")
+        named = ", ".join(suffixes)
+        raise DataError(
+            f"data.path: {path} has no files ending in {named}; put the text in such files, or name their "
+            "endings in data.suffixes (e.g. [.txt, .md])"
+        )
     parts = []
     for file in files:
         raw = file.read_bytes()
@@ -90,7 +100,8 @@ class TextDataModule(ResumableDataModule):
     corpus too short for one window fails before anything trains.
 
     Args:
-        path: a UTF-8 text file or a folder of ``.txt`` files; None for the bundled corpus.
+        path: a UTF-8 text file or a folder of text files; None for the bundled corpus.
+        suffixes: endings of the files read from a folder (case-insensitive), e.g. ``[.txt, .md]``.
         block_size: tokens per window T (the model's context length).
         stride: tokens between the starts of consecutive training windows (default ``block_size``:
             no overlap; smaller values give more, overlapping windows per epoch).
@@ -105,6 +116,7 @@ class TextDataModule(ResumableDataModule):
     def __init__(
         self,
         path: str | None = None,
+        suffixes: tuple[str, ...] = (".txt",),
         block_size: int = 128,
         stride: int | None = None,
         val_fraction: float = 0.05,
@@ -122,7 +134,10 @@ class TextDataModule(ResumableDataModule):
         if stride is not None and stride < 1:
             raise ConfigError(f"data.stride must be at least 1 (or null for block_size), got {stride}")
         self.stride = stride or block_size
-        tokens = torch.frombuffer(bytearray(read_text(path)), dtype=torch.uint8)  # (N,) bytes
+        if not suffixes or not all(suffix.strip(".") for suffix in suffixes):
+            raise ConfigError(f"data.suffixes must name at least one file ending such as .txt, got {list(suffixes)}")
+        endings = tuple("." + suffix.lower().lstrip(".") for suffix in suffixes)
+        tokens = torch.frombuffer(bytearray(read_text(path, endings)), dtype=torch.uint8)  # (N,) bytes
         ends = (int(len(tokens) * (1 - val_fraction - test_fraction)), int(len(tokens) * (1 - test_fraction)))
         self.splits = {"train": tokens[: ends[0]], "val": tokens[ends[0] : ends[1]], "test": tokens[ends[1] :]}
         for name, part in self.splits.items():
