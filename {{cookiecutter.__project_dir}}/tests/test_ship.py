@@ -469,6 +469,9 @@ def serving(checkpoint: Path, folder: Path, *args: str, env: dict[str, str] | No
         stderr=subprocess.STDOUT,
         start_new_session=True,
         env=env,
+        # As in a terminal, Ctrl-C (SIGINT) interrupts the server: a test started from a background
+        # job (a CI script's `&`) would otherwise pass on the job's "ignore SIGINT" to it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120
