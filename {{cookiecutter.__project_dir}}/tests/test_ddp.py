@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,9 @@ def test_ddp_on_two_cpu_processes_reaches_world_size_two(tmp_path: Path) -> None
     fit_in_subprocess(args)
     summary = json.loads(next((tmp_path / "logs").rglob("test_metrics.json")).read_text())
     assert summary["world_size"] == 2
+    # One run folder, named after the last config given (the ddp preset), its start time and a random part.
+    (run,) = (tmp_path / "logs" / "test").iterdir()
+    assert re.fullmatch(r"ddp-\d{8}-\d{6}-[0-9a-f]{4}", run.name), run.name
 
     # Each process sees half the training set (DistributedSampler), so one epoch is half the steps.
     datamodule = DigitsDataModule(batch_size=batch_size)
@@ -59,6 +63,8 @@ def test_torchrun_on_two_cpu_processes_reaches_world_size_two(tmp_path: Path) ->
     summary = json.loads(next((tmp_path / "logs").rglob("test_metrics.json")).read_text())
     assert summary["world_size"] == 2
     assert summary["metrics"]["test/acc"] > 0.5  # 30 steps
+    (run,) = (tmp_path / "logs" / "test").iterdir()  # every process named the run after torchrun's id
+    assert run.name.startswith("ddp-torchrun-"), run.name
 
 
 # Every tensor of the training state (weights, optimizer moments, RNG states excluded: they are

@@ -5,9 +5,8 @@ ModelCheckpoint writes ``checkpoints/`` into. Its version is the logger's run id
 run id too), so the folder and the logger run are found from each other. A new run's version is
 ``<config>-<YYYYmmdd-HHMMSS>-<4 hex digits>`` (``default-20261124-104404-3f9a``: the config file
 it was started with, its local start time, and a random part so that runs started in the same
-second differ), ``slurm-<job id>`` under SLURM, ``<config>-torchrun-<run id>`` under torchrun, or what
-the user passes
-(``--trainer.logger.init_args.version=<name>``).
+second differ), ``slurm-<job id>`` under SLURM, ``<config>-torchrun-<run id>`` under torchrun, or
+what the user passes (``--trainer.logger.init_args.version=<name>``).
 """
 
 import json
