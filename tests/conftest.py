@@ -58,8 +58,9 @@ PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inferenc
 PACKAGE_FILES += ["engine/runs.py", "engine/serving.py"]
 PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
-    for name in ("__init__", "finetuning", "finite", "plots", "predictions", "preemption", "progress", "random_state")
+    for name in ("__init__", "finetuning", "finite", "plots", "predictions", "preemption", "progress")
 ]
+PACKAGE_FILES += ["engine/callbacks/random_state.py", "engine/callbacks/summary.py"]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
 TEST_FILES += ["own_pieces.py", "test_ship.py", "test_sweep.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.

@@ -9,15 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import yaml
 from conftest import CONFIGS, ROOT, shrunk_args
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.engine.callbacks import PreemptionCheckpoint
+from {{ cookiecutter.package_name }}.engine.callbacks import ModelSummary, PreemptionCheckpoint
 from {{ cookiecutter.package_name }}.engine.config import wandb_is_configured
 from {{ cookiecutter.package_name }}.engine.precision import fall_back_to_fp16_without_bf16
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
@@ -64,7 +66,6 @@ ALLOWED_LINES = (
     r"(Trainable|Non-trainable|Total) params: .*",
     r"Total estimated model params size \(MB\): .*",
     r"Modules in (train|eval) mode: \d+",
-    r"Total FLOPs: .*",
     r"(Sanity Checking|Epoch \d+|Validation|Testing)\b.*",  # progress bars
     r"[\w/]+: -?[\d.]+(e-?\d+)?",  # the bar's metrics, one a line
     r"`Trainer.fit` stopped: `max_(epochs|steps)=\d+` reached.",
@@ -123,7 +124,7 @@ def test_a_new_run_is_named_after_its_config_and_start_time(tmp_path: Path) -> N
 
 
 def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> None:
-    trainer = main(cli_args, run=False).trainer
+    trainer = main([*cli_args, "--trainer.enable_model_summary=true"], run=False).trainer
     assert isinstance(trainer.progress_bar_callback, RichProgressBar)
     assert trainer.progress_bar_callback.refresh_rate == 4  # redraws per second (make bench)
     best, last = (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint))
@@ -133,8 +134,24 @@ def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> No
     assert any(isinstance(c, LearningRateMonitor) for c in trainer.callbacks)
     assert any(isinstance(c, PreemptionCheckpoint) for c in trainer.callbacks)
     assert trainer.gradient_clip_val == 1.0
-    quiet = main([*cli_args, "--trainer.enable_progress_bar=false"], run=False).trainer
+    (summary,) = [c for c in trainer.callbacks if isinstance(c, LightningModelSummary)]
+    assert isinstance(summary, ModelSummary)  # ours: no column of zero FLOPs
+    quiet = main([*cli_args, "--trainer.enable_progress_bar=false"], run=False).trainer  # summary: false too
     assert quiet.progress_bar_callback is None
+    assert not any(isinstance(c, LightningModelSummary) for c in quiet.callbacks)
+
+
+def test_the_model_summary_shows_flops_only_when_lightning_counted_them(capsys: pytest.CaptureFixture) -> None:
+    net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    for example, flops_shown in ((None, False), (torch.zeros(3, 8), True)):
+        module = L.LightningModule()
+        module.net, module.example_input_array = net, example
+        module.forward = net.forward
+        ModelSummary().on_fit_start(L.Trainer(logger=False, enable_progress_bar=False), module)
+        shown = capsys.readouterr().out
+        assert "Total params: 46" in shown
+        assert ("FLOPs" in shown) is flops_shown, shown
+    assert "Total FLOPs: 240" in shown  # 3 x (2 x 8 x 4 + 2 x 4 x 2), counted by Lightning
 
 
 def test_every_preset_is_in_the_suite() -> None:

@@ -1,4 +1,4 @@
-"""Fix-ups of a parsed config, applied before anything is built: loggers, progress bar, precision, the run folder.
+"""Fix-ups of a parsed config, before anything is built: loggers, switched-off callbacks, precision, run folder.
 
 The CLI calls :func:`prepare` between parsing and instantiation, so everything here acts on plain
 config values and a bad value fails before any model, data or process group exists.
@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import torch
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.precision import fall_back_to_fp16_without_bf16
@@ -26,7 +26,7 @@ def prepare(config, subcommand: str | None) -> None:
         return
     check_hardware(config.trainer)
     prepare_loggers(config.trainer)
-    drop_progress_bar_if_disabled(config.trainer)
+    drop_disabled_callbacks(config.trainer)
     fall_back_to_fp16_without_bf16(config.trainer)
     choose_run(config, fit=subcommand == "fit")
 
@@ -91,23 +91,31 @@ def prepare_loggers(trainer_config) -> None:
         os.environ.setdefault("WANDB_SILENT", "true")
 
 
-def drop_progress_bar_if_disabled(trainer_config) -> None:
-    """With ``trainer.enable_progress_bar`` false, remove progress bars from ``trainer.callbacks``.
+def drop_disabled_callbacks(trainer_config) -> None:
+    """Remove the progress bar or the model summary from ``trainer.callbacks`` when switched off.
 
-    The default config lists Lightning's RichProgressBar (to set its refresh rate), and Lightning
-    refuses a progress bar callback together with ``enable_progress_bar=False``: this keeps
-    ``--trainer.enable_progress_bar=false`` working as the one switch.
+    The default config lists both (to set the bar's refresh rate, and a summary without a column
+    of zero FLOPs). Lightning refuses a progress bar callback together with
+    ``enable_progress_bar=False`` and prints a listed model summary whatever
+    ``enable_model_summary`` says: this keeps ``--trainer.enable_progress_bar=false`` and
+    ``--trainer.enable_model_summary=false`` working as the switches.
     """
     callbacks = trainer_config.get("callbacks")
-    if trainer_config.get("enable_progress_bar") is not False or not isinstance(callbacks, list):
+    if not isinstance(callbacks, list):
         return
-    trainer_config.callbacks = [c for c in callbacks if not _is_progress_bar(getattr(c, "class_path", ""))]
+    disabled = tuple(
+        kind
+        for kind, switch in ((ProgressBar, "enable_progress_bar"), (ModelSummary, "enable_model_summary"))
+        if trainer_config.get(switch) is False
+    )
+    if disabled:
+        trainer_config.callbacks = [c for c in callbacks if not _is_a(getattr(c, "class_path", ""), disabled)]
 
 
-def _is_progress_bar(class_path: str) -> bool:
+def _is_a(class_path: str, kinds: tuple[type, ...]) -> bool:
     module, _, name = class_path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
         return False
-    return isinstance(cls, type) and issubclass(cls, ProgressBar)
+    return isinstance(cls, type) and issubclass(cls, kinds)

@@ -14,8 +14,13 @@ import warnings
 LEAFSPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 # lightning 2.6 (trainer/connectors/logger_connector) advertises its hosted LitLogger on every run,
 # and (trainer.estimated_stepping_batches, which the learning-rate schedule reads) says it builds
-# the training loader to count its batches.
-RANK_ZERO_NOISE = ("Tip: For seamless cloud logging", "to estimate number of stepping batches")
+# the training loader to count its batches, and (callback_connector) that the summary the default
+# config lists replaces its own.
+RANK_ZERO_NOISE = (
+    "Tip: For seamless cloud logging",
+    "to estimate number of stepping batches",
+    "Trainer already configured with model summary callbacks",
+)
 
 
 # lightning 2.6 when a run continues in its own folder (make resume, a requeued SLURM job): the

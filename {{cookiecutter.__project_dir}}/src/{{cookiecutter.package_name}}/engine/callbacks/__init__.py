@@ -7,9 +7,11 @@ from .predictions import PredictionWriter
 from .preemption import PreemptionCheckpoint
 from .progress import ThrottledRichProgressBar
 from .random_state import RandomStateCheckpoint
+from .summary import ModelSummary
 
 __all__ = [
     "BackboneFreeze",
+    "ModelSummary",
     "NonFiniteError",
     "PredictionWriter",
     "PreemptionCheckpoint",
