@@ -3,6 +3,7 @@
 import csv
 import importlib.util
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -146,7 +147,7 @@ def write_bad(kind: str, root: Path) -> Path:
         ("missing", "data.root=.*nowhere: no such folder"),
         ("one-class", "1 class folder"),
         ("no-images", "no images"),
-        ("corrupt", r"broken.png: not a readable image \(.*\); remove or replace the file"),
+        ("corrupt", r"broken.png: not a readable image \(.*\); remove or replace the file, or set data.skip_unre"),
     ],
 )
 def test_bad_folders_fail_before_training_and_write_nothing(tmp_path: Path, kind: str, message: str) -> None:
@@ -156,6 +157,31 @@ def test_bad_folders_fail_before_training_and_write_nothing(tmp_path: Path, kind
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))
 
 
+def test_skip_unreadable_leaves_out_broken_files_and_names_them(tmp_path: Path, caplog) -> None:
+    root = make_folder(tmp_path / "images", per_class=10)
+    (root / "blobs" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not a PNG")  # fails at the header
+    whole = (root / "vertical" / "0.png").read_bytes()
+    (root / "vertical" / "truncated.png").write_bytes(whole[: len(whole) // 2])  # fails when decoded
+    args = ["fit", *shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={root}"]
+    args += ["--data.init_args.batch_size=8", "--trainer.log_every_n_steps=1"]
+    with user_error(r"broken.png: not a readable image \(.*\); remove or replace the file, or set data.skip_unread"):
+        main([*args, "--test_after_fit=false"])
+
+    with caplog.at_level(logging.INFO):
+        cli = main([*args, "--data.init_args.skip_unreadable=true", "--test_after_fit=false"])
+    data = cli.datamodule
+    assert len(data.train_set) + len(data.val_set) + len(data.test_set) == 30  # the 32 files less the 2 broken
+    (line,) = [r.getMessage() for r in caplog.records if "unreadable file" in r.getMessage()]
+    assert line.startswith(f"data.root={root}: left out 2 unreadable file(s) (data.skip_unreadable): ")
+    assert str(root / "blobs" / "broken.png") in line and str(root / "vertical" / "truncated.png") in line
+    assert cli.trainer.global_step > 0
+
+    inputs = tmp_path / "inputs"
+    shutil.copytree(root / "vertical", inputs)
+    ids, images = data.read_inputs(str(inputs))  # INPUTS= follows the same setting
+    assert sorted(ids) == sorted(f"{n}.png" for n in range(10)) and images.shape == (10, 3, 32, 32)
+
+
 def test_a_decompression_bomb_is_named_in_training_and_in_inputs(tmp_path: Path, monkeypatch) -> None:
     # Pillow refuses an image of more than twice MAX_IMAGE_PIXELS; a lower limit makes a 64x64 PNG one.
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
@@ -163,7 +189,8 @@ def test_a_decompression_bomb_is_named_in_training_and_in_inputs(tmp_path: Path,
     bomb = root / "blobs" / "bomb.png"
     Image.new("L", (64, 64)).save(bomb)
     message = rf"^{bomb}: Image size \(4096 pixels\) exceeds limit of 2000 pixels, Pillow's guard against decompression"
-    with user_error(message + r" bombs; remove the file, or raise PIL.Image.MAX_IMAGE_PIXELS if you trust it$"):
+    message += r" bombs; remove the file \(or set data.skip_unreadable=true\), or raise PIL.Image.MAX_IMAGE_PIXELS"
+    with user_error(message + " if you trust it$"):
         main(["fit", *shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={root}"])
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))
 

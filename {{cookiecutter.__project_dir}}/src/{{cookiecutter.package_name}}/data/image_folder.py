@@ -55,12 +55,15 @@ class ImageFolderDataModule(ResumableDataModule):
         horizontal_flip: mirror half the training images (wrong for text or digits).
         val_fraction, test_fraction: shares held out when the folder has no such split.
         split_seed: seed of the split, independent of the training seed.
+        skip_unreadable: leave out files Pillow cannot read (broken, truncated, decompression
+            bombs) instead of stopping, in ``root`` and in ``INPUTS=``; one log line counts them
+            and names the first ten.
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
 
     Raises:
         ValueError: ``root`` is missing, holds no images or a single class, a class folder has too
-            few images to split, or a file is not a readable image; the message names the folder or
-            the file and the fix.
+            few images to split, or (without ``skip_unreadable``) a file is not a readable image;
+            the message names the folder or the file and the fix.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class ImageFolderDataModule(ResumableDataModule):
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         split_seed: int = 0,
+        skip_unreadable: bool = False,
         batch_size: int = 64,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -90,6 +94,7 @@ class ImageFolderDataModule(ResumableDataModule):
         self.mean: list[float] | None = None  # per channel, of the training split in [0, 1]
         self.std: list[float] | None = None
         self._stats_on_device: tuple[tuple, torch.Tensor] | None = None  # (device, mean, std) -> (2, 1, C, 1, 1)
+        self.skipped: list[Path] = []  # files left out by skip_unreadable, not yet logged
         self.augmentation = None
         if augment:
             steps = [K.RandomResizedCrop((image_size, image_size), scale=(0.8, 1.0))]
@@ -152,13 +157,19 @@ class ImageFolderDataModule(ResumableDataModule):
         for split, folder in pools.items():
             files[split] = []
             for label, name in enumerate(class_names):
-                images = sorted(p for p in (folder / name).glob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-                for path in images:
-                    modes.add(_image_mode(path))
-                files[split] += [(path, label) for path in images]
+                for path in sorted(p for p in (folder / name).glob("*") if p.suffix.lower() in IMAGE_SUFFIXES):
+                    try:
+                        modes.add(_image_mode(path))
+                    except DataError:
+                        if not self.hparams.skip_unreadable:
+                            raise
+                        self.skipped.append(path)
+                        continue
+                    files[split].append((path, label))
         pool = files.get("train", files.get("all", []))
         if not pool:
-            raise DataError(f"data.root={root}: no images ({', '.join(IMAGE_SUFFIXES)}) in the class folders")
+            readable = " readable" if self.skipped else ""
+            raise DataError(f"data.root={root}: no{readable} images ({', '.join(IMAGE_SUFFIXES)}) in the class folders")
         empty = [name for label, name in enumerate(class_names) if all(y != label for _, y in pool)]
         if empty:
             raise DataError(f"data.root={root}: class folder(s) {empty} hold no images; add images or remove them")
@@ -206,24 +217,43 @@ class ImageFolderDataModule(ResumableDataModule):
                     )
                 for split in ("train", *missing):
                     parts[split] = [train[i] for i in rows[split]]
-        decoded = {split: self._decode(items) for split, items in parts.items()}
+        decoded = {split: self._decode(items)[:2] for split, items in parts.items()}
+        self._report_skipped(f"data.root={hp.root}")
         train_images = decoded["train"][0].float() / 255.0  # (N, C, H, W)
         self.mean = train_images.mean(dim=(0, 2, 3)).tolist()
         self.std = train_images.std(dim=(0, 2, 3)).clamp_min(1e-6).tolist()
         self.train_set, self.val_set, self.test_set = (TensorDataset(*decoded[split]) for split in SPLITS)
         self.check_batch_size()
 
-    def _decode(self, items: Sequence[tuple[Path, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode(self, items: Sequence[tuple[Path, int]]) -> tuple[torch.Tensor, torch.Tensor, list[tuple[Path, int]]]:
+        """(images (N, C, H, W) uint8, labels (N,), the N items decoded); with skip_unreadable N may be fewer."""
         size = self.hparams.image_size
         images = torch.empty(len(items), self.num_channels, size, size, dtype=torch.uint8)
-        for index, (path, _) in enumerate(items):
+        kept: list[tuple[Path, int]] = []
+        for path, label in items:
             try:
                 with Image.open(path) as image:
                     pixels = np.asarray(image.convert(self.mode).resize((size, size), Image.Resampling.BILINEAR))
             except UNREADABLE as error:
-                raise unreadable(path, error) from None
-            images[index] = torch.from_numpy(pixels.reshape(size, size, -1).copy()).permute(2, 0, 1)
-        return images, torch.tensor([label for _, label in items], dtype=torch.int64)
+                if not self.hparams.skip_unreadable:
+                    raise unreadable(path, error) from None
+                self.skipped.append(path)
+                continue
+            images[len(kept)] = torch.from_numpy(pixels.reshape(size, size, -1).copy()).permute(2, 0, 1)
+            kept.append((path, label))
+        labels = torch.tensor([label for _, label in kept], dtype=torch.int64)
+        return (images if len(kept) == len(items) else images[: len(kept)].clone()), labels, kept
+
+    def _report_skipped(self, where: str) -> None:
+        """One log line for the files skip_unreadable left out since the last report: their count, the first ten."""
+        if not self.skipped:
+            return
+        named = ", ".join(str(path) for path in self.skipped[:10])
+        more = f" and {len(self.skipped) - 10} more" if len(self.skipped) > 10 else ""
+        rank_zero_info(
+            f"{where}: left out {len(self.skipped)} unreadable file(s) (data.skip_unreadable): {named}{more}"
+        )
+        self.skipped = []
 
     # ---- on the device: augmentation and normalisation of whole batches ----------------------------
     def transform_batch(self, batch: Any, training: bool) -> Any:
@@ -278,7 +308,8 @@ class ImageFolderDataModule(ResumableDataModule):
 
         Raises:
             FileNotFoundError: no such file or folder.
-            ValueError: no image in it, or a file that is not a readable image.
+            ValueError: no (readable) image in it, or, without ``skip_unreadable``, a file that is not
+                a readable image.
         """
         root = Path(path)
         if not root.exists():
@@ -286,8 +317,11 @@ class ImageFolderDataModule(ResumableDataModule):
         files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             raise DataError(f"INPUTS={path}: no images ({', '.join(IMAGE_SUFFIXES)})")
-        images, _ = self._decode([(file, 0) for file in files])
-        ids = [file.name if root.is_file() else file.relative_to(root).as_posix() for file in files]
+        images, _, kept = self._decode([(file, 0) for file in files])
+        self._report_skipped(f"INPUTS={path}")
+        if not kept:
+            raise DataError(f"INPUTS={path}: no readable images")
+        ids = [file.name if root.is_file() else file.relative_to(root).as_posix() for file, _ in kept]
         return ids, images.float()
 
     def state_dict(self) -> dict[str, Any]:
@@ -325,7 +359,9 @@ def unreadable(path: Path, error: Exception) -> DataError:
     """The one-line error naming ``path`` for an ``UNREADABLE`` error of Pillow, and the fix."""
     if isinstance(error, Image.DecompressionBombError):  # a few KB of PNG can claim billions of pixels
         return DataError(
-            f"{path}: {error.args[0].split(',')[0]}, Pillow's guard against decompression bombs; remove the file, "
-            "or raise PIL.Image.MAX_IMAGE_PIXELS if you trust it"
+            f"{path}: {error.args[0].split(',')[0]}, Pillow's guard against decompression bombs; remove the file "
+            "(or set data.skip_unreadable=true), or raise PIL.Image.MAX_IMAGE_PIXELS if you trust it"
         )
-    return DataError(f"{path}: not a readable image ({error}); remove or replace the file")
+    return DataError(
+        f"{path}: not a readable image ({error}); remove or replace the file, or set data.skip_unreadable=true"
+    )
