@@ -1,8 +1,14 @@
 """Run what a bake ships, as its README tells a user to: make test, make lint, make train."""
 
 import json
+import os
 import re
+import signal
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -51,15 +57,8 @@ def test_default_bake_passes_its_own_tests_and_trains(cookies) -> None:
         assert done.returncode != 0 and "ugly.py" in done.stdout, done.stdout + done.stderr
         (project / "src" / project.name.replace("-", "_") / "ugly.py").unlink()
 
-        # `make train` as written in the README: wandb offline (no login), no terminal.
-        make(project, "train", args="--trainer.max_epochs=3")
-        (summary_path,) = (project / "logs").rglob("test_metrics.json")
-        summary = json.loads(summary_path.read_text())
-        assert summary["metrics"]["test/acc"] > 0.8  # 3 epochs; the full run is measured by `make demo`
-        run_dir = summary_path.parent
-        assert {p.name for p in (run_dir / "checkpoints").iterdir()} >= {"last.ckpt", Path(summary["checkpoint"]).name}
-        assert (run_dir / "config.yaml").exists()
-        assert list((project / "logs" / "wandb").glob("offline-run-*")), "wandb did not log offline"
+        # Every command of the README's quick start, "Ship a trained model" and sweeps, as written.
+        run_the_readme(project)
 
         # `make bench` (shortened): a JSON summary, the spread of the pair ratios, then
         # overhead_ratio=<float> as its last line.
@@ -71,6 +70,107 @@ def test_default_bake_passes_its_own_tests_and_trains(cookies) -> None:
         assert summary["project_step_ms"] > 0 and summary["plain_step_ms"] > 0 and summary["first_step_s"] > 0
         assert summary["loader_samples_per_s"] > summary["train_samples_per_s"] > 0  # in-memory digits
         assert abs(summary["overhead_ratio"] - summary["project_step_ms"] / summary["plain_step_ms"]) < 1e-9
+
+
+README_SECTIONS = ("Quick start", "Ship a trained model", "Hyperparameter search")
+# Run elsewhere, not here: `make install` is what CI's `make demo` runs (here the bake is installed
+# into this environment without resolving anything), and `make test` runs above.
+RUN_ELSEWHERE = ("make install", "make test")
+
+
+def readme_commands(readme: str, section: str) -> list[str]:
+    """The shell commands of the ```bash blocks under ``## section``, comments dropped."""
+    body = readme.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", body, flags=re.DOTALL)
+    lines = [line.split("  #", 1)[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_the_readme(project: Path) -> None:
+    """Run the README's commands in order in the default bake and check what each leaves behind.
+
+    Two changes a user could make too keep the sweep short: configs/sweep.yaml asks for 2 trials
+    of 2 epochs, and the README's "--n_trials=40" becomes 3. `make serve` runs in the background
+    on a free port (PORT=, as the README says) until the commands after it (the curl) are done.
+    """
+    readme = (project / "README.md").read_text()
+    commands = [command for section in README_SECTIONS for command in readme_commands(readme, section)]
+    assert len(commands) >= 10 and sum(c.startswith("curl ") for c in commands) == 1, commands
+    sweep = project / "configs" / "sweep.yaml"
+    sweep.write_text(sweep.read_text().replace("n_trials: 20", "n_trials: 2").replace("max_epochs=10", "max_epochs=2"))
+    logs, port = project / "logs" / project.name, free_port()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PORT": str(port)}
+    env.pop("PYTEST_ADDOPTS", None)
+    server = None
+    try:
+        for command in commands:
+            if command.startswith(RUN_ELSEWHERE):
+                continue
+            if command == "make serve":
+                server = subprocess.Popen(["bash", "-c", command], cwd=project, env=env, start_new_session=True,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                wait_for_health(port, server)
+                continue
+            if command.startswith("curl "):
+                command = command.replace("localhost:8000", f"localhost:{port}")
+                command = re.sub(r"-d '.*\.\.\..*'", "-d '" + json.dumps({"inputs": [[[[0] * 8] * 8]]}) + "'", command)
+            command = command.replace("--n_trials=40", "--n_trials=3")
+            done = subprocess.run(["bash", "-c", command], cwd=project, env=env, capture_output=True, text=True,
+                                  timeout=900)  # fmt: skip
+            assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            check_readme_command(command, done.stdout, project, logs)
+    finally:
+        if server is not None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
+    assert server is not None, "the README's quick start has no `make serve`"
+
+
+def check_readme_command(command: str, output: str, project: Path, logs: Path) -> None:
+    """What a README command must leave behind (any command must exit 0)."""
+    runs = sorted(path.parent for path in logs.glob("*/config.yaml"))
+    if command == "make train":  # wandb offline (no login), no terminal
+        (run_dir,) = runs
+        summary = json.loads((run_dir / "test_metrics.json").read_text())
+        assert summary["metrics"]["test/acc"] >= 0.98  # measured 0.9963 (`make demo`)
+        assert {"last.ckpt", Path(summary["checkpoint"]).name} <= {p.name for p in (run_dir / "checkpoints").iterdir()}
+        assert list((project / "logs" / "wandb").glob("offline-run-*")), "wandb did not log offline"
+    elif command == "make resume":
+        assert len(runs) == 1  # the same run folder
+    elif command == "make predict":
+        (predictions,) = logs.glob("*/predictions.csv")
+        assert len(predictions.read_text().splitlines()) == 271  # header + 270 test digits
+    elif command == "make export":
+        (export,) = logs.glob("*/export")
+        assert {"model.onnx", "model.pt2", "export.json", "model-card.md"} <= {p.name for p in export.iterdir()}
+    elif command.startswith("curl "):
+        answer = json.loads(output)
+        assert len(answer["labels"]) == 1 and abs(sum(answer["probabilities"][0]) - 1) < 1e-4, answer
+    elif command.startswith("make sweep"):
+        trials = 3 if "--n_trials" in command else 2
+        assert len([run for run in runs if run.name.startswith("digits-trial")]) == trials
+        assert (project / "logs" / "sweeps" / "digits" / "best.yaml").is_file()
+    elif command.startswith("make train CONFIG="):
+        assert len(list(logs.glob("best-*/test_metrics.json"))) == 1, runs
+
+
+def wait_for_health(port: int, server: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.poll() is None, "make serve exited"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"make serve did not answer /health on port {port} within {timeout} s")
 
 
 @pytest.mark.slow

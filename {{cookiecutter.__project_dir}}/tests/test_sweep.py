@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine.runs import run_dir
 from {{ cookiecutter.package_name }}.sweep import sweep
 
 LEARNING_RATE = {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}
@@ -97,6 +98,10 @@ def test_a_killed_sweep_continues_to_its_trial_count(tmp_path: Path) -> None:
         == study_best.params["model.init_args.optimizer.init_args.lr"]
     )
     assert main([f"--config={best}"], run=False).trainer.max_epochs == 2
+    # ... as a new run: its own run folder, not the trial's (whose logger run has ended).
+    again = main(["fit", f"--config={best}", "--trainer.max_epochs=1"])
+    assert str(run_dir(again.trainer)) not in run_dirs and run_dir(again.trainer).name.startswith("best-")
+    assert all(sorted(p.name for p in Path(d).glob("config*.yaml")) == ["config.yaml"] for d in run_dirs)
 
 
 UNIFORM = {"type": "uniform", "low": 0, "high": 1}  # not an Optuna distribution name here

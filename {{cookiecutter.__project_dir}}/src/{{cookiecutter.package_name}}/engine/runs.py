@@ -328,7 +328,10 @@ class SaveConfigToRunDir(SaveConfigCallback):
     """Saves the full resolved config as ``config.yaml`` beside the run's ``checkpoints/``.
 
     Lightning's default writes it to ``trainer.log_dir``, which for wandb is the shared save
-    folder, so every run would overwrite the last one's config.
+    folder, so every run would overwrite the last one's config. The loggers' run ids (``version``,
+    ``id``) are left out: the folder already names the run, and ``--config <run>/config.yaml`` (or
+    a sweep's ``best.yaml``, a copy of its best trial's) then trains a new run instead of writing
+    into the old one's folder and logger run.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -345,7 +348,13 @@ class SaveConfigToRunDir(SaveConfigCallback):
             # A resumed run (requeued SLURM job, --ckpt_path) continues in the same folder: keep
             # its first config, and add this one beside it only when it differs.
             path = folder / f"{path.stem}.new{path.suffix}"
-        self.parser.save(self.config, path, skip_unset=False, overwrite=True, multifile=self.multifile)
+        config = self.config.clone()
+        loggers = config.trainer.get("logger")
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            for key in ("version", "id"):
+                if getattr(logger, "init_args", None) is not None and logger.init_args.get(key) is not None:
+                    logger.init_args[key] = None
+        self.parser.save(config, path, skip_unset=False, overwrite=True, multifile=self.multifile)
         if path.name != self.config_filename:
             first = folder / self.config_filename
             if path.read_bytes() == first.read_bytes():
