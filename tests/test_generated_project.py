@@ -156,8 +156,9 @@ def check_readme_command(command: str, output: str, project: Path, logs: Path) -
         trials = 3 if "--n_trials" in command else 2
         assert len([run for run in runs if run.name.startswith("digits-trial")]) == trials
         assert (project / "logs" / "sweeps" / "digits" / "best.yaml").is_file()
-    elif command.startswith("make train CONFIG="):
-        assert len(list(logs.glob("best-*/test_metrics.json"))) == 1, runs
+    elif command.startswith("make train CONFIG="):  # a new run, not the trial's folder again
+        assert len(list(logs.glob("best-*/checkpoints/last.ckpt"))) == 1, runs
+        assert not list(logs.glob("digits-trial*/config-resumed-*.yaml"))
 
 
 def wait_for_health(port: int, server: subprocess.Popen, timeout: float = 180) -> None:

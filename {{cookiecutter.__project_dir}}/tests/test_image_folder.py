@@ -1,10 +1,14 @@
 """Your own images: a folder of PNGs made here trains to a stated accuracy; bad folders fail before training."""
 
+import base64
 import csv
 import importlib.util
+import io
 import json
 import logging
 import shutil
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +125,73 @@ def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
         message = "no such folder" if moved else r"class folders \['aaa-new-class', .*\] are not the classes"
         with user_error(message):
             predict_main(["--ckpt", str(trained.checkpoint), "--output", str(tmp_path / "test.csv")])
+
+    # Served: image files as base64 text beside arrays, answered as predict answers for the same
+    # files; refused files are one 422 line each, and the worker goes on.
+    if importlib.util.find_spec("litserve") is None:
+        pytest.skip("the serve extra is not installed: pip install -e '.[serve]'")
+    from test_ship import post, serving
+
+    files = sorted(samples.glob("*.png"), key=lambda path: int(path.stem))[:3]
+    encoded = [base64.b64encode(path.read_bytes()).decode() for path in files]
+    encoded[1] = "data:image/png;base64," + encoded[1]
+    array = again.datamodule.read_inputs(str(files[2]))[1][0].tolist()
+    with open(after) as file:
+        expected = {row["id"]: row for row in csv.DictReader(file)}
+    with serving(trained.checkpoint, tmp_path, "--max_image_pixels", "4096") as (port, process, _):
+        status, answer = post(port, json.dumps({"inputs": [*encoded, array]}).encode())
+        assert status == 200, answer
+        assert answer["labels"] == [expected[path.name]["label"] for path in [*files, files[2]]]
+        for probabilities, path in zip(answer["probabilities"], [*files, files[2]], strict=True):
+            assert max(probabilities) == pytest.approx(float(expected[path.name]["probability"]), abs=1e-5)
+        bomb = base64.b64encode(bomb_png(100_000, 100_000)).decode()
+        refused = {
+            "not base64": ("@@@", "inputs[0] must be an image file (PNG, JPEG, ...) as base64 text"),
+            "not an image": (base64.b64encode(b"hello").decode(), "inputs[0] is not an image file Pillow reads"),
+            "too large": (png_base64(np.zeros((80, 80), np.uint8)), "80x80 = 6400 pixels; the server takes at most"),
+            "a bomb": (bomb, "too many pixels; the server takes at most 4096"),
+        }
+        for case, (item, message) in refused.items():
+            status, answer = post(port, json.dumps({"inputs": [item]}).encode())
+            assert status == 422 and message in answer, (case, answer)
+        assert post(port, json.dumps({"inputs": encoded[:1]}).encode())[0] == 200
+        assert process.poll() is None
+
+
+def png_base64(pixels: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def bomb_png(width: int, height: int) -> bytes:
+    """A PNG header claiming ``width`` x ``height`` grey pixels, with almost no data behind it."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    data = zlib.compress(b"\x00" * 64)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+
+
+def test_a_request_may_hold_image_files_decoded_as_inputs_files_are(tmp_path: Path) -> None:
+    pytest.importorskip("litserve", reason="the serve extra is not installed: pip install -e '.[serve]'")
+    from {{ cookiecutter.package_name }}.engine.serving import check_inputs
+
+    root = make_folder(tmp_path / "images", per_class=10)
+    data = ImageFolderDataModule(root=str(root), image_size=8, batch_size=4)
+    data.setup("fit")
+    schema = {**data.request_schema(), "max_inputs": 4, "max_image_pixels": 24 * 24}
+    files = [root / "blobs" / "0.png", root / "vertical" / "1.png"]  # RGB and grey: both become RGB
+    encoded = [base64.b64encode(path.read_bytes()).decode() for path in files]
+    check_inputs(encoded, schema)
+    decoded = data.inputs_from_json(encoded)
+    assert torch.equal(decoded, torch.cat([data.read_inputs(str(path))[1] for path in files]))
+    with pytest.raises(ValueError, match=r"^inputs\[0\]: an image of 25x24 = 600 pixels; the server takes at most 576"):
+        check_inputs([png_base64(np.zeros((24, 25), np.uint8))], schema)
+    with pytest.raises(ValueError, match=r"^inputs\[0\]: the image file does not decode"):
+        data.inputs_from_json([base64.b64encode(files[0].read_bytes()[:200]).decode()])  # truncated after the header
 
 
 def write_bad(kind: str, root: Path) -> Path:

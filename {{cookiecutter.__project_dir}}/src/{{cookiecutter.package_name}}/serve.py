@@ -31,6 +31,7 @@ def serve(
     batch_timeout: float = 0.005,
     max_inputs: int = 256,
     max_body_bytes: int = 1 << 20,
+    max_image_pixels: int = 4096 * 4096,
     accelerator: str = "auto",
     workers_per_device: int = 1,
     trust: str | None = None,
@@ -45,6 +46,8 @@ def serve(
         batch_timeout: seconds a request waits for others to join its batch.
         max_inputs: most examples in one request (more: HTTP 422).
         max_body_bytes: largest request body in bytes (more: HTTP 413).
+        max_image_pixels: most pixels of an image file in a request (image-folder models), read
+            from its header before anything is decoded (more: HTTP 422).
         accelerator: "auto" (CUDA when available), "cpu" or "cuda".
         workers_per_device: model copies per device, each its own process.
         trust: modules besides this project's package whose classes the checkpoint may name,
@@ -66,6 +69,7 @@ def serve(
         batch_timeout=batch_timeout,
         max_inputs=max_inputs,
         max_body_bytes=max_body_bytes,
+        max_image_pixels=max_image_pixels,
         accelerator=accelerator,
         workers_per_device=workers_per_device,
         trust=trusted_modules(trust),

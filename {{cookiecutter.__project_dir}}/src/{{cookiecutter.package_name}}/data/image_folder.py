@@ -32,6 +32,7 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
+from {{ cookiecutter.package_name }}.engine.contract import image_file_bytes, open_image
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.inference import Standardize
@@ -233,16 +234,21 @@ class ImageFolderDataModule(ResumableDataModule):
         for path, label in items:
             try:
                 with Image.open(path) as image:
-                    pixels = np.asarray(image.convert(self.mode).resize((size, size), Image.Resampling.BILINEAR))
+                    images[len(kept)] = self._pixels(image)
             except UNREADABLE as error:
                 if not self.hparams.skip_unreadable:
                     raise unreadable(path, error) from None
                 self.skipped.append(path)
                 continue
-            images[len(kept)] = torch.from_numpy(pixels.reshape(size, size, -1).copy()).permute(2, 0, 1)
             kept.append((path, label))
         labels = torch.tensor([label for _, label in kept], dtype=torch.int64)
         return (images if len(kept) == len(items) else images[: len(kept)].clone()), labels, kept
+
+    def _pixels(self, image: Image.Image) -> torch.Tensor:
+        """An opened image as the model takes it: converted to ``mode``, resized (bilinear), (C, H, W) uint8."""
+        size = self.hparams.image_size
+        pixels = np.asarray(image.convert(self.mode).resize((size, size), Image.Resampling.BILINEAR))
+        return torch.from_numpy(pixels.reshape(size, size, -1).copy()).permute(2, 0, 1)
 
     def _report_skipped(self, where: str) -> None:
         """One log line for the files skip_unreadable left out since the last report: their count, the first ten."""
@@ -299,7 +305,28 @@ class ImageFolderDataModule(ResumableDataModule):
 
     def request_schema(self) -> dict[str, Any]:
         size = self.hparams.image_size
-        return {"kind": "array", "shape": [self.num_channels, size, size], "min": 0.0, "max": 255.0}
+        shape = [self.num_channels, size, size]
+        return {"kind": "array", "shape": shape, "min": 0.0, "max": 255.0, "image_files": True}
+
+    def inputs_from_json(self, inputs: list[Any]) -> torch.Tensor:
+        """Raw images (B, C, H, W) float32 0-255 from a request: each a nested list as the model takes it,
+        or an image file as base64 text, decoded and resized as ``INPUTS=`` files are.
+
+        Raises:
+            ValueError: an image file that Pillow cannot decode (its header passed the server's check).
+        """
+        images = []
+        for index, item in enumerate(inputs):
+            if not isinstance(item, str):
+                images.append(torch.tensor(item, dtype=torch.float32))
+                continue
+            where = f"inputs[{index}]"
+            try:
+                with open_image(image_file_bytes(item, where), where) as image:
+                    images.append(self._pixels(image).float())
+            except UNREADABLE as error:  # a header that promises more than the file holds
+                raise DataError(f"{where}: the image file does not decode ({error})") from None
+        return torch.stack(images)
 
     def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
         """Every image under folder ``path`` (or one image file), decoded and resized as in training.

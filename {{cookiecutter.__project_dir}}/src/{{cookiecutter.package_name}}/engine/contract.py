@@ -30,13 +30,49 @@ the DataModule, hyperparameters of both): a trained model never re-reads its tra
 answer (class names, channel modes, sizes, statistics, encoders, vocabularies).
 """
 
+import base64
+import binascii
+import io
 from typing import Any
 
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from {{ cookiecutter.package_name }}.engine.errors import DataError
+
+
+def image_file_bytes(text: str, where: str) -> bytes:
+    """The bytes of an image file sent as base64 text (a ``data:image/...;base64,`` URL too).
+
+    Raises:
+        ValueError: the text is not base64; names ``where``.
+    """
+    payload = text.split(",", 1)[1] if text.startswith("data:") else text
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise DataError(f"{where} must be an image file (PNG, JPEG, ...) as base64 text; it is not base64") from None
+
+
+def open_image(data: bytes, where: str, max_pixels: int | None = None) -> Image.Image:
+    """A Pillow image of file bytes ``data``, its header read; call ``load()`` or ``convert()`` to decode.
+
+    Raises:
+        ValueError: not an image file Pillow reads, or more than ``max_pixels`` pixels (a
+            decompression bomb: a few KB of PNG can claim billions); names ``where`` and the limit.
+    """
+    try:
+        image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError:
+        image = None
+    except (OSError, UnidentifiedImageError):
+        raise DataError(f"{where} is not an image file Pillow reads (PNG, JPEG, ...)") from None
+    if image is None or (max_pixels is not None and image.width * image.height > max_pixels):
+        size = f"{image.width}x{image.height} = {image.width * image.height} pixels" if image else "too many pixels"
+        raise DataError(f"{where}: an image of {size}; the server takes at most {max_pixels} (--max_image_pixels)")
+    return image
 
 
 class BatchTransform(nn.Module):

@@ -9,7 +9,9 @@ https://lightning.ai/docs/litserve
 - A request is checked in the HTTP process, before it can join a batch: not JSON, no ``inputs``,
   too many inputs, or an input of the wrong shape, type or range (NaN, infinities and numbers
   beyond float32 included) gets 422 naming the input and the problem, without echoing the input
-  back. Bodies over ``max_body_bytes`` get 413.
+  back. Bodies over ``max_body_bytes`` get 413. A DataModule whose schema says ``image_files``
+  (image folders) also takes image files as base64 text: only their header is read here, and
+  one of more than ``max_image_pixels`` pixels (a decompression bomb too) gets 422.
 - A request that still fails in the worker fails alone (LitServe would fail its whole batch): each
   request is decoded on its own, and a batch that raises is run again one request at a time, so
   only the request that raises gets an error (422 for a ``ValueError`` of its decoding, naming
@@ -40,6 +42,7 @@ from fastapi.responses import JSONResponse
 from litserve.middlewares import MaxSizeMiddleware
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from {{ cookiecutter.package_name }}.engine.contract import image_file_bytes, open_image
 from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
 
 SCHEMA_VARIABLE = "SERVE_REQUEST_SCHEMA"
@@ -56,7 +59,9 @@ def check_inputs(inputs: list[Any], schema: dict[str, Any]) -> None:
     finite numbers), ``{"kind": "row", "columns": [...], "numeric": [...]}`` (objects with exactly
     these keys; values numbers, strings, booleans or null, and in a ``numeric`` column a finite
     number within float32 or null), ``{"kind": "text", "max_bytes": n}`` (non-empty strings).
-    Every kind also has ``max_inputs``.
+    Every kind also has ``max_inputs``. An array schema with ``"image_files": true`` also takes an
+    image file as base64 text in place of an array; its header is read here (never the pixels) and
+    more than ``max_image_pixels`` pixels is refused.
     """
     if not inputs:
         raise ValueError("inputs is empty: send at least one example")
@@ -64,7 +69,9 @@ def check_inputs(inputs: list[Any], schema: dict[str, Any]) -> None:
         raise ValueError(f"{len(inputs)} inputs in one request; send at most {schema['max_inputs']}")
     for index, example in enumerate(inputs):
         where = f"inputs[{index}]"
-        if schema["kind"] == "array":
+        if schema["kind"] == "array" and isinstance(example, str) and schema.get("image_files"):
+            open_image(image_file_bytes(example, where), where, schema["max_image_pixels"]).close()
+        elif schema["kind"] == "array":
             _check_array(example, schema["shape"], schema.get("min"), schema.get("max"), where)
         elif schema["kind"] == "row":
             _check_row(example, schema["columns"], schema.get("numeric", ()), where)
@@ -82,6 +89,8 @@ def describe_request(datamodule: Any, max_inputs: int) -> str:
             f"a nested list of shape {schema['shape']} of numbers in [{schema.get('min')}, {schema.get('max')}] "
             f"({datamodule.raw_description()})"
         )
+        if schema.get("image_files"):
+            each += ", or an image file (PNG, JPEG, ...) as base64 text, decoded and resized as INPUTS= files are"
     elif schema["kind"] == "row":
         columns = schema["columns"]
         shown = ", ".join(columns[:6]) + (f", ... ({len(columns)} columns)" if len(columns) > 6 else "")
@@ -305,6 +314,7 @@ def build_server(
     batch_timeout: float = 0.005,
     max_inputs: int = 256,
     max_body_bytes: int = 1 << 20,
+    max_image_pixels: int = 4096 * 4096,
     accelerator: str = "auto",
     workers_per_device: int = 1,
     timeout: float = 30.0,
@@ -316,11 +326,12 @@ def build_server(
         max_batch_size: most requests run as one batch; ``batch_timeout`` seconds to wait for them.
         max_inputs: most examples in one request (more: 422).
         max_body_bytes: largest request body (more: 413).
+        max_image_pixels: most pixels of an image file in a request, read from its header (more: 422).
         accelerator: "auto", "cpu" or "cuda"; ``workers_per_device`` model copies per device.
         timeout: seconds a request may wait for its answer (then 504).
         trust: modules besides the project's that the checkpoint may name (engine.inference).
     """
-    schema = {**trained.datamodule.request_schema(), "max_inputs": max_inputs}
+    schema = {**trained.datamodule.request_schema(), "max_inputs": max_inputs, "max_image_pixels": max_image_pixels}
     os.environ[SCHEMA_VARIABLE] = json.dumps(schema)  # read by the HTTP processes, which start after this
     api_class = BatchedPredictorAPI if max_batch_size > 1 else PredictorAPI
     api = api_class(trained.checkpoint, max_batch_size=max_batch_size, batch_timeout=batch_timeout, trust=trust)
