@@ -8,8 +8,11 @@ import json
 import logging
 import shutil
 import struct
+import urllib.error
+import urllib.request
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -155,7 +158,27 @@ def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
             status, answer = post(port, json.dumps({"inputs": [item]}).encode())
             assert status == 422 and message in answer, (case, answer)
         assert post(port, json.dumps({"inputs": encoded[:1]}).encode())[0] == 200
+        # A multipart upload (curl -F file=@a.png -F file=@b.png): its files are the inputs, in order.
+        status, answer = upload(port, [path.read_bytes() for path in files])
+        assert status == 200 and answer["labels"] == [expected[path.name]["label"] for path in files], answer
+        status, answer = upload(port, [b"\0" * (1 << 20)])
+        assert status == 413 and "over 1048576 bytes, the server's --max_body_bytes" in answer, answer
         assert process.poll() is None
+
+
+def upload(port: int, files: list[bytes]) -> tuple[int, Any]:
+    """POST ``files`` to the server as a multipart/form-data upload, each as a part named "file"."""
+    boundary = "----test-boundary-7MA4YWxkTrZu0gW"
+    head = '--{}\r\nContent-Disposition: form-data; name="file"; filename="{}.png"\r\nContent-Type: image/png\r\n\r\n'
+    parts = [head.format(boundary, index).encode() + data + b"\r\n" for index, data in enumerate(files)]
+    body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/predict", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(errors="replace")
 
 
 def png_base64(pixels: np.ndarray) -> str:

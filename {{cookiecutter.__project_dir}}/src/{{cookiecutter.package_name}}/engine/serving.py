@@ -18,12 +18,14 @@ https://lightning.ai/docs/litserve
   it; 500 otherwise). Each failure is one line in the log; the first one of a worker also logs
   its traceback.
 - The body is read as JSON whatever its ``Content-Type`` says: ``curl -d`` sends
-  ``application/x-www-form-urlencoded`` unless told otherwise.
+  ``application/x-www-form-urlencoded`` unless told otherwise. A ``multipart/form-data`` upload
+  (``curl -F file=@cat.png``) becomes ``{"inputs": [<each file as base64 text>, ...]}``.
 
 The checks come from the DataModule's ``request_schema()`` (see :func:`check_inputs`); the HTTP
 processes read it from an environment variable, as they do not load the model.
 """
 
+import base64
 import json
 import logging
 import math
@@ -41,6 +43,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from litserve.middlewares import MaxSizeMiddleware
 from pydantic import BaseModel, ConfigDict, field_validator
+from starlette.datastructures import UploadFile
 
 from {{ cookiecutter.package_name }}.engine.contract import image_file_bytes, open_image
 from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
@@ -177,19 +180,58 @@ async def refuse_request(request: Request, error: RequestValidationError) -> JSO
 
 
 class JSONBodyMiddleware:
-    """Read ``POST`` bodies as JSON whatever their ``Content-Type`` (``curl -d`` sends a form type).
+    """Read ``POST`` bodies as JSON whatever their ``Content-Type`` (``curl -d`` sends a form type),
+    and a ``multipart/form-data`` upload as ``{"inputs": [...]}`` of its files, each as base64 text.
 
-    A plain ASGI middleware: it rewrites the request's header before FastAPI parses the body.
+    A plain ASGI middleware: it rewrites the request before FastAPI parses the body. An upload is
+    read whole here (at most ``max_body_bytes``, else 413) and parsed by Starlette's form parser.
     """
 
-    def __init__(self, app) -> None:
-        self.app = app
+    def __init__(self, app, max_body_bytes: int = 1 << 20) -> None:
+        self.app, self.max_body_bytes = app, max_body_bytes
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope.get("method") == "POST":
             headers = [(name, value) for name, value in scope["headers"] if name.lower() != b"content-type"]
+            if dict(scope["headers"]).get(b"content-type", b"").startswith(b"multipart/form-data"):
+                body = await self.upload_as_json(scope, receive)
+                if body is None:
+                    limit = f"the request body is over {self.max_body_bytes} bytes, the server's --max_body_bytes"
+                    await JSONResponse({"detail": limit}, status_code=413)(scope, receive, send)
+                    return
+                headers = [(name, value) for name, value in headers if name.lower() != b"content-length"]
+                headers.append((b"content-length", str(len(body)).encode()))
+                receive = _replay(body)
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         await self.app(scope, receive, send)
+
+    async def upload_as_json(self, scope, receive) -> bytes | None:
+        """``{"inputs": [base64 of each uploaded file, in order]}`` as JSON bytes; None past the size limit."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                return None
+            more = message.get("more_body", False)
+        form = await Request(scope, _replay(b"".join(chunks))).form(max_files=1 << 16)
+        files = [await item.read() for _, item in form.multi_items() if isinstance(item, UploadFile)]
+        return json.dumps({"inputs": [base64.b64encode(data).decode() for data in files]}).encode()
+
+
+def _replay(body: bytes):
+    """An ASGI ``receive`` that gives ``body`` in one message."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
 
 
 @dataclass
@@ -340,7 +382,10 @@ def build_server(
         accelerator=accelerator,
         workers_per_device=workers_per_device,
         timeout=timeout,
-        middlewares=[(MaxSizeMiddleware, {"max_size": max_body_bytes}), JSONBodyMiddleware],
+        middlewares=[
+            (MaxSizeMiddleware, {"max_size": max_body_bytes}),
+            (JSONBodyMiddleware, {"max_body_bytes": max_body_bytes}),
+        ],
     )
     server.app.add_exception_handler(RequestValidationError, refuse_request)
     return server
