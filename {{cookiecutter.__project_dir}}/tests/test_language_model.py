@@ -15,9 +15,11 @@ from conftest import CONFIGS, shrunk_args, user_error
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import TextDataModule
 from {{ cookiecutter.package_name }}.data.text import TokenWindows, read_text
+from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.models import LanguageModel
 from {{ cookiecutter.package_name }}.nets import GPT
+from {{ cookiecutter.package_name }}.predict import main as predict_main
 
 EXPERIMENT = CONFIGS / "experiments" / "text-folder.yaml"
 
@@ -177,6 +179,23 @@ def test_own_folder_of_text_trains_below_its_unigram_entropy_and_generates(
     model = LanguageModel.load_from_checkpoint(summary["checkpoint"], weights_only=True)
     with pytest.raises(ValueError, match="the prompt has 33 tokens"):
         model.generate(TextDataModule.encode("x" * 33).unsqueeze(0), 5)
+
+
+def test_a_trained_model_generates_and_serves_after_its_text_moved(tmp_path: Path, capsys) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the whale sees the sea.\n" * 400)
+    cli = main(["fit", *shrunk_args(tmp_path), f"--data.init_args.path={corpus}", "--test_after_fit=false"])
+    checkpoint = Path(cli.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    corpus.rename(tmp_path / "moved.txt")
+    trained = load_trained(checkpoint)  # the checkpoint alone: the text is not read
+    (completion,) = trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(["the whale"]))
+    assert isinstance(completion, str) and completion
+    assert "max_bytes" in trained.datamodule.request_schema()  # what make serve's start-up asks
+    capsys.readouterr()
+    generate_main(["--ckpt", str(checkpoint), "--prompt", "the ", "--max_new_tokens", "20"])
+    assert capsys.readouterr().out.startswith("the ")
+    with user_error(rf"{corpus}.* does not exist"):  # the test split needs the text, and says so
+        predict_main(["--ckpt", str(checkpoint), "--output", str(tmp_path / "predictions.jsonl")])
 
 
 def test_a_run_shorter_than_an_epoch_validates_and_tests_its_best_checkpoint(tmp_path: Path) -> None:

@@ -96,8 +96,10 @@ class TextDataModule(ResumableDataModule):
     """Byte-level language-model data: batches of (inputs (B, T), targets (B, T)) int64 token ids.
 
     ``vocab_size`` (256) and ``block_size`` are known as soon as the module exists: the CLI links
-    them to the net. The text is read and checked when the module is built, so a bad path or a
-    corpus too short for one window fails before anything trains.
+    them to the net. The text is read and checked when first needed: the CLI asks for
+    ``vocab_size`` while it builds the model, so a bad path or a corpus too short for one window
+    fails before anything trains. A model rebuilt from a checkpoint never reads it to generate or
+    serve (text in, bytes out): the corpus may move after training.
 
     Args:
         path: a UTF-8 text file or a folder of text files; None for the bundled corpus.
@@ -136,21 +138,39 @@ class TextDataModule(ResumableDataModule):
         self.stride = stride or block_size
         if not suffixes or not all(suffix.strip(".") for suffix in suffixes):
             raise ConfigError(f"data.suffixes must name at least one file ending such as .txt, got {list(suffixes)}")
-        endings = tuple("." + suffix.lower().lstrip(".") for suffix in suffixes)
-        tokens = torch.frombuffer(bytearray(read_text(path, endings)), dtype=torch.uint8)  # (N,) bytes
-        ends = (int(len(tokens) * (1 - val_fraction - test_fraction)), int(len(tokens) * (1 - test_fraction)))
-        self.splits = {"train": tokens[: ends[0]], "val": tokens[ends[0] : ends[1]], "test": tokens[ends[1] :]}
-        for name, part in self.splits.items():
-            if len(part) < block_size + 1:
-                where = "the bundled corpus" if path is None else path
-                raise DataError(
-                    f"data: the {name} split of {where} has {len(part)} bytes, fewer than one window "
-                    f"(data.block_size + 1 = {block_size + 1}); lower data.block_size or give more text "
-                    f"({len(tokens)} bytes in all)"
-                )
+        self._splits: dict[str, torch.Tensor] | None = None
+
+    @property
+    def splits(self) -> dict[str, torch.Tensor]:
+        """The text as bytes (N,) uint8, split in order: ``{"train", "val", "test"}``; read when first asked.
+
+        Raises:
+            ValueError: see :func:`read_text`; or a split shorter than one window.
+        """
+        if self._splits is None:
+            hp = self.hparams
+            endings = tuple("." + suffix.lower().lstrip(".") for suffix in hp.suffixes)
+            tokens = torch.frombuffer(bytearray(read_text(hp.path, endings)), dtype=torch.uint8)  # (N,) bytes
+            ends = (
+                int(len(tokens) * (1 - hp.val_fraction - hp.test_fraction)),
+                int(len(tokens) * (1 - hp.test_fraction)),
+            )
+            splits = {"train": tokens[: ends[0]], "val": tokens[ends[0] : ends[1]], "test": tokens[ends[1] :]}
+            for name, part in splits.items():
+                if len(part) < hp.block_size + 1:
+                    where = "the bundled corpus" if hp.path is None else hp.path
+                    raise DataError(
+                        f"data: the {name} split of {where} has {len(part)} bytes, fewer than one window "
+                        f"(data.block_size + 1 = {hp.block_size + 1}); lower data.block_size or give more text "
+                        f"({len(tokens)} bytes in all)"
+                    )
+            self._splits = splits
+        return self._splits
 
     @property
     def vocab_size(self) -> int:
+        """256 byte values; asking reads and checks the text (the CLI asks while it builds the model)."""
+        self.splits  # noqa: B018 -- a bad path or a too short text fails here, before any run folder exists
         return VOCAB_SIZE
 
     @property
