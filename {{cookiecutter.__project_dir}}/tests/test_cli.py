@@ -22,7 +22,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.callbacks import ModelSummary, PreemptionCheckpoint
 from {{ cookiecutter.package_name }}.engine.config import wandb_is_configured
 from {{ cookiecutter.package_name }}.engine.precision import fall_back_to_fp16_without_bf16
-from {{ cookiecutter.package_name }}.engine.runs import run_dir
+from {{ cookiecutter.package_name }}.engine.runs import RUN_NAME_VARIABLE, new_run_name, run_dir
 
 PRESETS = sorted(path.stem for path in (CONFIGS / "presets").glob("*.yaml"))
 
@@ -98,6 +98,22 @@ def test_a_default_run_prints_only_lines_a_person_needs(tmp_path: Path) -> None:
     assert "\x1b[" not in output  # no colour codes in a file
     (run,) = (tmp_path / "logs" / "test").iterdir()
     assert sum(line.startswith(f"Run folder: {run}") for line in lines) == 1
+
+
+def test_the_processes_lightning_starts_name_the_run_as_rank_zero_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Lightning's DDP launcher runs the same command again for local ranks 1..N-1, with LOCAL_RANK
+    # set and rank 0's environment: a name drawn again there (another time, another random part)
+    # would give those ranks another run folder for whatever they write per rank.
+    for name in (RUN_NAME_VARIABLE, "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    config = Namespace(config=["configs/presets/ddp.yaml"])
+    first = new_run_name(config)
+    assert re.fullmatch(r"ddp-\d{8}-\d{6}-[0-9a-f]{4}", first)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert new_run_name(config) == first
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc:1")
+    assert new_run_name(config) == "ddp-torchrun-abc-1"  # torchrun: every process shares its run id
 
 
 def test_a_step_limited_run_shows_a_bar_that_ends_at_its_last_step(tmp_path: Path) -> None:
