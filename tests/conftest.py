@@ -53,6 +53,7 @@ PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py", "export.py"
 PACKAGE_FILES += ["sweep.py"]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "config", "contract", "data", "launch")]
+PACKAGE_FILES += ["engine/environment.py"]
 PACKAGE_FILES += ["engine/module.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
 PACKAGE_FILES += ["engine/runs.py", "engine/serving.py"]

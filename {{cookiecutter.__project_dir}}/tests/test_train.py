@@ -1,7 +1,9 @@
 """A short real training run: accuracy, the run folder and the checkpoint."""
 
 import csv
+import importlib.metadata
 import json
+import platform
 from pathlib import Path
 
 import matplotlib.image
@@ -41,7 +43,12 @@ def test_run_folder_holds_config_checkpoints_and_metrics(trained) -> None:
     assert "last.ckpt" in checkpoints
     assert len(checkpoints) == 2  # last + the best by val/loss
     expected = {"config.yaml", "test_metrics.json", "metrics.csv", "hparams.yaml", "curves.png", "confusion_matrix.png"}
-    assert expected <= {p.name for p in run.iterdir()}
+    assert expected | {"environment.json"} <= {p.name for p in run.iterdir()}
+    # What it trained with: the torch build and every package's version.
+    environment = json.loads((run / "environment.json").read_text())
+    assert environment["torch"] == torch.__version__ and environment["python"] == platform.python_version()
+    assert environment["packages"]["lightning"] == importlib.metadata.version("lightning")
+    assert environment["packages"]["torchmetrics"] == importlib.metadata.version("torchmetrics")
     summary = json.loads((run / "test_metrics.json").read_text())
     assert Path(summary["checkpoint"]).name in checkpoints - {"last.ckpt"}
 

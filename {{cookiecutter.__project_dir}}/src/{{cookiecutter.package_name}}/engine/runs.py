@@ -24,6 +24,7 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.logger import DummyExperiment
 from lightning.pytorch.utilities import rank_zero_info
 
+from {{ cookiecutter.package_name }}.engine.environment import record_environment
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
 
@@ -325,7 +326,8 @@ def finish_logger_runs() -> None:
 
 
 class SaveConfigToRunDir(SaveConfigCallback):
-    """Saves the full resolved config as ``config.yaml`` beside the run's ``checkpoints/``.
+    """Saves the full resolved config as ``config.yaml`` beside the run's ``checkpoints/``, and the
+    environment it runs in as ``environment.json`` (:mod:`engine.environment`).
 
     Lightning's default writes it to ``trainer.log_dir``, which for wandb is the shared save
     folder, so every run would overwrite the last one's config. The loggers' run ids (``version``,
@@ -348,6 +350,7 @@ class SaveConfigToRunDir(SaveConfigCallback):
             # A resumed run (requeued SLURM job, --ckpt_path) continues in the same folder: keep
             # its first config, and add this one beside it only when it differs.
             path = folder / f"{path.stem}.new{path.suffix}"
+        record_environment(folder)
         config = self.config.clone()
         loggers = config.trainer.get("logger")
         for logger in loggers if isinstance(loggers, list) else [loggers]:
