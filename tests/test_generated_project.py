@@ -103,7 +103,9 @@ def run_the_readme(project: Path) -> None:
     commands = [command for section in README_SECTIONS for command in readme_commands(readme, section)]
     assert len(commands) >= 10 and sum(c.startswith("curl ") for c in commands) == 1, commands
     sweep = project / "configs" / "sweep.yaml"
-    sweep.write_text(sweep.read_text().replace("n_trials: 20", "n_trials: 2").replace("max_epochs=10", "max_epochs=2"))
+    spec = sweep.read_text()
+    assert "n_trials: 20" in spec and "max_epochs=10" in spec and "--n_trials=40" in readme
+    sweep.write_text(spec.replace("n_trials: 20", "n_trials: 2").replace("max_epochs=10", "max_epochs=2"))
     logs, port = project / "logs" / project.name, free_port()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PORT": str(port)}
     env.pop("PYTEST_ADDOPTS", None)
