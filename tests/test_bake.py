@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -97,6 +98,39 @@ def test_make_help_lists_targets_without_colour_codes_off_a_terminal(cookies) ->
     assert re.search(r"^  train +Fit on the bundled data", shown, re.MULTILINE), shown
     targets = re.findall(r"^([a-zA-Z_-]+):.*## ", (project / "Makefile").read_text(), re.MULTILINE)
     assert [line.split()[0] for line in shown.splitlines()] == targets
+
+
+def local_torch_wheel() -> Path | None:
+    """The wheel of this environment's torch when pip finds it on local disk (its find-links), else None."""
+    import torch
+
+    links = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    for folder in re.findall(r"find-links='([^']+)'", links):
+        for wheel in Path(folder).glob(f"torch-{torch.__version__}-*.whl"):
+            return wheel
+    return None
+
+
+def test_make_install_uses_uv_when_it_is_on_the_path_else_pip_and_says_so(cookies) -> None:
+    import torch
+
+    project = bake(cookies)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
+    env["PATH"] = "/usr/bin:/bin"  # no uv: pip, said in one line (a dry run shows the commands)
+    dry = subprocess.run(["make", "-n", "install"], cwd=project, env=env, capture_output=True, text=True, check=True)
+    assert "uv is not on the PATH, so pip installs" in dry.stdout and "python3 -m venv .venv" in dry.stdout
+    assert "uv venv" not in dry.stdout
+
+    uv, wheel = shutil.which("uv", path=str(Path(sys.executable).parent)), local_torch_wheel()
+    if uv is None or wheel is None:
+        pytest.skip("needs uv beside this Python and this torch's wheel on local disk (pip's find-links)")
+    env["PATH"] = f"{Path(uv).parent}:/usr/bin:/bin"  # a real install with uv, torch from its local wheel
+    done = subprocess.run(["make", "install", f"TORCH={wheel}"], cwd=project, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "uv venv --seed" in done.stdout and "not on the PATH" not in done.stdout
+    check = "import torch, lightning, digits_classifier; print(torch.__version__)"
+    python = project / ".venv" / "bin" / "python"
+    assert subprocess.run([python, "-c", check], capture_output=True, text=True).stdout.strip() == torch.__version__
 
 
 @pytest.mark.parametrize(
