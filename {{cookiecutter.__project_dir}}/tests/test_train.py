@@ -13,7 +13,6 @@ from conftest import shrunk_args
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.callbacks import RunPlots
-from {{ cookiecutter.package_name }}.engine.environment import record_environment
 from {{ cookiecutter.package_name }}.models import ImageClassifier
 
 
@@ -52,16 +51,6 @@ def test_run_folder_holds_config_checkpoints_and_metrics(trained) -> None:
     assert environment["packages"]["torchmetrics"] == importlib.metadata.version("torchmetrics")
     summary = json.loads((run / "test_metrics.json").read_text())
     assert Path(summary["checkpoint"]).name in checkpoints - {"last.ckpt"}
-
-
-def test_a_resumed_run_adds_its_environment_only_when_it_changed(tmp_path: Path) -> None:
-    assert record_environment(tmp_path).name == "environment.json"
-    assert record_environment(tmp_path).name == "environment.json"  # the same environment: nothing new
-    first = json.loads((tmp_path / "environment.json").read_text())
-    first["packages"]["lightning"] = "0.0.1"  # as if lightning was upgraded before the resume
-    (tmp_path / "environment.json").write_text(json.dumps(first))
-    assert record_environment(tmp_path).name == "environment-resumed-1.json"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["environment-resumed-1.json", "environment.json"]
 
 
 @pytest.mark.slow
