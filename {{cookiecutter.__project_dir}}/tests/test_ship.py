@@ -585,8 +585,8 @@ def test_server_answers_batches_refuses_bad_requests_and_stops_on_sigterm(server
         assert status == 422, (name, status, answer)
         detail = json.loads(answer)["detail"]
         assert ("inputs" in detail or "JSON" in detail) and len(detail) <= 500, (name, detail)  # no echo
-    status, _ = post(port, b'{"inputs": [' + b"1," * (1 << 20) + b"1]}")
-    assert status == 413  # over max_body_bytes (1 MiB)
+    status, answer = post(port, b'{"inputs": [' + b"1," * (1 << 20) + b"1]}")
+    assert status == 413 and "over 1048576 bytes, the server's --max_body_bytes" in answer  # 1 MiB
     status, answer = post(port, json.dumps({"inputs": one}).encode())
     assert status == 200 and "Traceback" not in log.read_text()  # no worker died
     # A refused request is one line in the log (uvicorn's access line), never a traceback.

@@ -38,10 +38,9 @@ from typing import Any
 
 import litserve as ls
 import torch
-from fastapi import Request
+from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from litserve.middlewares import MaxSizeMiddleware
 from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.datastructures import UploadFile
 
@@ -183,8 +182,9 @@ class JSONBodyMiddleware:
     """Read ``POST`` bodies as JSON whatever their ``Content-Type`` (``curl -d`` sends a form type),
     and a ``multipart/form-data`` upload as ``{"inputs": [...]}`` of its files, each as base64 text.
 
-    A plain ASGI middleware: it rewrites the request before FastAPI parses the body. An upload is
-    read whole here (at most ``max_body_bytes``, else 413) and parsed by Starlette's form parser.
+    A plain ASGI middleware: it rewrites the request before FastAPI parses the body. A body over
+    ``max_body_bytes`` gets 413 naming the limit (LitServe's ``MaxSizeMiddleware`` says only "Payload
+    too large"). An upload is read whole here and parsed by Starlette's form parser.
     """
 
     def __init__(self, app, max_body_bytes: int = 1 << 20) -> None:
@@ -196,14 +196,33 @@ class JSONBodyMiddleware:
             if dict(scope["headers"]).get(b"content-type", b"").startswith(b"multipart/form-data"):
                 body = await self.upload_as_json(scope, receive)
                 if body is None:
-                    limit = f"the request body is over {self.max_body_bytes} bytes, the server's --max_body_bytes"
-                    await JSONResponse({"detail": limit}, status_code=413)(scope, receive, send)
+                    await JSONResponse({"detail": self.too_large}, status_code=413)(scope, receive, send)
                     return
                 headers = [(name, value) for name, value in headers if name.lower() != b"content-length"]
                 headers.append((b"content-length", str(len(body)).encode()))
                 receive = _replay(body)
+            else:
+                receive = self.limited(receive)
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         await self.app(scope, receive, send)
+
+    @property
+    def too_large(self) -> str:
+        return f"the request body is over {self.max_body_bytes} bytes, the server's --max_body_bytes"
+
+    def limited(self, receive):
+        """``receive`` that raises 413 (inside FastAPI, which answers it) once the body passes the limit."""
+        size = 0
+
+        async def receive_within_the_limit() -> dict[str, Any]:
+            nonlocal size
+            message = await receive()
+            size += len(message.get("body", b""))
+            if size > self.max_body_bytes:
+                raise HTTPException(413, self.too_large)
+            return message
+
+        return receive_within_the_limit
 
     async def upload_as_json(self, scope, receive) -> bytes | None:
         """``{"inputs": [base64 of each uploaded file, in order]}`` as JSON bytes; None past the size limit."""
@@ -382,10 +401,7 @@ def build_server(
         accelerator=accelerator,
         workers_per_device=workers_per_device,
         timeout=timeout,
-        middlewares=[
-            (MaxSizeMiddleware, {"max_size": max_body_bytes}),
-            (JSONBodyMiddleware, {"max_body_bytes": max_body_bytes}),
-        ],
+        middlewares=[(JSONBodyMiddleware, {"max_body_bytes": max_body_bytes})],
     )
     server.app.add_exception_handler(RequestValidationError, refuse_request)
     return server
