@@ -1,4 +1,4 @@
-"""Finish the bake: prune what the answers did not choose, fill the agent guides, first commit.
+"""Finish the bake: prune what the answers did not choose, fill the agent guides, lock, first commit.
 
 Never prompts (safe with no terminal): git runs with no standard input and no credential prompt.
 """
@@ -16,6 +16,7 @@ ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 PROJECT = Path.cwd()
 PACKAGE = ANSWERS["package_name"]
 # The agent guides: this hook fills their tech-stack placeholders (double-braced names).
+UV_INSTALL = "https://docs.astral.sh/uv/getting-started/installation/"
 AGENT_GUIDES = ["AGENTS.md", ".claude/agents/{{ cookiecutter.project_slug }}.md"]
 
 
@@ -136,6 +137,42 @@ def write_versions() -> None:
         subprocess.run([sys.executable, str(script)], capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
+def find_uv() -> str | None:
+    """uv on the PATH, else beside the Python that runs cookiecutter (`pip install uv` puts it there)."""
+    beside = Path(sys.executable).with_name("uv")
+    return shutil.which("uv") or (str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None)
+
+
+def lock() -> None:
+    """Resolve uv.lock, so that the first commit holds it and `make install` installs exactly it.
+
+    Needs uv and the package index; without either the bake still succeeds and says how to lock
+    later. TORCH_TEMPLATE_LOCK=0 skips it (the template's tests, which lock in their own test).
+    """
+    if os.environ.get("TORCH_TEMPLATE_LOCK", "1") == "0":
+        return
+    uv = find_uv()
+    if uv is None:
+        print(
+            f"torch-template: uv is not installed, so there is no uv.lock yet; install uv ({UV_INSTALL}), "
+            "then run `make lock` and commit uv.lock."
+        )
+        return
+    try:
+        done = subprocess.run(
+            [uv, "lock", "--quiet"], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        done = None
+    if done is None or done.returncode != 0:
+        reason = "it took over 5 minutes" if done is None else (done.stderr.strip().splitlines() or ["no output"])[0]
+        print(
+            f"torch-template: `uv lock` failed ({reason}); run `make lock` when the package index is reachable, "
+            "then commit uv.lock."
+        )
+        (PROJECT / "uv.lock").unlink(missing_ok=True)
+
+
 def first_commit() -> None:
     git = shutil.which("git")
     if git is None:
@@ -175,6 +212,7 @@ def main() -> None:
     prune()
     fill_agent_guides()
     write_versions()
+    lock()
     first_commit()
     print(
         f'\nCreated {PROJECT}\nNext:\n  cd {PROJECT.name}\n  make install   # TORCH="..." to choose the torch build\n'

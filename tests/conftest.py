@@ -20,6 +20,9 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE_SYNTAX = re.compile(r"\{\{|\}\}|\{%|%\}")
 PRESETS = ("ddp", "debug", "fsdp", "gpu", "profile", "trace")
+# Bakes resolve no uv.lock (6 s of package-index queries each), session and module fixtures'
+# bakes included; test_bake.py's lock tests turn it on.
+os.environ["TORCH_TEMPLATE_LOCK"] = "0"
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +66,7 @@ PACKAGE_FILES += [
 ]
 PACKAGE_FILES += ["engine/callbacks/random_state.py", "engine/callbacks/summary.py"]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
-TEST_FILES += ["own_pieces.py", "test_ship.py", "test_sweep.py"]
+TEST_FILES += ["own_pieces.py", "test_environment.py", "test_ship.py", "test_sweep.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
 TASK_PACKAGE_FILES = {
     "image-classification": [
@@ -100,7 +103,8 @@ def expected_files(slug: str, package: str, include_slurm: bool, task: str = "im
     files |= {f"src/{package}/{name}" for name in [*PACKAGE_FILES, *TASK_PACKAGE_FILES[task]]}
     files |= {f"tests/{name}" for name in [*TEST_FILES, *TASK_TEST_FILES[task]]}
     if include_slurm:
-        files |= {"scripts/slurm/sweep.sbatch", "scripts/slurm/train.sbatch", "tests/test_slurm_script.py"}
+        files |= {"scripts/slurm/sweep.sbatch", "scripts/slurm/train.sbatch", "scripts/slurm/locked_env.sh"}
+        files |= {"tests/test_slurm_script.py"}
     return files
 
 

@@ -1,5 +1,6 @@
 """Bakes: the default and a matrix over every choice; exact files, valid syntax, ruff-clean, filled guides."""
 
+import hashlib
 import json
 import os
 import re
@@ -112,25 +113,70 @@ def local_torch_wheel() -> Path | None:
 
 
 def test_make_install_uses_uv_when_it_is_on_the_path_else_pip_and_says_so(cookies) -> None:
-    import torch
-
     project = bake(cookies)
     env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
     env["PATH"] = "/usr/bin:/bin"  # no uv: pip, said in one line (a dry run shows the commands)
     dry = subprocess.run(["make", "-n", "install"], cwd=project, env=env, capture_output=True, text=True, check=True)
-    assert "uv is not on the PATH, so pip installs" in dry.stdout and "python3 -m venv .venv" in dry.stdout
-    assert "uv venv" not in dry.stdout
+    assert "uv is not on the PATH, so pip installs from the version ranges, not uv.lock" in dry.stdout
+    assert "python3 -m venv .venv" in dry.stdout and "uv venv" not in dry.stdout
+    lock = subprocess.run(["make", "lock"], cwd=project, env=env, capture_output=True, text=True)
+    assert lock.returncode == 2 and "make lock: needs uv (https://docs.astral.sh/uv" in lock.stderr
+
+
+def locked_versions(lock: Path) -> dict[str, set[str]]:
+    versions: dict[str, set[str]] = {}
+    for package in tomllib.loads(lock.read_text())["package"]:
+        versions.setdefault(package["name"], set()).add(package["version"])
+    return versions
+
+
+def test_a_bake_is_locked_and_make_install_installs_exactly_its_lock(cookies, monkeypatch) -> None:
+    """uv.lock in the first commit, torch left out; `make install` (uv) reproduces it; a stale lock is refused."""
+    import torch
 
     uv, wheel = shutil.which("uv", path=str(Path(sys.executable).parent)), local_torch_wheel()
     if uv is None or wheel is None:
         pytest.skip("needs uv beside this Python and this torch's wheel on local disk (pip's find-links)")
+    monkeypatch.setenv("TORCH_TEMPLATE_LOCK", "1")  # the hook resolves uv.lock (the package index is reachable)
+    project = bake(cookies)
+    tracked = subprocess.run(["git", "ls-files"], cwd=project, capture_output=True, text=True).stdout.split()
+    assert "uv.lock" in tracked
+    versions = locked_versions(project / "uv.lock")
+    assert "torch" not in versions and {"lightning", "torchmetrics", "wandb", "onnxruntime"} <= versions.keys()
+
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
     env["PATH"] = f"{Path(uv).parent}:/usr/bin:/bin"  # a real install with uv, torch from its local wheel
+    # An older rich than the newest (15 here), locked through `make lock`: the install must follow the lock.
+    relock = ["make", "lock", "ARGS=--upgrade-package rich==13.9.4"]
+    subprocess.run(relock, cwd=project, env=env, capture_output=True, text=True, check=True)
+    versions = locked_versions(project / "uv.lock")
+    assert versions["rich"] == {"13.9.4"}
     done = subprocess.run(["make", "install", f"TORCH={wheel}"], cwd=project, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "uv venv --seed" in done.stdout and "not on the PATH" not in done.stdout
-    check = "import torch, lightning, digits_classifier; print(torch.__version__)"
+    assert "uv venv --seed" in done.stdout and "uv sync --locked" in done.stdout
     python = project / ".venv" / "bin" / "python"
-    assert subprocess.run([python, "-c", check], capture_output=True, text=True).stdout.strip() == torch.__version__
+    show = "import json, torch, digits_classifier.engine.environment as e; print(json.dumps(e.describe_environment()))"
+    record = json.loads(subprocess.run([python, "-c", show], capture_output=True, text=True, check=True).stdout)
+    assert record["torch"] == torch.__version__
+    installed = {name: version for name, version in record["packages"].items() if name in versions}
+    assert len(installed) > 100 and all(version in versions[name] for name, version in installed.items())
+    assert installed["rich"] == "13.9.4"
+    assert record["lock"]["differs"] == {}  # what each run folder's environment.json says
+    assert record["lock"]["sha256"] == hashlib.sha256((project / "uv.lock").read_bytes()).hexdigest()
+    pytest_lock = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_environment.py"]
+    checked = subprocess.run(pytest_lock, cwd=project, env=env, capture_output=True, text=True)
+    assert checked.returncode == 0 and "3 passed" in checked.stdout, checked.stdout[-2000:]
+
+    # pyproject.toml edited without `make lock`: make install refuses in one line, the bake's test fails.
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('    "rich>=13",\n', '    "rich>=13",\n    "tqdm>=4.66",\n'))
+    stale = subprocess.run(["make", "install"], cwd=project, env=env, capture_output=True, text=True)
+    assert stale.returncode == 2, stale.stdout + stale.stderr
+    assert stale.stderr.splitlines()[0] == (
+        "make install: uv.lock does not match pyproject.toml; run `make lock`, then commit uv.lock"
+    )
+    checked = subprocess.run(pytest_lock, cwd=project, env=env, capture_output=True, text=True)
+    assert checked.returncode == 1 and "run `make lock`" in checked.stdout, checked.stdout[-2000:]
 
 
 @pytest.mark.parametrize(

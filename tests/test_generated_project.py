@@ -44,7 +44,9 @@ def test_default_bake_passes_its_own_tests_and_trains(cookies) -> None:
         # The GitHub workflow installs, then runs exactly what this test runs next.
         workflow = yaml.safe_load((project / ".github" / "workflows" / "ci.yml").read_text())
         runs = [step["run"] for step in workflow["jobs"]["test"]["steps"] if "run" in step]
-        assert runs[0].startswith("make install TORCH=") and runs[1:] == ["make lint", "make test"]
+        # (The lock check and the install from the lock: test_bake.py's lock test, on a locked bake.)
+        assert runs[0] == "uv lock --check" and runs[1].startswith("make install TORCH=")
+        assert runs[2:] == ["make lint", "make test"]
         make(project, "lint")
         # The quick tests: the bake's slow ones (real training, DDP, signals, sweeps) run in CI's
         # .ci/slow and .ci/floors, which keeps this template suite within its time budget.

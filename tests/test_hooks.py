@@ -172,3 +172,23 @@ def test_hooks_never_prompt(tmp_path: Path) -> None:
         check=True,
     )
     assert log.stdout.strip() == "Your Name <you@example.com>"  # the answers sign it when git has no identity
+
+
+def test_a_bake_that_cannot_lock_still_succeeds_and_says_how_to_lock(tmp_path: Path) -> None:
+    """Offline with an empty uv cache, `uv lock` fails: the bake goes on, names `make lock`, leaves no uv.lock."""
+    uv = Path(sys.executable).with_name("uv")
+    if not uv.is_file():
+        pytest.skip("needs uv beside this Python (a template dev dependency)")
+    offline = {"TORCH_TEMPLATE_LOCK": "1", "UV_OFFLINE": "1", "UV_CACHE_DIR": str(tmp_path / "empty-cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(tmp_path), str(ROOT)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **offline},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "torch-template: `uv lock` failed (" in done.stdout and "run `make lock` when" in done.stdout
+    project = tmp_path / "digits-classifier"
+    assert (project / "pyproject.toml").exists() and not (project / "uv.lock").exists()

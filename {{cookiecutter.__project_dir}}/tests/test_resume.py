@@ -1,6 +1,5 @@
 """Exact resume: a run stopped mid-epoch or at an epoch boundary and resumed ends identical to an uninterrupted run."""
 
-import json
 from pathlib import Path
 
 import lightning as L
@@ -12,7 +11,6 @@ from test_preemption import SignalAtStep
 from {{ cookiecutter.package_name }}.cli import CLI, main
 from {{ cookiecutter.package_name }}.engine.callbacks import RunPlots
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
-from {{ cookiecutter.package_name }}.engine.environment import record_environment
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
 
 # Three epochs, deterministic algorithms; the test after fit is not part of the comparison.
@@ -107,13 +105,3 @@ def test_a_users_own_datamodule_resumes_exactly_mid_epoch(tmp_path: Path) -> Non
         interrupted.trainer.fit(interrupted.model, datamodule=interrupted.datamodule)
     resumed = main(["fit", *args, "--resume=true"])
     assert_same_end_state(reference, resumed)
-
-
-def test_a_resumed_run_adds_its_environment_only_when_it_changed(tmp_path: Path) -> None:
-    assert record_environment(tmp_path).name == "environment.json"
-    assert record_environment(tmp_path).name == "environment.json"  # the same environment: nothing new
-    first = json.loads((tmp_path / "environment.json").read_text())
-    first["packages"]["lightning"] = "0.0.1"  # as if lightning was upgraded before the resume
-    (tmp_path / "environment.json").write_text(json.dumps(first))
-    assert record_environment(tmp_path).name == "environment-resumed-1.json"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["environment-resumed-1.json", "environment.json"]

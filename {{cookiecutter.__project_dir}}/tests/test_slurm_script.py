@@ -120,3 +120,29 @@ def test_the_sweep_array_runs_workers_of_one_study_with_the_gpu_preset(
     assert exit_info.value.code in (0, None)
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["args"][-1] == "--config=configs/presets/gpu.yaml" and printed["n_trials"] == 40
+
+
+@pytest.mark.parametrize("script", [SCRIPT, SWEEP_SCRIPT], ids=["train", "sweep"])
+def test_a_job_stops_before_srun_when_venv_differs_from_uv_lock(tmp_path: Path, script: Path) -> None:
+    """The job runs in the locked environment: `uv sync --check` (here a fake uv) decides, offline."""
+    project = tmp_path / "project"
+    (project / "scripts" / "slurm").mkdir(parents=True)
+    (project / "scripts" / "slurm" / "locked_env.sh").write_text((ROOT / "scripts/slurm/locked_env.sh").read_text())
+    (project / "uv.lock").write_text("version = 1\n")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "uv").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/uv-args\nexit "$UV_STATUS"\n')
+    (fake / "uv").chmod(0o755)
+    where = {"SLURM_SUBMIT_DIR": str(project), "PYTHON": ".venv/bin/python"}
+
+    done, srun_args = run_script(tmp_path, script=script, UV_STATUS="1", **where)
+    assert done.returncode == 2 and srun_args is None
+    assert "error: .venv does not match uv.lock; run `make install`" in done.stderr
+    uv_args = (tmp_path / "uv-args").read_text().split()
+    assert uv_args[:2] == ["sync", "--offline"] and {"--locked", "--check", "--inexact"} <= set(uv_args)
+
+    done, srun_args = run_script(tmp_path, script=script, UV_STATUS="0", **where)
+    assert done.returncode == 0 and srun_args is not None, done.stderr
+    (tmp_path / "srun-args").unlink()
+    done, srun_args = run_script(tmp_path, script=script, UV_STATUS="1", LOCK_CHECK="0", **where)
+    assert done.returncode == 0 and srun_args is not None, done.stderr  # the documented way to skip it

@@ -1,27 +1,72 @@
 """The software and hardware a run trained with, written beside its config: ``environment.json``.
 
 A checkpoint says what was trained; this says with what: the Python, the torch build (its CUDA and
-cuDNN versions), the GPUs, and the version of every installed distribution, so that a result can
-be reproduced, or a difference between two runs traced to an upgrade.
+cuDNN versions), the GPUs, the version of every installed distribution and the project's uv.lock
+(its SHA-256, and each installed version that differs from it), so that a result can be reproduced
+(`make install` from the same lock, with the same TORCH=) or a difference between two runs traced
+to an upgrade.
 """
 
+import hashlib
 import importlib.metadata
 import json
 import platform
+import re
 import sys
+{%- if cookiecutter.python_version != "3.10" %}
+import tomllib
+{%- endif %}
 from pathlib import Path
 from typing import Any
 
 import torch
+{%- if cookiecutter.python_version == "3.10" %}
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the backport (a dependency there)
+    import tomli as tomllib
+{%- endif %}
+
+# src/<package>/engine/environment.py -> the project folder, where uv.lock lies (an editable install).
+LOCK = Path(__file__).resolve().parents[3] / "uv.lock"
+
+
+def normalized(name: str) -> str:
+    """A distribution name as uv.lock writes it (PEP 503: lowercase, runs of -_. as one -)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def describe_lock(packages: dict[str, str], lock: Path = LOCK) -> dict[str, Any] | None:
+    """``lock``'s SHA-256 and the installed ``packages`` whose version it does not list; None without a lock.
+
+    ``differs`` maps a name to ``{"installed": version, "locked": [versions]}`` (a universal lock may
+    list several versions of one package, one per Python or platform); empty after `make install`
+    with uv. torch is not locked (its build is the machine's choice) and so never differs.
+    """
+    if not lock.is_file():
+        return None
+    data = lock.read_bytes()
+    locked: dict[str, list[str]] = {}
+    for package in tomllib.loads(data.decode("utf-8")).get("package", []):
+        if "version" in package:
+            locked.setdefault(normalized(package["name"]), []).append(package["version"])
+    differs = {
+        name: {"installed": version, "locked": sorted(locked[name])}
+        for name, version in packages.items()
+        if name in locked and version not in locked[name]
+    }
+    return {"path": str(lock), "sha256": hashlib.sha256(data).hexdigest(), "differs": differs}
 
 
 def describe_environment() -> dict[str, Any]:
-    """This process's environment: python, platform, torch build, accelerators, the command, every package."""
+    """This process's environment: python, platform, torch build, accelerators, the command, every
+    package, and the project's uv.lock (see :func:`describe_lock`)."""
     packages = {}
     for distribution in importlib.metadata.distributions():
         name = distribution.metadata["Name"]
         if name:
-            packages[name.lower()] = distribution.version
+            packages[normalized(name)] = distribution.version
     cuda = torch.cuda.is_available()
     return {
         "python": platform.python_version(),
@@ -32,6 +77,7 @@ def describe_environment() -> dict[str, Any]:
         "gpus": [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())] if cuda else [],
         "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
         "packages": dict(sorted(packages.items())),
+        "lock": describe_lock(packages),
     }
 
 

@@ -1,0 +1,57 @@
+"""The locked environment: uv.lock matches pyproject.toml, and each run records what it ran with."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning
+import pytest
+
+from {{ cookiecutter.package_name }}.engine.environment import LOCK, describe_lock, record_environment
+
+
+def find_uv() -> str | None:
+    beside = Path(sys.executable).with_name("uv")
+    return shutil.which("uv") or (str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None)
+
+
+def test_uv_lock_matches_pyproject() -> None:
+    """The staleness check of CI: a dependency edited in pyproject.toml without `make lock` fails here.
+
+    Offline: a lock that still satisfies pyproject.toml is checked without the package index.
+    """
+    uv = find_uv()
+    if uv is None:
+        pytest.skip("uv is not installed (https://docs.astral.sh/uv/getting-started/installation/)")
+    if not LOCK.is_file():
+        pytest.skip(f"no {LOCK.name} in {LOCK.parent}: `make lock` writes it")
+    done = subprocess.run([uv, "lock", "--check", "--offline"], cwd=LOCK.parent, capture_output=True, text=True)
+    assert done.returncode == 0, f"uv.lock does not match pyproject.toml: run `make lock`.\n{done.stderr}"
+
+
+def test_the_record_names_the_lock_and_each_installed_version_that_differs_from_it(tmp_path: Path) -> None:
+    lock = tmp_path / "uv.lock"
+    assert describe_lock({"lightning": lightning.__version__}, lock) is None  # no lock, nothing claimed
+    packages = [("lightning", lightning.__version__), ("typing-extensions", "1.0"), ("typing-extensions", "2.0")]
+    lock.write_text("version = 1\n" + "".join(f'\n[[package]]\nname = "{n}"\nversion = "{v}"\n' for n, v in packages))
+    installed = {"lightning": lightning.__version__, "typing-extensions": "3.0", "torch": "2.13.0"}
+    record = describe_lock(installed, lock)
+    assert record == {
+        "path": str(lock),
+        "sha256": hashlib.sha256(lock.read_bytes()).hexdigest(),
+        "differs": {"typing-extensions": dict(installed="3.0", locked=["1.0", "2.0"])},
+    }
+
+
+def test_a_resumed_run_adds_its_environment_only_when_it_changed(tmp_path: Path) -> None:
+    assert record_environment(tmp_path).name == "environment.json"
+    assert record_environment(tmp_path).name == "environment.json"  # the same environment: nothing new
+    first = json.loads((tmp_path / "environment.json").read_text())
+    first["packages"]["lightning"] = "0.0.1"  # as if lightning was upgraded before the resume
+    (tmp_path / "environment.json").write_text(json.dumps(first))
+    assert record_environment(tmp_path).name == "environment-resumed-1.json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["environment-resumed-1.json", "environment.json"]
