@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `make install` wall time for each task's default bake: uv from uv.lock (empty cache, then warm)
+# against pip from the version ranges (warm cache), in one run on one machine, so the ratio
+# holds even where the seconds do not. torch comes from the same wheel in every install (TORCH=).
+#   bash docs/bench_install.sh [TORCH]      (default: this environment's torch wheel on local disk)
+# Prints one Markdown table row per task; docs/benchmarks.md keeps the figures.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="$PWD/.venv/bin/python"
+WORK=$(mktemp -d /tmp/bench-install.XXXX)
+mkdir -p "$WORK/bin" && ln -s "$PWD/.venv/bin/uv" "$WORK/bin/uv"
+TORCH=${1:-$("$PY" -c "import glob, torch; print(glob.glob(f'/opt/wheels/torch-{torch.__version__}-*.whl')[0])")}
+
+seconds() {  # seconds of `make install` in $1 with the environment given after it; a fresh .venv each time
+    local project=$1; shift
+    rm -rf "$project/.venv"
+    local start
+    start=$(date +%s.%N)
+    env "$@" make -C "$project" --no-print-directory install TORCH="$TORCH" > "$WORK/last.log" 2>&1 \
+        || { tail -20 "$WORK/last.log" >&2; exit 1; }
+    "$PY" -c "print($(date +%s.%N) - $start)"
+}
+
+echo "| task | uv, empty cache | uv, warm (2 runs) | pip, warm (2 runs) | pip / uv (warm) |"
+echo "|---|---|---|---|---|"
+for task in image-classification tabular language-model; do
+    PATH="$WORK/bin:$PATH" "$PY" -m cookiecutter --no-input -o "$WORK/$task" . "task=$task" > /dev/null
+    project=$(find "$WORK/$task" -mindepth 1 -maxdepth 1 -type d)
+    test -s "$project/uv.lock"
+    cold=$(seconds "$project" PATH="$WORK/bin:$PATH" UV_CACHE_DIR="$WORK/uv-cache-$task")
+    seconds "$project" PATH="$WORK/bin:$PATH" UV_CACHE_DIR="$WORK/uv-cache-$task" > /dev/null  # warm-up
+    warm1=$(seconds "$project" PATH="$WORK/bin:$PATH" UV_CACHE_DIR="$WORK/uv-cache-$task")
+    warm2=$(seconds "$project" PATH="$WORK/bin:$PATH" UV_CACHE_DIR="$WORK/uv-cache-$task")
+    seconds "$project" UV= > /dev/null  # pip's warm-up (its cache is the user's)
+    pip1=$(seconds "$project" UV=)
+    pip2=$(seconds "$project" UV=)
+    printf "| %s | %.1f | %.1f, %.1f | %.1f, %.1f | %.1f |\n" "$task" "$cold" "$warm1" "$warm2" "$pip1" "$pip2" \
+        "$("$PY" -c "print(($pip1 + $pip2) / ($warm1 + $warm2))")"
+done
+rm -rf "$WORK"
