@@ -166,7 +166,12 @@ def test_a_bake_is_locked_and_make_install_installs_exactly_its_lock(cookies, mo
     # (.ci/slow runs the bake's tests/test_environment.py in such an install: it passes there.)
     lock_test = "tests/test_environment.py::test_uv_lock_matches_pyproject"
 
-    # pyproject.toml edited without `make lock`: make install refuses in one line, the bake's test fails.
+    pre_commit = [str(project / ".venv" / "bin" / "pre-commit"), "run", "lock", "--all-files"]
+    hook = subprocess.run(pre_commit, cwd=project, env=env, capture_output=True, text=True)
+    assert hook.returncode == 0 and "Passed" in hook.stdout, hook.stdout + hook.stderr
+
+    # pyproject.toml edited without `make lock`: make install refuses in one line, the bake's test
+    # and its pre-commit hook fail.
     pyproject = project / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace('    "rich>=13",\n', '    "rich>=13",\n    "tqdm>=4.66",\n'))
     stale = subprocess.run(["make", "install"], cwd=project, env=env, capture_output=True, text=True)
@@ -184,6 +189,8 @@ def test_a_bake_is_locked_and_make_install_installs_exactly_its_lock(cookies, mo
     assert checked.returncode == 1 and "1 failed" in checked.stdout and "run `make lock`" in checked.stdout, (
         checked.stdout[-2000:]
     )
+    hook = subprocess.run(pre_commit, cwd=project, env=env, capture_output=True, text=True)
+    assert hook.returncode == 1 and "uv.lock does not match pyproject.toml: run make lock" in hook.stdout, hook.stdout
 
 
 @pytest.mark.parametrize(
