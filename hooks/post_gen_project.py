@@ -15,8 +15,8 @@ from pathlib import Path
 ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 PROJECT = Path.cwd()
 PACKAGE = ANSWERS["package_name"]
-# The agent guides: this hook fills their tech-stack placeholders (double-braced names).
 UV_INSTALL = "https://docs.astral.sh/uv/getting-started/installation/"
+# The agent guides: this hook fills their tech-stack placeholders (double-braced names).
 AGENT_GUIDES = ["AGENTS.md", ".claude/agents/{{ cookiecutter.project_slug }}.md"]
 
 
