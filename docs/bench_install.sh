@@ -2,14 +2,14 @@
 # `make install` wall time for each task's default bake: uv from uv.lock (empty cache, then warm)
 # against pip from the version ranges (warm cache), in one run on one machine, so the ratio
 # holds even where the seconds do not. torch comes from the same wheel in every install (TORCH=).
-#   bash docs/bench_install.sh [TORCH]      (default: this environment's torch wheel on local disk)
+#   bash docs/bench_install.sh [TORCH]      (default: .ci/torch_spec, this environment's torch build)
 # Prints one Markdown table row per task; docs/benchmarks.md keeps the figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="$PWD/.venv/bin/python"
 WORK=$(mktemp -d /tmp/bench-install.XXXX)
 mkdir -p "$WORK/bin" && ln -s "$PWD/.venv/bin/uv" "$WORK/bin/uv"
-TORCH=${1:-$("$PY" -c "import glob, torch; print(glob.glob(f'/opt/wheels/torch-{torch.__version__}-*.whl')[0])")}
+TORCH=${1:-$(.ci/torch_spec)}
 
 seconds() {  # seconds of `make install` in $1 with the environment given after it; a fresh .venv each time
     local project=$1; shift

@@ -153,16 +153,21 @@ def test_bake_without_git_says_so_and_goes_on(cookies, monkeypatch: pytest.Monke
     assert (project / "pyproject.toml").exists()
 
 
-def test_hooks_never_prompt(tmp_path: Path) -> None:
-    """No terminal and a closed stdin: the bake still finishes (git cannot ask for anything)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(tmp_path), str(ROOT)],
+def bake_in_a_subprocess(output: Path, **env: str) -> subprocess.CompletedProcess:
+    """`cookiecutter --no-input` with default answers into ``output``, no terminal, ``env`` added."""
+    return subprocess.run(
+        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output), str(ROOT)],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"},
+        env={**os.environ, **env},
     )
+
+
+def test_hooks_never_prompt(tmp_path: Path) -> None:
+    """No terminal and a closed stdin: the bake still finishes (git cannot ask for anything)."""
+    done = bake_in_a_subprocess(tmp_path, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
     assert done.returncode == 0, done.stderr
     log = subprocess.run(
         ["git", "log", "--format=%an <%ae>"],
@@ -179,14 +184,8 @@ def test_a_bake_that_cannot_lock_still_succeeds_and_says_how_to_lock(tmp_path: P
     uv = Path(sys.executable).with_name("uv")
     if not uv.is_file():
         pytest.skip("needs uv beside this Python (a template dev dependency)")
-    offline = {"TORCH_TEMPLATE_LOCK": "1", "UV_OFFLINE": "1", "UV_CACHE_DIR": str(tmp_path / "empty-cache")}
-    done = subprocess.run(
-        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(tmp_path), str(ROOT)],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **offline},
+    done = bake_in_a_subprocess(
+        tmp_path, TORCH_TEMPLATE_LOCK="1", UV_OFFLINE="1", UV_CACHE_DIR=str(tmp_path / "empty-cache")
     )
     assert done.returncode == 0, done.stderr
     assert "torch-template: `uv lock` failed (" in done.stdout and "run `make lock` when" in done.stdout
