@@ -54,12 +54,19 @@ TASK_FILES = {
     ],
     "language-model": [
         "src/{package}/data/text.py",
+        "src/{package}/data/prompts.py",
+        "src/{package}/data/tokenizer.py",
         "src/{package}/data/corpora/moby_dick.txt.gz",
+        "src/{package}/engine/pretrained.py",
+        "src/{package}/nets/causal_lm.py",
         "src/{package}/models/language_model.py",
         "src/{package}/nets/gpt.py",
         "src/{package}/generate.py",
         "tests/test_language_model.py",
+        "tests/test_finetune.py",
         "configs/experiments/text-folder.yaml",
+        "configs/experiments/finetune.yaml",
+        "configs/experiments/finetune-sft.yaml",
     ],
 }
 

@@ -76,7 +76,7 @@ TASK_PACKAGE_FILES = {
     "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py"],
     "language-model": [
         *("data/text.py", "data/corpora/moby_dick.txt.gz", "models/language_model.py", "nets/gpt.py"),
-        "generate.py",
+        *("data/prompts.py", "data/tokenizer.py", "engine/pretrained.py", "nets/causal_lm.py", "generate.py"),
     ],
 }
 TASK_TEST_FILES = {
@@ -86,12 +86,12 @@ TASK_TEST_FILES = {
         "test_transfer.py",
     ],
     "tabular": ["test_tabular.py"],
-    "language-model": ["test_language_model.py"],
+    "language-model": ["test_language_model.py", "test_finetune.py"],
 }
 TASK_CONFIG_FILES = {
     "image-classification": ["experiments/image-folder.yaml", "experiments/transfer-learning.yaml"],
     "tabular": ["experiments/tabular-csv.yaml", "experiments/tabular-regression.yaml"],
-    "language-model": ["experiments/text-folder.yaml"],
+    "language-model": ["experiments/text-folder.yaml", "experiments/finetune.yaml", "experiments/finetune-sft.yaml"],
 }
 
 

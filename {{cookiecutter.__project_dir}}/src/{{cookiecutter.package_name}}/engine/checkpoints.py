@@ -136,7 +136,8 @@ def check_fits(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH) 
     shapes = [
         f"{key}: checkpoint {tuple(saved[key].shape)} vs model {tuple(expected[key].shape)}"
         for key in sorted(expected.keys() & saved.keys())
-        if tuple(saved[key].shape) != tuple(expected[key].shape)
+        # Entries that are not tensors (a module's get_extra_state) have no shape.
+        if isinstance(saved[key], torch.Tensor) and tuple(saved[key].shape) != tuple(expected[key].shape)
     ]
     problems = [
         f"{label} ({len(items)}): {', '.join(items[:5])}{' ...' if len(items) > 5 else ''}"

@@ -22,7 +22,7 @@ the well-kept choice for iterable or streaming data, where no order function exi
 """
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
@@ -146,6 +146,10 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
         self.predict_ids: list[str] = []  # an id per predict sample, for the predictions file
         self._predicting_transformed_inputs = False
         self._resume_at = (0, 0)  # (epoch, batches of it done), from a checkpoint
+        # Makes a batch of samples (torch's default stacks them); samples of different lengths
+        # need their own, e.g. one that pads. A module-level function or a functools.partial of
+        # one, so that loader workers can receive it.
+        self.collate_fn: Callable[[list[Any]], Any] | None = None
 
     def transform_batch(self, batch: Any, training: bool) -> Any:
         """Batch-level transforms on the batch's device, after the copy (identity here).
@@ -224,6 +228,7 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
+            collate_fn=self.collate_fn,
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -9,6 +9,9 @@
   compiled ahead of time for this machine's CPU or GPU. https://pytorch.org/docs/stable/torch.compiler_aot_inductor.html
 - optionally weight-only int8 (torchao ``Int8WeightOnlyConfig``) of the Linear layers, scored
   against float32 on the test split. https://github.com/pytorch/ao
+- for a net that can write one (``save_merged``: ``nets.HFCausalLM``), a Hugging Face folder
+  ``hf/`` (LoRA adapters merged into the base, safetensors, the tokenizer) that ``transformers``
+  loads without this project. https://huggingface.co/docs/transformers/main_classes/model
 
 Every file is reloaded right after it is written and run on a batch of 1 and an odd batch; the
 largest absolute difference from eager PyTorch is recorded and must stay within ``tolerance``.
@@ -154,7 +157,7 @@ def batched(run: Callable[[torch.Tensor], Any], raw: torch.Tensor, size: int = 2
 
 
 # Everything an export folder may hold; a folder with anything else is never replaced.
-EXPORT_FILES = frozenset({"model.onnx", "model.pt2", "model-aoti.pt2", "export.json", "model-card.md"})
+EXPORT_FILES = frozenset({"model.onnx", "model.pt2", "model-aoti.pt2", "hf", "export.json", "model-card.md"})
 
 
 def export_all(
@@ -247,6 +250,9 @@ def _export_into(
     program, _ = add("pt2", "model.pt2", lambda path: export_program(predictor, example, dynamic, path))
     if aoti:
         add("aoti", "model-aoti.pt2", lambda path: export_aoti(program, path))
+    if hasattr(trained.model.net, "save_merged"):
+        head = trained.model.output_head()
+        add("hf", "hf", lambda path: _outputs_of(head, trained.model.net.save_merged(path)))
     if int8:
         quantized = quantize_int8(predictor)
         record["test_scores"]["int8"] = trained.model.score(batched(quantized, raw), targets)
@@ -257,6 +263,11 @@ def _export_into(
     (work / "export.json").write_text(json.dumps(record, indent=2) + "\n")
     (work / "model-card.md").write_text(model_card(record))
     return record
+
+
+def _outputs_of(head: nn.Module, net: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    """A runner of ``head(net(batch))``: a reloaded net's outputs as the Predictor's (its transform is the identity)."""
+    return lambda batch: head(net(batch)).detach()
 
 
 def versions(onnx_path: Path | None) -> dict[str, Any]:
@@ -345,6 +356,18 @@ def usage(record: dict[str, Any]) -> str:
         'program = torch.export.load("model.pt2").module()',
     ]
     lines += ["outputs = program(torch.as_tensor(x))", "```"]
+    if "hf" in record["files"]:
+        lines += [
+            "",
+            "`hf/`: a Hugging Face model folder (adapters merged), loaded without this project:",
+            "",
+            "```python",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            'model, tokenizer = AutoModelForCausalLM.from_pretrained("hf"), AutoTokenizer.from_pretrained("hf")',
+            'ids = model.generate(**tokenizer("Call me", return_tensors="pt"), max_new_tokens=40)',
+            "```",
+        ]
     if "aoti" in record["files"]:
         lines += [
             "",

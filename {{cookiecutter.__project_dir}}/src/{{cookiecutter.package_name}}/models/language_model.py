@@ -1,4 +1,8 @@
-"""Language modelling: next-token cross-entropy, bits per byte and perplexity, and sampling."""
+"""Language modelling: next-token cross-entropy, bits per byte and perplexity, and sampling.
+
+Bits per byte (total nats / total UTF-8 bytes of the predicted text / ln 2) compares models whose
+tokenizers differ (bytes, a pretrained model's BPE); the loss stays in nats per token.
+"""
 
 import math
 from typing import Any
@@ -9,15 +13,19 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import MeanMetric, MetricCollection
 
+from {{ cookiecutter.package_name }}.data.tokenizer import Tokenizer, load_tokenizer
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
 
+IGNORE = -100  # a target the loss skips (a prompt position in supervised fine-tuning, padding)
 
-class BitsPerToken(MeanMetric):
-    """Mean next-token cross-entropy in bits: ``update(nats, weight=tokens)``, computed as nats / ln 2.
 
-    With byte tokens this is bits per byte (bpb), comparable across tokenizers and with compressors.
+class BitsPerByte(MeanMetric):
+    """Total next-token cross-entropy over total text bytes, in bits: ``update(nats / bytes, weight=bytes)``.
+
+    The mean of nats per byte weighted by bytes is total nats / total bytes; divided by ln 2 it is
+    bits per byte (bpb), comparable across tokenizers and with compressors.
     """
 
     def compute(self) -> torch.Tensor:
@@ -38,17 +46,26 @@ class Perplexity(MeanMetric):
 class LanguageModel(TrainingModule):
     """Trains a ``net`` mapping token ids (B, T) to next-token logits (B, T, V) with cross-entropy.
 
-    Logs ``{train,val,test}/loss`` (nats per token), ``/bpb`` (bits per token: bits per byte for
-    byte tokens) and ``/ppl`` (perplexity).
+    Logs ``{train,val,test}/loss`` (nats per token), ``/bpb`` (bits per byte of text) and ``/ppl``
+    (perplexity per token). A batch is (inputs (B, T), targets (B, T)) token ids, targets shifted by
+    one, and optionally the targets' UTF-8 byte counts (B, T) (without: one byte per token); a target
+    of -100 is not scored (prompt tokens in supervised fine-tuning, padding).
 
     Args:
-        net: the network (``nets.GPT``); its ``block_size`` bounds the context in :meth:`generate`.
+        net: the network (``nets.GPT``, ``nets.HFCausalLM``); its ``block_size`` bounds the context in
+            :meth:`generate`.
+        tokenizer: the tokenizer's source (linked from the data by the CLI): None for bytes, else the
+            pretrained model whose tokenizer it is. Generation and serving decode with it.
         optimizer, lr_scheduler, compile, compile_mode, channels_last: see :class:`engine.TrainingModule`.
+
+    Raises:
+        ValueError: the tokenizer's vocabulary is not the pretrained net's own.
     """
 
     def __init__(
         self,
         net: nn.Module,
+        tokenizer: str | None = None,
         optimizer: OptimizerCallable = adamw,
         lr_scheduler: LRSchedulerCallable | None = WarmupCosine,
         compile: bool = False,
@@ -56,13 +73,20 @@ class LanguageModel(TrainingModule):
         channels_last: bool = False,
     ) -> None:
         super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last)
-        self.set_metrics(MetricCollection({"bpb": BitsPerToken(), "ppl": Perplexity()}))
+        self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
+        check_tokenizer_fits(net, self.tokenizer)
+        # Updated one by one (their inputs differ): no compute groups, which would share one state.
+        self.set_metrics(MetricCollection({"bpb": BitsPerByte(), "ppl": Perplexity()}, compute_groups=False))
 
-    def shared_step(self, batch: tuple[torch.Tensor, torch.Tensor], metrics: MetricCollection) -> torch.Tensor:
-        inputs, targets = batch  # (B, T), (B, T) token ids, targets shifted by one
+    def shared_step(self, batch: tuple[torch.Tensor, ...], metrics: MetricCollection) -> torch.Tensor:
+        inputs, targets = batch[0], batch[1]  # (B, T), (B, T) token ids, targets shifted by one
         logits = self(inputs)  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # mean nats per token
-        metrics.update(loss.detach(), weight=targets.numel())
+        nats = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+        tokens = (targets != IGNORE).sum()
+        text_bytes = batch[2].sum() if len(batch) > 2 else tokens  # (B, T) byte counts, 0 where ignored
+        loss = nats / tokens  # mean nats per scored token
+        metrics["bpb"].update(nats.detach() / text_bytes, weight=text_bytes)
+        metrics["ppl"].update(loss.detach(), weight=tokens)
         return loss
 
     # ---- inference: next-byte probabilities exported; greedy continuations served --------------------
@@ -74,21 +98,25 @@ class LanguageModel(TrainingModule):
         return NextTokenProbabilities()
 
     def output_description(self) -> str:
-        return "probabilities of the next byte (softmax over 256 values) after the last input token"
+        if self.tokenizer.source is None:
+            return "probabilities of the next byte (softmax over 256 values) after the last input token"
+        return f"probabilities of the next token ({self.tokenizer.vocab_size} values) after the last input token"
 
     def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
-        """A prompt ``(tokens (1, T0),)`` -> its greedy continuation (1, served_new_tokens) token ids;
-        test windows ``(inputs, targets)`` (B, T) -> bits per byte of each window (B,)."""
+        """A prompt ``(tokens (1, T0),)`` -> its greedy continuation (1, N) token ids, N <= served_new_tokens;
+        test windows ``(inputs, targets[, bytes])`` (B, T) -> bits per byte of each window (B,)."""
         if len(batch) == 1:
             completion = self.continue_greedily(lambda tokens: self.output_head()(self(tokens)), batch[0][0])
             return completion.unsqueeze(0)
         inputs, targets = batch[0], batch[1]
-        nats = F.cross_entropy(self(inputs).transpose(1, 2), targets, reduction="none")  # (B, T)
-        return nats.mean(dim=1) / math.log(2)
+        nats = F.cross_entropy(self(inputs).transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")  # (B, T)
+        text_bytes = batch[2] if len(batch) > 2 else (targets != IGNORE)  # (B, T)
+        return nats.sum(dim=1) / text_bytes.sum(dim=1).clamp_min(1) / math.log(2)
 
     @torch.no_grad()
     def continue_greedily(self, next_token_probabilities: Any, tokens: torch.Tensor) -> torch.Tensor:
-        """The ``served_new_tokens`` likeliest next tokens (N,) after ``tokens`` (T0,), one at a time.
+        """Up to ``served_new_tokens`` likeliest next tokens (N,) after ``tokens`` (T0,), one at a time,
+        ending early at the tokenizer's end-of-text token (kept out of the result).
 
         ``next_token_probabilities`` maps (1, T) token ids to (1, V) probabilities (the Predictor,
         or an export of it); the context is the last ``block_size`` tokens.
@@ -97,27 +125,32 @@ class LanguageModel(TrainingModule):
         sequence = tokens
         for _ in range(self.served_new_tokens):
             probabilities = next_token_probabilities(sequence[-block_size:].unsqueeze(0))  # (1, V)
-            sequence = torch.cat([sequence, probabilities.argmax(dim=-1)])
+            next_token = probabilities.argmax(dim=-1)  # (1,)
+            if next_token.item() == self.tokenizer.eos_id:
+                break
+            sequence = torch.cat([sequence, next_token])
         return sequence[len(tokens) :]
 
     def infer(self, predictor: nn.Module, inputs: list[torch.Tensor]) -> list[str]:
         """Greedy continuations (text) of prompts given as token ids, one (T0,) tensor each."""
         device = next(predictor.parameters()).device
-        return [_text(self.continue_greedily(predictor, prompt.to(device))) for prompt in inputs]
+        return [self.tokenizer.decode(self.continue_greedily(predictor, ids.to(device)).tolist()) for ids in inputs]
 
     def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
         if outputs.dtype == torch.long:  # continuations of prompts
-            return [{"completion": _text(row)} for row in outputs]
+            return [{"completion": self.tokenizer.decode(row.tolist())} for row in outputs]
         return [{"bits_per_byte": round(value, 4)} for value in outputs.tolist()]
 
     def response(self, outputs: list[str], class_names: list[str]) -> dict[str, Any]:
         return {"completions": outputs}
 
     def score(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-        """Next-byte accuracy and bits per byte of next-token probabilities (N, V) for the bytes (N,) that follow."""
+        """Next-token accuracy and bits per token of next-token probabilities (N, V) for the tokens (N,) that follow
+        (``next_byte_acc`` and ``bits_per_byte`` for byte tokens)."""
         chosen = outputs.gather(-1, targets.unsqueeze(-1)).squeeze(-1).clamp_min(1e-12)  # (N,)
         accuracy = (outputs.argmax(dim=-1) == targets).float().mean().item()
-        return {"next_byte_acc": accuracy, "bits_per_byte": (-chosen.log2()).mean().item()}
+        unit = "byte" if self.tokenizer.source is None else "token"
+        return {f"next_{unit}_acc": accuracy, f"bits_per_{unit}": (-chosen.log2()).mean().item()}
 
     @torch.no_grad()
     def generate(
@@ -140,8 +173,9 @@ class LanguageModel(TrainingModule):
         if top_k is not None and top_k < 1:
             raise ConfigError(f"top_k must be at least 1 (or None for all tokens), got {top_k}")
         if tokens.shape[1] == 0 or tokens.shape[1] > block_size:
+            unit = "UTF-8 bytes" if self.tokenizer.source is None else "tokens"
             raise ConfigError(
-                f"the prompt has {tokens.shape[1]} tokens (UTF-8 bytes); it must have 1 to {block_size} "
+                f"the prompt has {tokens.shape[1]} {unit}; it must have 1 to {block_size} "
                 "(the model's block_size): shorten it"
             )
         was_training = self.training
@@ -164,6 +198,23 @@ class NextTokenProbabilities(nn.Module):
         return logits[:, -1, :].softmax(dim=-1)
 
 
-def _text(tokens: torch.Tensor) -> str:
-    """Byte token ids (N,) as text; a multi-byte character cut in half shows as U+FFFD."""
-    return bytes(tokens.tolist()).decode("utf-8", errors="replace")
+def check_tokenizer_fits(net: nn.Module, tokenizer: Tokenizer) -> None:
+    """Refuse a pretrained net (one with a ``folder``) paired with a tokenizer whose vocabulary is not its own.
+
+    Raises:
+        ValueError: names both and the fix.
+    """
+    folder = getattr(net, "folder", None)
+    if folder is None or not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return
+    if tokenizer.source is None:
+        raise ConfigError(
+            f"the net is the pretrained {folder} but the data's tokens are bytes: set data.init_args.tokenizer to the "
+            "same model as net.model"
+        )
+    own = load_tokenizer(str(folder))
+    if own.backend.get_vocab() != tokenizer.backend.get_vocab():
+        raise ConfigError(
+            f"data.tokenizer {tokenizer.source} has another vocabulary than the net's model {folder}: set "
+            "data.init_args.tokenizer to the same model as net.model"
+        )

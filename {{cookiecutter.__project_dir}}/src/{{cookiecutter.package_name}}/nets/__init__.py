@@ -10,9 +10,10 @@ __all__ = ["TabularMLP"]
 Every net maps token ids (B, T) to next-token logits (B, T, vocab_size).
 """
 
+from .causal_lm import HFCausalLM, LoRA
 from .gpt import GPT
 
-__all__ = ["GPT"]
+__all__ = ["GPT", "HFCausalLM", "LoRA"]
 {%- else %}
 Every net maps a float batch of images (B, C, H, W) to class logits (B, num_classes).
 """

@@ -20,6 +20,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
@@ -41,8 +42,11 @@ def _signal(name: str, field: str) -> signal.Signals:
     return signal.Signals[name]
 
 
-class PreemptionCheckpoint(L.Callback):
+class PreemptionCheckpoint(Checkpoint):
     """On a signal, save ``checkpoints/interrupted-step<N>.ckpt`` at the next batch boundary, then stop.
+
+    A ``Checkpoint`` callback, so Lightning runs its hooks after every other callback's: the step it
+    saves at is complete (``callbacks.RunPlots`` has recorded that step's logged loss).
 
     The checkpoint holds the full training state (weights, optimizer, LR scheduler, loops and the
     train loader's position). ``make resume`` (``--resume=true``) continues from it, and a requeued

@@ -1,0 +1,155 @@
+"""Prompt/completion pairs for supervised fine-tuning: JSONL, a ``{"prompt": ..., "completion": ...}`` per line.
+
+An example is the prompt's tokens, then the completion's, then the tokenizer's end-of-text token
+(so the model learns where to stop). The model reads all of them but is scored on the completion
+and the end token only: prompt positions carry the target -100, which ``cross_entropy`` ignores
+(the "completion-only loss" of supervised fine-tuning, as in TRL's ``SFTTrainer``:
+https://huggingface.co/docs/trl/sft_trainer). Examples of a batch are padded on the right to the
+longest; with causal attention no real token ever attends to a pad, so no attention mask is needed.
+
+The examples are split into train/val/test by a seeded permutation (``split_seed``), which never
+depends on the training seed. Training order and exact mid-epoch resume come from
+:class:`engine.ResumableDataModule`, as for every DataModule.
+"""
+
+import functools
+import json
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from {{ cookiecutter.package_name }}.data.text import LanguageDataModule
+from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
+from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
+
+IGNORE = -100  # the target of a position the loss skips (torch.nn.functional.cross_entropy's ignore_index)
+
+log = logging.getLogger(__name__)
+
+
+def pad_examples(samples: list[tuple[torch.Tensor, ...]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Examples of lengths L_i -> (inputs (B, L), targets (B, L), target bytes (B, L)), right-padded to L = max L_i.
+
+    Inputs are padded with ``pad_id``, targets with -100 (not scored), byte counts with 0.
+    """
+    length = max(len(sample[0]) for sample in samples)
+    fills = (pad_id, IGNORE, 0)
+    return tuple(
+        torch.stack([F.pad(sample[i], (0, length - len(sample[i])), value=fills[i]) for sample in samples])
+        for i in range(3)
+    )
+
+
+class PromptCompletionDataModule(LanguageDataModule):
+    """Batches of (inputs (B, L), targets (B, L), target bytes (B, L)), L <= ``block_size``, from a JSONL file.
+
+    Args:
+        path: a JSONL file; each line an object with the strings ``prompt`` and ``completion``.
+        tokenizer: the pretrained model whose tokenizer to use (folder or hub id); None for bytes.
+        block_size: most tokens an example may have (the context the model is trained on); a
+            longer completion is cut (the count is logged), a longer prompt is refused.
+        val_fraction, test_fraction: shares of the examples held out.
+        split_seed: seed of the train/val/test split.
+        batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: a line that is not a JSON object with string ``prompt`` and ``completion`` (names
+            the file and line), a prompt longer than ``block_size`` tokens, too few examples for
+            the splits, or a setting out of range.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        tokenizer: str | None = None,
+        block_size: int = 512,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        split_seed: int = 0,
+        batch_size: int = 8,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+    ) -> None:
+        super().__init__(tokenizer, block_size, batch_size, num_workers, pin_memory, persistent_workers)
+        self.save_hyperparameters()
+        check_fractions(val_fraction, test_fraction)
+        pad_id = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else 0
+        self.collate_fn = functools.partial(pad_examples, pad_id=pad_id)
+        self._splits: dict[str, list[tuple[torch.Tensor, ...]]] | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's vocabulary; asking reads and checks the file (before any run folder exists)."""
+        self.splits  # noqa: B018
+        return self.tokenizer.vocab_size
+
+    @property
+    def splits(self) -> dict[str, list[tuple[torch.Tensor, ...]]]:
+        """{train, val, test}: examples (inputs (L,), targets (L,), target bytes (L,)), read when first asked."""
+        if self._splits is None:
+            hp = self.hparams
+            examples = self._read_examples(Path(hp.path).expanduser())
+            if len(examples) < 3:
+                raise DataError(f"data.path: {hp.path} has {len(examples)} examples; train, val and test need 3+")
+            order = split_indices(None, len(examples), hp.val_fraction, hp.test_fraction, hp.split_seed)
+            self._splits = {name: [examples[i] for i in sorted(indices)] for name, indices in order.items()}
+        return self._splits
+
+    def _read_examples(self, path: Path) -> list[tuple[torch.Tensor, ...]]:
+        if not path.is_file():
+            raise MissingFileError(f"data.path: {path} does not exist; give a JSONL file of prompt/completion pairs")
+        examples, cut = [], 0
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                where = f"data.path: {path} line {number}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise DataError(f"{where} is not JSON ({error.msg}); write one JSON object per line") from None
+                if not isinstance(record, dict) or not all(
+                    isinstance(record.get(key), str) for key in ("prompt", "completion")
+                ):
+                    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+                    raise DataError(f'{where} needs the strings "prompt" and "completion" (it has {keys})')
+                example, was_cut = self._example(record["prompt"], record["completion"], where)
+                examples.append(example)
+                cut += was_cut
+        if cut:
+            log.info(f"data.path: {path}: {cut} completion(s) cut to data.block_size={self.hparams.block_size} tokens")
+        return examples
+
+    def _example(self, prompt: str, completion: str, where: str) -> tuple[tuple[torch.Tensor, ...], bool]:
+        """(inputs (L,), targets (L,), target bytes (L,)) of one pair, and whether the completion was cut."""
+        prompt_ids, prompt_bytes = self.tokenizer.encode_with_bytes(prompt)
+        completion_ids, completion_bytes = self.tokenizer.encode_with_bytes(completion)
+        if self.tokenizer.eos_id is not None:
+            completion_ids, completion_bytes = [*completion_ids, self.tokenizer.eos_id], [*completion_bytes, 0]
+        limit = self.hparams.block_size
+        if not 0 < len(prompt_ids) <= limit:
+            raise DataError(
+                f"{where}: the prompt has {len(prompt_ids)} tokens; with its completion it must fit in "
+                f"data.block_size = {limit}: shorten it or raise data.block_size (at most the model's context)"
+            )
+        ids = (prompt_ids + completion_ids)[: limit + 1]
+        counts = (prompt_bytes + completion_bytes)[: limit + 1]
+        targets = torch.tensor(ids[1:])
+        targets[: len(prompt_ids) - 1] = IGNORE  # positions that predict prompt tokens
+        example = (torch.tensor(ids[:-1]), targets, torch.tensor(counts[1:]) * (targets != IGNORE))
+        return example, len(prompt_ids) + len(completion_ids) > limit + 1
+
+    def setup(self, stage: str | None = None) -> None:
+        self.train_set, self.val_set, self.test_set = (self.splits[name] for name in ("train", "val", "test"))
+        self.check_batch_size()
+
+    def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
+        """The first T tokens (N, T) of each example of ``split`` (T: the shortest's length) and the next token (N,)."""
+        examples = self.splits[split]
+        length = min(len(example[0]) for example in examples)
+        full = [torch.cat([example[0], example[1][-1:]]) for example in examples]  # every token of each (L + 1,)
+        return torch.stack([ids[:length] for ids in full]), torch.stack([ids[length] for ids in full])

@@ -1,0 +1,82 @@
+"""Pretrained files offline: a local folder or the local Hugging Face cache, never a download during a run.
+
+A pretrained model is named either by a folder (``save_pretrained``'s output, or a copy of a hub
+snapshot) or by a Hugging Face hub id (``HuggingFaceTB/SmolLM2-135M``, ``gpt2``) that must already be
+in the local cache (``HF_HOME``, default ``~/.cache/huggingface``). Fetch it once where there is
+internet: ``hf download <id>`` (huggingface_hub's CLI), then copy the cache to the cluster if the
+compute nodes are offline. https://huggingface.co/docs/huggingface_hub/guides/download
+
+:func:`fingerprint` identifies a base model's weights, so a checkpoint that holds only adapters
+(LoRA) can refuse to load onto another base.
+"""
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
+
+# The files whose bytes are a model: its config and its weights (safetensors, or PyTorch's .bin).
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """Where a pretrained model's files are: ``folder``, and the hub ``revision`` (commit) when from the cache."""
+
+    source: str
+    folder: Path
+    revision: str | None
+
+
+def locate(source: str, revision: str | None = None, key: str = "net.model") -> Pretrained:
+    """The local folder of pretrained model ``source``: a folder, or a hub id found in the local cache.
+
+    Args:
+        source: a folder holding ``config.json``, or a Hugging Face hub id.
+        revision: a branch, tag or commit of a hub id (default: the cached ``main``).
+        key: the config key named in errors.
+
+    Raises:
+        MissingFileError: neither a folder nor in the local cache (names the command that fetches it).
+        ConfigError: a folder without ``config.json``.
+    """
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"{key}: {path} has no config.json; give the folder that save_pretrained wrote (config.json, "
+                "model.safetensors, tokenizer files) or a hub snapshot folder"
+            )
+        return Pretrained(source, path, None)
+    if not HUB_ID.match(source):
+        raise MissingFileError(f"{key}: {path} does not exist; give a model folder or a Hugging Face hub id")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(source, revision=revision, local_files_only=True))
+    except LocalEntryNotFoundError:
+        at = f" --revision {revision}" if revision else ""
+        raise MissingFileError(
+            f"{key}: {source} is neither a folder nor in the local Hugging Face cache (HF_HOME); runs never "
+            f"download. Fetch it once where there is internet: `hf download {source}{at}`, or give its folder"
+        ) from None
+    return Pretrained(source, folder, folder.name)
+
+
+def fingerprint(folder: Path) -> str:
+    """SHA-256 over the names and bytes of ``config.json`` and the weight files of ``folder`` (hex).
+
+    Reads every weight file once: about 1 s per GB on one core.
+    """
+    digest = hashlib.sha256()
+    files = [folder / "config.json", *sorted(f for f in folder.iterdir() if f.name.endswith(WEIGHT_SUFFIXES))]
+    for file in files:
+        digest.update(file.name.encode())
+        with file.open("rb") as stream:
+            while chunk := stream.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,299 @@
+"""Fine-tuning a pretrained Hugging Face causal LM (nets.HFCausalLM) offline: LoRA, checkpoints, export, bad input.
+
+No model can be downloaded here: each test uses a 2-layer Llama with random weights and a BPE
+tokenizer trained on a small text, saved with ``save_pretrained`` into a temporary folder (the
+shape of any model folder or hub snapshot).
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS, shrunk_args, user_error
+from test_preemption import SignalAtStep
+from test_resume import EXACT, assert_same_end_state
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.data import PromptCompletionDataModule
+from {{ cookiecutter.package_name }}.data.prompts import IGNORE
+from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
+from {{ cookiecutter.package_name }}.engine.inference import load_trained
+from {{ cookiecutter.package_name }}.engine.runs import run_dir
+from {{ cookiecutter.package_name }}.generate import main as generate_main
+from {{ cookiecutter.package_name }}.nets import HFCausalLM, LoRA
+
+transformers = pytest.importorskip("transformers", reason="the finetune extra (make install installs it)")
+pytest.importorskip("peft", reason="the finetune extra (make install installs it)")
+
+FINETUNE = CONFIGS / "experiments" / "finetune.yaml"
+SFT = CONFIGS / "experiments" / "finetune-sft.yaml"
+TEXT = "The whale swam past the ship. The sailors watched the sea and the sky. " * 200
+HIDDEN, LAYERS, RANK = 32, 2, 4
+SHORT = ["--trainer.limit_train_batches=2", "--trainer.log_every_n_steps=1"]  # two steps: enough to write checkpoints
+
+
+def save_tiny_llama(folder: Path, vocab_size: int = 300, seed: int = 0) -> Path:
+    """A 2-layer Llama (random weights) and a byte-level BPE tokenizer trained on TEXT, saved by ``save_pretrained``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator([TEXT], trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
+    fast.save_pretrained(folder)
+    config = transformers.LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=fast.eos_token_id,
+        eos_token_id=fast.eos_token_id,
+        # Larger than Llama's 0.02: a random output layer that small caps every logit near 0, so no
+        # adapter could make a prediction confident, and "the loss falls" would test nothing.
+        initializer_range=0.3,
+    )
+    torch.manual_seed(seed)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def finetune_args(tmp_path: Path, model: Path, text: Path | None = None) -> list[str]:
+    """The shrunk test config with configs/experiments/finetune.yaml stacked on it, on ``model`` and TEXT."""
+    if text is None:
+        text = tmp_path / "text.txt"
+        text.parent.mkdir(parents=True, exist_ok=True)
+        text.write_text(TEXT)
+    return [
+        *shrunk_args(tmp_path),
+        f"--config={FINETUNE}",
+        f"--model.init_args.net.init_args.model={model}",
+        f"--data.init_args.tokenizer={model}",
+        f"--data.init_args.path={text}",
+        "--model.init_args.net.init_args.lora.r=4",
+        "--model.init_args.net.init_args.lora.dropout=0.0",
+        "--data.init_args.block_size=32",
+        "--data.init_args.val_fraction=0.1",
+        "--data.init_args.test_fraction=0.1",
+        "--trainer.max_steps=-1",
+        "--trainer.limit_train_batches=10",
+        "--trainer.val_check_interval=10",
+        "--trainer.log_every_n_steps=5",
+    ]
+
+
+def test_lora_trains_only_the_adapters_and_its_checkpoint_holds_only_them(tiny: Path, tmp_path: Path) -> None:
+    args = finetune_args(tmp_path, tiny)
+    cli = main(["fit", *args, "--trainer.max_epochs=5", "--model.init_args.optimizer.init_args.lr=0.05"])
+    net = cli.model.net
+    trainable = {name: p.numel() for name, p in net.named_parameters() if p.requires_grad}
+    # q, k, v and o projections of 2 layers, each A (r x in) and B (out x r); k and v are 16 wide (2 KV heads).
+    per_layer = sum(RANK * (HIDDEN + out) for out in (HIDDEN, 16, 16, HIDDEN))
+    assert sum(trainable.values()) == LAYERS * per_layer == 1792
+    assert all("lora_" in name for name in trainable)
+
+    run = run_dir(cli.trainer)
+    summary = json.loads((run / "test_metrics.json").read_text())
+    checkpoint = torch.load(summary["checkpoint"], map_location="cpu", weights_only=True)
+    saved = checkpoint["state_dict"]
+    weights = {key for key, value in saved.items() if key.startswith("net.") and isinstance(value, torch.Tensor)}
+    assert weights == {f"net.{name}" for name in trainable}  # the adapters, not the base
+    record = saved["net._extra_state"]
+    assert record["base"]["model"] == str(tiny) and len(record["base"]["sha256"]) == 64
+    assert record["lora"] == {
+        "r": 4,
+        "alpha": 16,
+        "dropout": 0.0,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    }
+    # The loss falls on the repeated text: from ln(vocabulary) for random weights to far below.
+    assert summary["metrics"]["test/loss"] < 0.5 * math.log(300)
+    # Bits per byte: the same total nats over the test text's bytes rather than its tokens.
+    data = cli.datamodule
+    tokens, counts = data.splits["test"]
+    windows = (len(tokens) - 1) // 32
+    tokens_per_byte = windows * 32 / counts[1 : windows * 32 + 1].sum().item()
+    expected = summary["metrics"]["test/loss"] / math.log(2) * tokens_per_byte
+    assert summary["metrics"]["test/bpb"] == pytest.approx(expected, rel=0.02)
+
+    # The checkpoint alone rebuilds the base from its folder and the adapters: generate and serve answer.
+    trained = load_trained(summary["checkpoint"])
+    (completion,) = trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(["The whale"]))
+    assert isinstance(completion, str) and completion
+    assert "sea" in completion or "ship" in completion or "whale" in completion  # it learnt the text's words
+
+
+def test_full_finetuning_trains_and_saves_every_weight(tiny: Path, tmp_path: Path) -> None:
+    full = tmp_path / "full.yaml"  # as a user writes it: lora: null in their config
+    full.write_text("model:\n  init_args:\n    net:\n      init_args:\n        lora: null\n")
+    args = [*finetune_args(tmp_path, tiny), f"--config={full}", "--test_after_fit=false"]
+    cli = main(["fit", *args, *SHORT, "--trainer.limit_val_batches=1"])
+    net = cli.model.net
+    assert all(p.requires_grad for p in net.parameters())
+    saved = torch.load(run_dir(cli.trainer) / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    weights = {key for key, value in saved.items() if key.startswith("net.") and isinstance(value, torch.Tensor)}
+    assert weights == {f"net.{key}" for key in net.state_dict()} - {"net._extra_state"}
+    assert len(weights) > 20  # every weight of the 2-layer Llama
+
+
+@pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_lora_resumes_exactly_after_sigterm_mid_epoch(tiny: Path, tmp_path: Path) -> None:
+    reference = main(["fit", *finetune_args(tmp_path / "reference", tiny), *EXACT])
+    args = [*finetune_args(tmp_path / "resumed", tiny), *EXACT]
+    interrupted = main(args, run=False)
+    interrupted.trainer.callbacks.append(SignalAtStep(step=14, name="SIGTERM"))  # 10 steps an epoch: mid epoch 2
+    with pytest.raises(Preempted):
+        interrupted.trainer.fit(interrupted.model, datamodule=interrupted.datamodule)
+    resumed = main(["fit", *args, "--resume=true"])
+    assert_same_end_state(reference, resumed)
+    # The frozen base is rebuilt from its folder on resume: equal to the uninterrupted run's too.
+    for (name, expected), (_, actual) in zip(
+        reference.model.net.named_parameters(), resumed.model.net.named_parameters(), strict=True
+    ):
+        assert torch.equal(expected, actual), name
+
+
+def test_merged_export_loads_in_transformers_alone_and_equals_the_unmerged_model(tiny: Path, tmp_path: Path) -> None:
+    from {{ cookiecutter.package_name }}.export import main as export_main
+
+    cli = main(["fit", *finetune_args(tmp_path, tiny), "--model.init_args.optimizer.init_args.lr=0.01"])
+    summary = json.loads((run_dir(cli.trainer) / "test_metrics.json").read_text())
+    export_main(["--ckpt", summary["checkpoint"], "--output", str(tmp_path / "export"), "--onnx", "false"])
+    folder = tmp_path / "export" / "hf"
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {f.name for f in folder.iterdir()}
+    merged = transformers.AutoModelForCausalLM.from_pretrained(folder)  # no project code, no peft
+    trained = load_trained(summary["checkpoint"])
+    tokens = torch.tensor([trained.datamodule.tokenizer.encode(TEXT[:200])[:32]])
+    with torch.no_grad():
+        difference = (merged(input_ids=tokens).logits - trained.model.net(tokens)).abs().max().item()
+    adapter = trained.model.net.model.base_model.model.model.layers[0].self_attn.q_proj.lora_B.default.weight
+    assert adapter.abs().max() > 0  # trained: the merge changed the weights
+    assert difference < 1e-4
+    record = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert record["max_abs_diff"]["hf"]["batch_1"] < 1e-4 and record["files"]["hf"] == "hf"
+
+
+def test_generate_cuts_at_the_end_of_text_token(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cli = main(["fit", *finetune_args(tmp_path, tiny), *SHORT, "--test_after_fit=false"])
+    checkpoint = run_dir(cli.trainer) / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
+    generate_main(["--ckpt", str(checkpoint), "--prompt", "The whale", "--max_new_tokens", "20"])
+    assert capsys.readouterr().out.startswith("The whale")
+
+
+def SFT_ARGS(model: Path) -> list[str]:  # noqa: N802 -- read as a constant
+    """What finetune-sft.yaml sets that the tiny model needs otherwise: its tokenizer, a block within its context."""
+    return [f"--data.init_args.tokenizer={model}", "--data.init_args.block_size=32"]
+
+
+def write_pairs(path: Path, pairs: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+    return path
+
+
+PAIRS = [{"prompt": f"Q: what does the {w} do?\nA:", "completion": f" the {w} swims."} for w in ("whale", "eel", "cod")]
+
+
+def test_prompt_completion_examples_score_the_completion_only(tiny: Path, tmp_path: Path) -> None:
+    data = PromptCompletionDataModule(str(write_pairs(tmp_path / "pairs.jsonl", PAIRS * 10)), tokenizer=str(tiny))
+    data.setup("fit")
+    inputs, targets, counts = data.train_set[0]
+    prompt = data.tokenizer.encode(PAIRS[0]["prompt"])
+    scored = targets != IGNORE
+    assert not scored[: len(prompt) - 1].any() and scored[len(prompt) - 1 :].all()
+    # The scored targets are the completion and the end-of-text token; their bytes are the completion's.
+    completion = [*data.tokenizer.encode(PAIRS[0]["completion"]), data.tokenizer.eos_id]
+    assert targets[scored].tolist() == completion
+    assert counts.sum().item() == len(PAIRS[0]["completion"].encode())
+    batch = data.collate_fn([data.train_set[0], data.train_set[1], (inputs[:3], targets[:3], counts[:3])])
+    assert batch[0].shape == batch[1].shape == (3, max(len(inputs), len(data.train_set[1][0])))
+    assert (batch[1][2, 3:] == IGNORE).all() and (batch[2][2, 3:] == 0).all()  # padding is never scored
+
+
+def test_supervised_finetuning_learns_the_completions(tiny: Path, tmp_path: Path) -> None:
+    pairs = write_pairs(tmp_path / "pairs.jsonl", PAIRS * 20)
+    args = [*finetune_args(tmp_path, tiny), f"--config={SFT}", f"--data.init_args.path={pairs}", *SFT_ARGS(tiny)]
+    args += ["--data.init_args.batch_size=4", "--trainer.max_epochs=4"]
+    cli = main(["fit", *args, "--model.init_args.optimizer.init_args.lr=0.02"])
+    summary = json.loads((run_dir(cli.trainer) / "test_metrics.json").read_text())
+    assert summary["metrics"]["test/loss"] < 1.0  # from ln(300) = 5.7 nats per completion token
+    trained = load_trained(summary["checkpoint"])
+    answers = trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json([PAIRS[0]["prompt"]]))
+    assert answers == [PAIRS[0]["completion"]]  # greedy decoding stops at the end-of-text token
+
+
+def test_a_checkpoint_refuses_a_base_whose_weights_changed(tiny: Path, tmp_path: Path) -> None:
+    base = save_tiny_llama(tmp_path / "base")
+    cli = main(["fit", *finetune_args(tmp_path, base), *SHORT, "--test_after_fit=false"])
+    checkpoint = run_dir(cli.trainer) / "checkpoints" / "last.ckpt"
+    save_tiny_llama(base, seed=1)  # the same folder, other weights
+    with pytest.raises(ValueError, match=r"trained on .*base.* with other weights"):
+        load_trained(checkpoint)
+
+
+def test_lora_target_modules_the_model_lacks_are_listed(tiny: Path) -> None:
+    with pytest.raises(ValueError, match="no layer named qkv; its linear layers are: down_proj, gate_proj, k_proj"):
+        HFCausalLM(str(tiny), lora=LoRA(target_modules=["qkv"]))
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["no model", "not cached", "no weights", "other tokenizer", "big tokenizer", "no key", "long prompt", "bad target"],
+)
+def test_bad_finetuning_input_is_one_line_before_anything_is_written(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    args = finetune_args(tmp_path, tiny)
+    pairs = tmp_path / "pairs.jsonl"
+    if case == "no model":
+        args += [f"--model.init_args.net.init_args.model={tmp_path / 'nowhere'}"]
+        expected = "does not exist"
+    elif case == "not cached":
+        args += ["--model.init_args.net.init_args.model=someone/some-model"]
+        expected = r"nor in the local Hugging Face cache .* `hf download someone/some-model`"
+    elif case == "no weights":
+        incomplete = tmp_path / "incomplete"
+        incomplete.mkdir()
+        (incomplete / "config.json").write_text((tiny / "config.json").read_text())
+        args += [f"--model.init_args.net.init_args.model={incomplete}"]
+        expected = "is not a complete causal language model"
+    elif case == "other tokenizer":
+        other = save_tiny_llama(tmp_path / "other", vocab_size=290)
+        args += [f"--data.init_args.tokenizer={other}"]
+        expected = "has another vocabulary than the net's model"
+    elif case == "big tokenizer":  # the model's tokenizer with tokens added, the model not resized
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tiny)
+        tokenizer.add_tokens([f"<extra-{i}>" for i in range(10)])
+        tokenizer.save_pretrained(tmp_path / "bigger")
+        (tmp_path / "bigger" / "config.json").write_text((tiny / "config.json").read_text())
+        args += [f"--data.init_args.tokenizer={tmp_path / 'bigger'}"]
+        expected = r"has \d+ tokens, more than the \d+ rows"
+    elif case == "no key":
+        write_pairs(pairs, [*PAIRS, {"prompt": "Q: what?"}])
+        args += [f"--config={SFT}", f"--data.init_args.path={pairs}", *SFT_ARGS(tiny)]
+        expected = rf'{pairs} line 4 needs the strings "prompt" and "completion"'
+    elif case == "long prompt":
+        write_pairs(pairs, [*PAIRS, {"prompt": "the whale " * 40, "completion": " swims."}])
+        args += [f"--config={SFT}", f"--data.init_args.path={pairs}", *SFT_ARGS(tiny)]
+        expected = r"line 4: the prompt has \d+ tokens; with its completion it must fit in data.block_size = 32"
+    else:
+        args += ["--model.init_args.net.init_args.lora.target_modules=[qkv]"]
+        expected = "has no layer named qkv; its linear layers are"
+    with user_error(expected):
+        main(["fit", *args])
+    assert not [file for file in (tmp_path / "logs").rglob("*") if file.is_file()]  # no run folder, no file
