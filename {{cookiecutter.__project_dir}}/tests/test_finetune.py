@@ -7,15 +7,21 @@ shape of any model folder or hub snapshot).
 
 import json
 import math
+import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, shrunk_args, user_error
+import yaml
+from conftest import CONFIGS, ROOT, shrunk_args, user_error
 from test_preemption import SignalAtStep
 from test_resume import EXACT, assert_same_end_state
 
-from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.cli import CLI, main
 from {{ cookiecutter.package_name }}.data import PromptCompletionDataModule
 from {{ cookiecutter.package_name }}.data.prompts import IGNORE
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
@@ -34,7 +40,7 @@ HIDDEN, LAYERS, RANK = 32, 2, 4
 SHORT = ["--trainer.limit_train_batches=2", "--trainer.log_every_n_steps=1"]  # two steps: enough to write checkpoints
 
 
-def save_tiny_llama(folder: Path, vocab_size: int = 300, seed: int = 0) -> Path:
+def save_tiny_llama(folder: Path, vocab_size: int = 300, seed: int = 0, context: int = 64) -> Path:
     """A 2-layer Llama (random weights) and a byte-level BPE tokenizer trained on TEXT, saved by ``save_pretrained``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -54,7 +60,7 @@ def save_tiny_llama(folder: Path, vocab_size: int = 300, seed: int = 0) -> Path:
         num_hidden_layers=LAYERS,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=64,
+        max_position_embeddings=context,
         bos_token_id=fast.eos_token_id,
         eos_token_id=fast.eos_token_id,
         # Larger than Llama's 0.02: a random output layer that small caps every logit near 0, so no
@@ -95,9 +101,18 @@ def finetune_args(tmp_path: Path, model: Path, text: Path | None = None) -> list
     ]
 
 
-def test_lora_trains_only_the_adapters_and_its_checkpoint_holds_only_them(tiny: Path, tmp_path: Path) -> None:
-    args = finetune_args(tmp_path, tiny)
+@pytest.fixture(scope="module")
+def lora_run(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[CLI, dict]:
+    """One LoRA fine-tuning of the tiny model (50 steps), shared by the tests that read its results."""
+    args = finetune_args(tmp_path_factory.mktemp("lora"), tiny)
     cli = main(["fit", *args, "--trainer.max_epochs=5", "--model.init_args.optimizer.init_args.lr=0.05"])
+    return cli, json.loads((run_dir(cli.trainer) / "test_metrics.json").read_text())
+
+
+def test_lora_trains_only_the_adapters_and_its_checkpoint_holds_only_them(
+    tiny: Path, lora_run: tuple[CLI, dict]
+) -> None:
+    cli, summary = lora_run
     net = cli.model.net
     trainable = {name: p.numel() for name, p in net.named_parameters() if p.requires_grad}
     # q, k, v and o projections of 2 layers, each A (r x in) and B (out x r); k and v are 16 wide (2 KV heads).
@@ -105,8 +120,6 @@ def test_lora_trains_only_the_adapters_and_its_checkpoint_holds_only_them(tiny: 
     assert sum(trainable.values()) == LAYERS * per_layer == 1792
     assert all("lora_" in name for name in trainable)
 
-    run = run_dir(cli.trainer)
-    summary = json.loads((run / "test_metrics.json").read_text())
     checkpoint = torch.load(summary["checkpoint"], map_location="cpu", weights_only=True)
     saved = checkpoint["state_dict"]
     weights = {key for key, value in saved.items() if key.startswith("net.") and isinstance(value, torch.Tensor)}
@@ -167,11 +180,12 @@ def test_lora_resumes_exactly_after_sigterm_mid_epoch(tiny: Path, tmp_path: Path
         assert torch.equal(expected, actual), name
 
 
-def test_merged_export_loads_in_transformers_alone_and_equals_the_unmerged_model(tiny: Path, tmp_path: Path) -> None:
+def test_merged_export_loads_in_transformers_alone_and_equals_the_unmerged_model(
+    lora_run: tuple[CLI, dict], tmp_path: Path
+) -> None:
     from {{ cookiecutter.package_name }}.export import main as export_main
 
-    cli = main(["fit", *finetune_args(tmp_path, tiny), "--model.init_args.optimizer.init_args.lr=0.01"])
-    summary = json.loads((run_dir(cli.trainer) / "test_metrics.json").read_text())
+    _, summary = lora_run
     export_main(["--ckpt", summary["checkpoint"], "--output", str(tmp_path / "export"), "--onnx", "false"])
     folder = tmp_path / "export" / "hf"
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {f.name for f in folder.iterdir()}
@@ -187,12 +201,14 @@ def test_merged_export_loads_in_transformers_alone_and_equals_the_unmerged_model
     assert record["max_abs_diff"]["hf"]["batch_1"] < 1e-4 and record["files"]["hf"] == "hf"
 
 
-def test_generate_cuts_at_the_end_of_text_token(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    cli = main(["fit", *finetune_args(tmp_path, tiny), *SHORT, "--test_after_fit=false"])
-    checkpoint = run_dir(cli.trainer) / "checkpoints" / "last.ckpt"
+def test_generate_continues_a_prompt_from_the_checkpoint_alone(
+    lora_run: tuple[CLI, dict], capsys: pytest.CaptureFixture
+) -> None:
+    _, summary = lora_run
     capsys.readouterr()
-    generate_main(["--ckpt", str(checkpoint), "--prompt", "The whale", "--max_new_tokens", "20"])
-    assert capsys.readouterr().out.startswith("The whale")
+    generate_main(["--ckpt", summary["checkpoint"], "--prompt", "The whale", "--max_new_tokens", "20"])
+    text = capsys.readouterr().out
+    assert text.startswith("The whale") and len(text) > len("The whale") + 10
 
 
 def SFT_ARGS(model: Path) -> list[str]:  # noqa: N802 -- read as a constant
@@ -246,7 +262,8 @@ def test_a_checkpoint_refuses_a_base_whose_weights_changed(tiny: Path, tmp_path:
 
 
 def test_lora_target_modules_the_model_lacks_are_listed(tiny: Path) -> None:
-    with pytest.raises(ValueError, match="no layer named qkv; its linear layers are: down_proj, gate_proj, k_proj"):
+    listed = "no layer named qkv; its layers with a weight matrix are: down_proj, embed_tokens, gate_proj, k_proj"
+    with pytest.raises(ValueError, match=listed):
         HFCausalLM(str(tiny), lora=LoRA(target_modules=["qkv"]))
 
 
@@ -293,7 +310,58 @@ def test_bad_finetuning_input_is_one_line_before_anything_is_written(
         expected = r"line 4: the prompt has \d+ tokens; with its completion it must fit in data.block_size = 32"
     else:
         args += ["--model.init_args.net.init_args.lora.target_modules=[qkv]"]
-        expected = "has no layer named qkv; its linear layers are"
+        expected = "has no layer named qkv; its layers with a weight matrix are"
     with user_error(expected):
         main(["fit", *args])
     assert not [file for file in (tmp_path / "logs").rglob("*") if file.is_file()]  # no run folder, no file
+
+
+@pytest.mark.slow
+def test_the_readme_fine_tunes_offline_as_written(tmp_path: Path) -> None:
+    """The README's "Fine-tune a pretrained model" commands, run as written in a copy of the project.
+
+    `hf download` is the one command not run (no internet): the test puts a tiny Llama in a
+    Hugging Face cache of its own under the id the README and finetune.yaml name, as the download would.
+    One change a user could make too keeps it short: the copy's finetune.yaml trains 20 steps on
+    64-token windows and validates on 10 batches.
+    """
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Fine-tune a pretrained model", 1)[1].split("\n## ", 1)[0]
+    commands = [line.split("#")[0].strip() for line in section.split("```bash", 1)[1].split("```", 1)[0].splitlines()]
+    commands = [command for command in commands if command]
+    download, *rest = commands
+    model_id = download.removeprefix("hf download ").strip()
+    config = yaml.safe_load(FINETUNE.read_text())
+    assert config["model"]["init_args"]["net"]["init_args"]["model"] == model_id
+    assert config["data"]["init_args"]["tokenizer"] == model_id
+    assert [command.split()[1] for command in rest] == ["train", "generate", "export"]
+
+    cache = tmp_path / "hf-cache"
+    repo = cache / f"models--{model_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    save_tiny_llama(repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    project = tmp_path / "project"
+    shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(".venv", "logs", ".git", "wandb", "__pycache__"))
+    short = project / "configs" / "experiments" / "finetune.yaml"
+    text = short.read_text()
+    for setting, value in (("max_steps: 300", "max_steps: 20"), ("val_check_interval: 50", "val_check_interval: 10")):
+        assert setting in text
+        text = text.replace(setting, f"{value}\n  limit_val_batches: 10" if "val_check" in setting else value)
+    short.write_text(text.replace("block_size: 256", "block_size: 64"))
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    env.pop("PYTEST_ADDOPTS", None)
+    outputs = []
+    for command in rest:
+        done = subprocess.run(
+            ["bash", "-c", f"{command} PYTHON={sys.executable}"], cwd=project, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        outputs.append(done.stdout)
+    run = max((project / "logs").glob("*/finetune-*"), key=lambda folder: folder.stat().st_mtime)
+    summary = json.loads((run / "test_metrics.json").read_text())
+    assert summary["global_step"] == 20 and math.isfinite(summary["metrics"]["test/bpb"])
+    assert "\nCall me Ishmael." in outputs[1]  # after the command make echoes
+    assert re.search(r"export/hf: max abs diff from PyTorch batch_1 \S+", outputs[2])
+    assert (run / "export" / "hf" / "model.safetensors").is_file()

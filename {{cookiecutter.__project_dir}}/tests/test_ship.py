@@ -441,7 +441,9 @@ def post(port: int, body: bytes) -> tuple[int, Any]:
         f"http://127.0.0.1:{port}/predict", data=body, headers={"Content-Type": "application/json"}
     )
     try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
+        # Generous: 16 concurrent requests of a language model (64 greedy steps per prompt) on a busy
+        # 2-core machine took over 60 s (a CI run beside other tests); speed is measured elsewhere.
+        with urllib.request.urlopen(request, timeout=300) as answer:
             return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode(errors="replace")

@@ -196,15 +196,24 @@ def _base_keys_are_not_missing(module: HFCausalLM, incompatible: Any) -> None:
 
 
 def _check_targets(model: nn.Module, targets: list[str] | str | None) -> None:
-    """Raise ConfigError naming the linear layers ``model`` has when a LoRA target is not among them."""
+    """Raise ConfigError naming the layers ``model`` has when a LoRA target is not among them.
+
+    Candidates are the layers with a weight matrix (``nn.Linear``, GPT-2's ``Conv1D``, embeddings).
+    """
     if targets is None or isinstance(targets, str):  # peft's default for the architecture, or "all-linear"
         return
-    names = sorted({name.rpartition(".")[2] for name, module in model.named_modules() if isinstance(module, nn.Linear)})
+    names = sorted(
+        {
+            name.rpartition(".")[2]
+            for name, module in model.named_modules()
+            if isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.ndim == 2
+        }
+    )
     missing = [target for target in targets if target not in names]
     if missing:
         raise ConfigError(
             f"net.lora.target_modules: {model.config.model_type} has no layer named {', '.join(missing)}; "
-            f"its linear layers are: {', '.join(names)}"
+            f"its layers with a weight matrix are: {', '.join(names)}"
         )
 
 
