@@ -84,7 +84,8 @@ def assert_same_training_state(expected_path: Path, actual_path: Path) -> None:
 @pytest.mark.slow
 def test_ddp_run_stopped_mid_epoch_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
     # Two processes, 5 steps per process and epoch, 3 epochs; SIGTERM reaches both processes
-    # after step 7 (as a scheduler's scancel does), so the checkpoint is at step 8, mid-epoch 2.
+    # after step 7 (as a scheduler's scancel does). PreemptionCheckpoint, a Checkpoint callback, runs
+    # after the callback that sent it, so it saves at that step's end: step 7, mid-epoch 2.
     # The resumed run must train each process on exactly the batches it had not seen yet.
     ddp = [
         f"--config={CONFIGS / 'presets' / 'ddp.yaml'}",
@@ -112,7 +113,7 @@ def test_ddp_run_stopped_mid_epoch_by_sigterm_resumes_exactly(tmp_path: Path) ->
     )
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     (interrupted,) = (tmp_path / "stopped").rglob("interrupted-step*.ckpt")
-    assert read_checkpoint(interrupted)["global_step"] == 8
+    assert read_checkpoint(interrupted)["global_step"] == 7
 
     fit_in_subprocess([*args, "--resume=true"])
     assert_same_training_state(reference, interrupted.parent / "last.ckpt")
