@@ -29,6 +29,7 @@ from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
 from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.nets import HFCausalLM, LoRA
+from {{ cookiecutter.package_name }}.predict import main as predict_main
 
 transformers = pytest.importorskip("transformers", reason="the finetune extra (make install installs it)")
 pytest.importorskip("peft", reason="the finetune extra (make install installs it)")
@@ -201,14 +202,21 @@ def test_merged_export_loads_in_transformers_alone_and_equals_the_unmerged_model
     assert record["max_abs_diff"]["hf"]["batch_1"] < 1e-4 and record["files"]["hf"] == "hf"
 
 
-def test_generate_continues_a_prompt_from_the_checkpoint_alone(
-    lora_run: tuple[CLI, dict], capsys: pytest.CaptureFixture
+def test_generate_and_predict_continue_prompts_from_the_checkpoint_alone(
+    lora_run: tuple[CLI, dict], tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     _, summary = lora_run
     capsys.readouterr()
     generate_main(["--ckpt", summary["checkpoint"], "--prompt", "The whale", "--max_new_tokens", "20"])
     text = capsys.readouterr().out
     assert text.startswith("The whale") and len(text) > len("The whale") + 10
+    # make predict INPUTS=prompts.txt: a prompt per line, each continued by the model's own tokens.
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The whale\nThe sailors watched\n")
+    predict_main(["--ckpt", summary["checkpoint"], "--inputs", str(prompts), "--output", str(tmp_path / "out.jsonl")])
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [row["id"] for row in rows] == ["The whale", "The sailors watched"]
+    assert all(isinstance(row["completion"], str) and row["completion"] for row in rows)
 
 
 def SFT_ARGS(model: Path) -> list[str]:  # noqa: N802 -- read as a constant
@@ -259,6 +267,50 @@ def test_a_checkpoint_refuses_a_base_whose_weights_changed(tiny: Path, tmp_path:
     save_tiny_llama(base, seed=1)  # the same folder, other weights
     with pytest.raises(ValueError, match=r"trained on .*base.* with other weights"):
         load_trained(checkpoint)
+
+
+def adapter_gradients(net: HFCausalLM, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of predicting ``tokens`` (B, T) shifted by one, and the gradient of each trainable parameter."""
+    net.zero_grad()
+    logits = net(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in net.named_parameters() if p.requires_grad}
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_adapter_gradients(tiny: Path) -> None:
+    tokens = torch.randint(0, 290, (2, 17), generator=torch.Generator().manual_seed(0))
+    results, calls = [], []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)  # the same adapter initialisation
+        net = HFCausalLM(str(tiny), lora=LoRA(r=4, dropout=0.0), gradient_checkpointing=checkpointing)
+        for name, parameter in net.named_parameters():
+            if "lora_B" in name:  # zero at initialisation, which would leave every lora_A gradient zero
+                parameter.data.fill_(0.1)
+        # The first layer inside the checkpointed block (torch's recomputation stops early once the
+        # tensors the backward pass needs are back, so later ones may not run twice).
+        query = net.model.base_model.model.model.layers[0].self_attn.q_proj
+        calls.append(0)
+        query.register_forward_hook(lambda *_: calls.__setitem__(-1, calls[-1] + 1))
+        results.append(adapter_gradients(net, tokens))
+    assert calls == [1, 2]  # checkpointed: the block runs again in the backward pass
+    (loss, gradients), (checkpointed_loss, checkpointed_gradients) = results
+    assert torch.allclose(loss, checkpointed_loss)
+    assert gradients.keys() == checkpointed_gradients.keys() and len(gradients) == 8  # A and B of q, v in 2 layers
+    for name, gradient in gradients.items():
+        assert gradient.abs().sum() > 0, name  # reached the adapters through the checkpointed layers
+        assert torch.allclose(gradient, checkpointed_gradients[name], atol=1e-6), name
+
+
+def test_a_bfloat16_base_trains_float32_adapters_and_full_finetuning_refuses_it(tiny: Path) -> None:
+    net = HFCausalLM(str(tiny), lora=LoRA(r=4, dropout=0.0), base_dtype="bfloat16")
+    dtypes = {p.dtype for p in net.parameters() if not p.requires_grad}
+    assert dtypes == {torch.bfloat16}  # half the memory of the frozen base
+    assert {p.dtype for p in net.parameters() if p.requires_grad} == {torch.float32}
+    loss, gradients = adapter_gradients(net, torch.randint(0, 290, (2, 17)))
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in gradients.values())
+    with pytest.raises(ValueError, match=r"net\.base_dtype=bfloat16 without LoRA would train bfloat16 weights"):
+        HFCausalLM(str(tiny), lora=None, base_dtype="bfloat16")
 
 
 def test_lora_target_modules_the_model_lacks_are_listed(tiny: Path) -> None:

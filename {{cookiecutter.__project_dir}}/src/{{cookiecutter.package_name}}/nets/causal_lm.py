@@ -111,8 +111,13 @@ class HFCausalLM(nn.Module):
         self.block_size = block_size or context
         if gradient_checkpointing:
             # Non-reentrant checkpointing: gradients reach the adapters although the frozen
-            # embedding's output does not require them.
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # embedding's output does not require them. (transformers 5.24 renamed the method; the
+            # old name warns there.)
+            options = {"use_reentrant": False}
+            if hasattr(base, "activation_checkpointing_enable"):
+                base.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+            else:
+                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
         if lora is not None:
             _check_targets(base, lora.target_modules)
             config = peft.LoraConfig(
