@@ -1,6 +1,9 @@
 """One shrunk config for every test: the real configs/default.yaml, on CPU, written under tmp_path."""
 
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -8,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -68,6 +72,46 @@ def fit_in_subprocess(args: list[str], timeout: int = 300) -> None:
         timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def fit_stopped_by_signal(args: list[str], step: int, name: str = "SIGTERM", timeout: int = 300) -> Path:
+    """Run ``fit`` in a fresh process that gets signal ``name`` after optimizer step ``step`` (on every
+    process, as a scheduler's scancel sends it); return the interrupted-step*.ckpt it left."""
+    init_args = {"step": step, "name": name}
+    signal_at_step = {"class_path": "test_preemption.SignalAtStep", "init_args": init_args}
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args]
+    stopped = subprocess.run(
+        [*command, f"--trainer.callbacks+={json.dumps(signal_at_step)}"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert stopped.returncode == 128 + signal.Signals[name], stopped.stderr[-3000:]
+    root = Path(next(arg.split("=", 1)[1] for arg in args if arg.startswith("--trainer.default_root_dir=")))
+    (interrupted,) = root.rglob("interrupted-step*.ckpt")
+    return interrupted
+
+
+def assert_same_training_state(expected_path: Path, actual_path: Path) -> None:
+    """Every tensor of the training state of two checkpoints is equal: weights (and a module's extra
+    state), optimizer moments; RNG states are left out (they are per process)."""
+    from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
+
+    expected, actual = (read_checkpoint(path) for path in (expected_path, actual_path))
+    assert actual["global_step"] == expected["global_step"]
+    assert expected["state_dict"].keys() == actual["state_dict"].keys()
+    for key, value in expected["state_dict"].items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, actual["state_dict"][key]), f"weights differ: {key}"
+        else:
+            assert value == actual["state_dict"][key], f"state differs: {key}"
+    (expected_opt,), (actual_opt,) = expected["optimizer_states"], actual["optimizer_states"]
+    assert expected_opt["state"].keys() == actual_opt["state"].keys()
+    for index, state in expected_opt["state"].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(actual_opt["state"][index][name])), (index, name)
 
 
 @pytest.fixture

@@ -2,16 +2,13 @@
 
 import json
 import math
-import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import CONFIGS, ROOT, fit_in_subprocess, shrunk_args
+from conftest import CONFIGS, ROOT, assert_same_training_state, fit_in_subprocess, fit_stopped_by_signal, shrunk_args
 
 from {{ cookiecutter.package_name }}.data import DigitsDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, read_checkpoint
@@ -67,20 +64,6 @@ def test_torchrun_on_two_cpu_processes_reaches_world_size_two(tmp_path: Path) ->
     assert run.name.startswith("ddp-torchrun-"), run.name
 
 
-# Every tensor of the training state (weights, optimizer moments, RNG states excluded: they are
-# per process) of two checkpoints must be equal.
-def assert_same_training_state(expected_path: Path, actual_path: Path) -> None:
-    expected, actual = (read_checkpoint(path) for path in (expected_path, actual_path))
-    assert actual["global_step"] == expected["global_step"]
-    assert expected["state_dict"].keys() == actual["state_dict"].keys()
-    for key, value in expected["state_dict"].items():
-        assert torch.equal(value, actual["state_dict"][key]), f"weights differ: {key}"
-    (expected_opt,), (actual_opt,) = expected["optimizer_states"], actual["optimizer_states"]
-    for index, state in expected_opt["state"].items():
-        for name, value in state.items():
-            assert torch.equal(torch.as_tensor(value), torch.as_tensor(actual_opt["state"][index][name])), (index, name)
-
-
 @pytest.mark.slow
 def test_ddp_run_stopped_mid_epoch_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
     # Two processes, 5 steps per process and epoch, 3 epochs; SIGTERM reaches both processes
@@ -99,20 +82,7 @@ def test_ddp_run_stopped_mid_epoch_by_sigterm_resumes_exactly(tmp_path: Path) ->
     (reference,) = (tmp_path / "reference").rglob("last.ckpt")
 
     args = [*shrunk_args(tmp_path / "stopped"), *ddp]
-    init_args = {"step": 7, "name": "SIGTERM"}
-    signal_at_step = {"class_path": "test_preemption.SignalAtStep", "init_args": init_args}
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args]
-    stopped = subprocess.run(
-        [*command, f"--trainer.callbacks+={json.dumps(signal_at_step)}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
-    (interrupted,) = (tmp_path / "stopped").rglob("interrupted-step*.ckpt")
+    interrupted = fit_stopped_by_signal(args, step=7)
     assert read_checkpoint(interrupted)["global_step"] == 7
 
     fit_in_subprocess([*args, "--resume=true"])

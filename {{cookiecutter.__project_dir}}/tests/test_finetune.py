@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS, ROOT, shrunk_args, user_error
+from conftest import (
+    CONFIGS,
+    ROOT,
+    assert_same_training_state,
+    fit_in_subprocess,
+    fit_stopped_by_signal,
+    shrunk_args,
+    user_error,
+)
 from test_preemption import SignalAtStep
 from test_resume import EXACT, assert_same_end_state
 
@@ -179,6 +187,20 @@ def test_lora_resumes_exactly_after_sigterm_mid_epoch(tiny: Path, tmp_path: Path
         reference.model.net.named_parameters(), resumed.model.net.named_parameters(), strict=True
     ):
         assert torch.equal(expected, actual), name
+
+
+@pytest.mark.slow
+def test_lora_under_ddp_stopped_by_sigterm_resumes_exactly(tiny: Path, tmp_path: Path) -> None:
+    # Two processes (gloo), 10 steps per epoch and process, 3 epochs; SIGTERM after step 14, mid-epoch 2.
+    ddp = [f"--config={CONFIGS / 'presets' / 'ddp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2", *EXACT]
+    fit_in_subprocess([*finetune_args(tmp_path / "reference", tiny), *ddp])
+    (reference,) = (tmp_path / "reference").rglob("last.ckpt")
+    args = [*finetune_args(tmp_path / "stopped", tiny), *ddp]
+    interrupted = fit_stopped_by_signal(args, step=14)
+    saved = torch.load(interrupted, weights_only=True)
+    assert saved["global_step"] == 14 and "net._extra_state" in saved["state_dict"]  # adapters only, under DDP too
+    fit_in_subprocess([*args, "--resume=true"])
+    assert_same_training_state(reference, interrupted.parent / "last.ckpt")
 
 
 def test_merged_export_loads_in_transformers_alone_and_equals_the_unmerged_model(
