@@ -53,20 +53,20 @@ PROJECT_FILES += [".github/workflows/ci.yml", ".pre-commit-config.yaml"]
 PROJECT_FILES += ["scripts/agent_guides.py", "scripts/serve_load.py", "scripts/update_template.py"]
 # The reusable core and the CLI: in every bake, whatever the task.
 PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py", "export.py", "predict.py", "serve.py"]
-PACKAGE_FILES += ["sweep.py"]
+PACKAGE_FILES += ["sweep.py", "prepare.py"]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "config", "contract", "data", "launch")]
 PACKAGE_FILES += ["engine/environment.py"]
 PACKAGE_FILES += ["engine/module.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
-PACKAGE_FILES += ["engine/runs.py", "engine/serving.py"]
+PACKAGE_FILES += ["engine/runs.py", "engine/serving.py", "engine/prepared.py"]
 PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
     for name in ("__init__", "finetuning", "finite", "plots", "predictions", "preemption", "progress")
 ]
 PACKAGE_FILES += ["engine/callbacks/random_state.py", "engine/callbacks/summary.py"]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
-TEST_FILES += ["own_pieces.py", "test_environment.py", "test_ship.py", "test_sweep.py"]
+TEST_FILES += ["own_pieces.py", "test_environment.py", "test_ship.py", "test_sweep.py", "test_prepared.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
 TASK_PACKAGE_FILES = {
     "image-classification": [

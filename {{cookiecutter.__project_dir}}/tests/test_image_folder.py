@@ -17,15 +17,25 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, shrunk_args, user_error
+from conftest import (
+    CONFIGS,
+    assert_same_training_state,
+    fit_in_subprocess,
+    fit_stopped_by_signal,
+    shrunk_args,
+    user_error,
+)
 from PIL import Image
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
+from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
+from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 from {{ cookiecutter.package_name }}.engine.export import export_all
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.predict import main as predict_main
 from {{ cookiecutter.package_name }}.predict import predict
+from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 
 EXPERIMENT = CONFIGS / "experiments" / "image-folder.yaml"
 CLASSES = ("blobs", "horizontal", "vertical")  # tell-apart patterns that survive a flip and a crop
@@ -69,6 +79,90 @@ def test_folder_gives_classes_channels_splits_and_train_statistics(tmp_path: Pat
     assert data.mean == pytest.approx(train.mean(dim=(0, 2, 3)).tolist(), abs=1e-5)
     images, labels = data.transform_batch(next(iter(data.val_dataloader())), training=False)
     assert images.shape == (16, 3, 16, 16) and images.dtype == torch.float32 and labels.dtype == torch.int64
+
+
+def prepare_folder(tmp_path: Path, root: Path, *extra: str) -> Path:
+    """``make prepare`` of ``root`` at 16 px on two processes; returns the prepared folder."""
+    out = tmp_path / "prepared"
+    config = [f"--config={CONFIGS / 'default.yaml'}", f"--config={EXPERIMENT}", f"--data.init_args.root={root}"]
+    prepare_main(["--out", str(out), "--workers", "2", *config, "--data.init_args.image_size=16", *extra])
+    return out
+
+
+def test_a_prepared_folder_holds_exactly_what_memory_would(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "images")
+    prepared = prepare_folder(tmp_path, root)
+    in_memory = ImageFolderDataModule(root=str(root), image_size=16)
+    on_disk = ImageFolderDataModule(root=str(root), image_size=16, prepared=str(prepared))
+    for data in (in_memory, on_disk):
+        data.setup("fit")
+    for split in ("train", "val", "test"):
+        expected, actual = (stack_samples(getattr(data, f"{split}_set")) for data in (in_memory, on_disk))
+        assert all(torch.equal(a, b) for a, b in zip(expected, actual, strict=True)), split
+    assert (on_disk.class_names, on_disk.mode) == (list(CLASSES), "RGB")
+    assert (on_disk.mean, on_disk.std) == (in_memory.mean, in_memory.std)  # exact integer sums, both ways
+    assert in_memory.mean == pytest.approx((in_memory.train_set.tensors[0].float() / 255).mean((0, 2, 3)).tolist())
+
+    # Settings that shaped the data must match it; a changed source is named with the fix.
+    with user_error(r"data.image_size=32, but data.prepared=.* was prepared with image_size=16: set data.image_size"):
+        main(["fit", *shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.prepared={prepared}"])
+    (root / "blobs" / "0.png").unlink()
+    with pytest.raises(ValueError, match=r"source .*images changed since prepare \(120 files, .* 119 files, .*prepare"):
+        ImageFolderDataModule(root=str(root), image_size=16, prepared=str(prepared)).setup("fit")
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))
+
+
+def test_a_prepared_run_trains_and_resumes_exactly_as_in_memory_after_the_folder_moved(tmp_path: Path) -> None:
+    # The reference: in memory, 2 epochs of 6 batches. The prepared run reads from disk through two
+    # loader workers, is stopped by SIGTERM after step 8 (mid-epoch 2), its image folder moved away,
+    # and resumed: its weights and optimizer state must equal the reference's.
+    root = make_folder(tmp_path / "images")
+    prepared = prepare_folder(tmp_path, root)
+    common = [f"--config={EXPERIMENT}", "--data.init_args.image_size=16", "--data.init_args.batch_size=16"]
+    common += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
+    common += ["--trainer.log_every_n_steps=3"]
+    main(["fit", *shrunk_args(tmp_path / "memory"), *common, f"--data.init_args.root={root}"])
+    (reference,) = (tmp_path / "memory").rglob("last.ckpt")
+
+    args = [*shrunk_args(tmp_path / "disk"), *common, f"--data.init_args.root={root}"]
+    args += [f"--data.init_args.prepared={prepared}", "--data.init_args.num_workers=2"]
+    interrupted = fit_stopped_by_signal(args, step=8)
+    assert read_checkpoint(interrupted)["global_step"] == 8
+    root.rename(tmp_path / "moved")
+    main(["fit", *args, "--resume=true"])
+    assert_same_training_state(reference, interrupted.parent / "last.ckpt")
+
+
+@pytest.mark.slow
+def test_a_prepared_run_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
+    # Two processes, each reading its half of the prepared training split (3 batches of 16 an
+    # epoch), 3 epochs; SIGTERM after step 4, mid-epoch 2.
+    root = make_folder(tmp_path / "images")
+    prepared = prepare_folder(tmp_path, root)
+    args = [f"--config={EXPERIMENT}", "--data.init_args.image_size=16", "--data.init_args.batch_size=16"]
+    args += [f"--data.init_args.root={root}", f"--data.init_args.prepared={prepared}"]
+    args += [f"--config={CONFIGS / 'presets' / 'ddp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2"]
+    args += ["--trainer.max_epochs=3", "--test_after_fit=false", "--trainer.deterministic=true"]
+    args += ["--trainer.log_every_n_steps=3"]
+    fit_in_subprocess([*shrunk_args(tmp_path / "reference"), *args])
+    (reference,) = (tmp_path / "reference").rglob("last.ckpt")
+    stopped = [*shrunk_args(tmp_path / "stopped"), *args]
+    interrupted = fit_stopped_by_signal(stopped, step=4)
+    assert read_checkpoint(interrupted)["global_step"] == 4
+    fit_in_subprocess([*stopped, "--resume=true"])
+    assert_same_training_state(reference, interrupted.parent / "last.ckpt")
+
+
+def test_prepare_names_a_corrupt_image_or_counts_what_it_skipped(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "images", per_class=10)
+    whole = (root / "vertical" / "0.png").read_bytes()
+    (root / "vertical" / "truncated.png").write_bytes(whole[: len(whole) // 2])  # the header reads, the pixels do not
+    with user_error(r"truncated.png: not a readable image \(.*\); remove or replace the file, or set data.skip_unr"):
+        prepare_folder(tmp_path, root)
+    assert not (tmp_path / "prepared").exists() and not list(tmp_path.glob(".prepared.partial-*"))
+    prepared = prepare_folder(tmp_path, root, "--data.init_args.skip_unreadable=true")
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    assert manifest["state"]["skipped"] == 1 and sum(s["count"] for s in manifest["splits"].values()) == 30
 
 
 def test_given_split_folders_are_used(tmp_path: Path) -> None:

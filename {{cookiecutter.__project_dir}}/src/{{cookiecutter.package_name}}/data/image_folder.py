@@ -16,10 +16,16 @@ the loader then always keeps ahead. Training batches are augmented on the batch'
 kornia (https://kornia.readthedocs.io: random resized crop, horizontal flip), then all batches are
 standardised per channel with the training split's statistics, saved in checkpoints.
 
-Data that does not fit in memory wants a per-sample decoding Dataset with ``num_workers`` > 0.
+A folder too large for memory is prepared once (``make prepare``: :meth:`ImageFolderDataModule.write_prepared`
+decodes and resizes every image on every core into a prepared data set, :mod:`engine.prepared`)
+and then trained on with ``data.prepared=FOLDER``: batches are read from disk, memory stays flat in
+the folder's size, and resume stays exact. Class names, mode and statistics come from the prepared
+data set then; the image folder itself may move away.
 """
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +38,11 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.contract import image_file_bytes, open_image
+from {{ cookiecutter.package_name }}.engine.contract import image_file_bytes, open_image, stack_samples
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.inference import Standardize
+from {{ cookiecutter.package_name }}.engine.prepared import ArrayRecords, PreparedWriter, fingerprint, open_prepared
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLITS = ("train", "val", "test")
@@ -59,6 +66,8 @@ class ImageFolderDataModule(ResumableDataModule):
         skip_unreadable: leave out files Pillow cannot read (broken, truncated, decompression
             bombs) instead of stopping, in ``root`` and in ``INPUTS=``; one log line counts them
             and names the first ten.
+        prepared: a folder ``make prepare`` wrote from this image folder: read from disk instead of
+            decoding ``root`` into memory (``image_size`` must be the one it was prepared with).
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
 
     Raises:
@@ -77,6 +86,7 @@ class ImageFolderDataModule(ResumableDataModule):
         test_fraction: float = 0.15,
         split_seed: int = 0,
         skip_unreadable: bool = False,
+        prepared: str | None = None,
         batch_size: int = 64,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -128,9 +138,16 @@ class ImageFolderDataModule(ResumableDataModule):
     def _find_files(self) -> None:
         """Scan ``root`` once; a model restored from a checkpoint keeps its own class names and mode.
 
+        With ``prepared`` the prepared data set's manifest gives them instead (``root`` may be gone).
+
         Raises:
             ValueError: the folder's class folders are not the ones the model was trained on.
         """
+        if self.hparams.prepared is not None:
+            if self._class_names is None:
+                state = self._open_prepared().state
+                self._class_names, self._mode = state["class_names"], state["mode"]
+            return
         if self.files is not None:
             return
         files, class_names, mode = self._scan(Path(self.hparams.root))
@@ -181,11 +198,33 @@ class ImageFolderDataModule(ResumableDataModule):
 
     # ---- decoding, splitting, statistics --------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
-        """Decode every image once, split, and measure the training split's statistics (idempotent)."""
+        """Decode every image once, split, and measure the training split's statistics (idempotent).
+
+        With ``prepared``: open the prepared data set (checked: :func:`engine.prepared.open_prepared`) instead.
+        """
         if self.train_set is not None:
             return
         if stage == "predict" and self.predict_set is not None:
             return  # your own inputs (use_inputs): the training folder is not needed
+        if self.hparams.prepared is not None:
+            prepared = self._open_prepared()
+            self._class_names, self._mode = prepared.state["class_names"], prepared.state["mode"]
+            self.mean, self.std = prepared.state["mean"], prepared.state["std"]
+            splits = {split: prepared.split(split) for split in SPLITS}
+            self.train_set, self.val_set, self.test_set = (
+                ArrayRecords(splits[split]["images"], splits[split]["labels"]) for split in SPLITS
+            )
+            self.check_batch_size()
+            return
+        parts = self._split_parts()
+        decoded = {split: self._decode(items)[:2] for split, items in parts.items()}
+        self._report_skipped(f"data.root={self.hparams.root}")
+        self.mean, self.std = channel_stats(pixel_sums(decoded["train"][0].numpy()))
+        self.train_set, self.val_set, self.test_set = (TensorDataset(*decoded[split]) for split in SPLITS)
+        self.check_batch_size()
+
+    def _split_parts(self) -> dict[str, list[tuple[Path, int]]]:
+        """The files of each split: the folder's own splits, or seeded, stratified cuts of its pool."""
         self._find_files()
         hp = self.hparams
         if "all" in self.files:
@@ -218,13 +257,58 @@ class ImageFolderDataModule(ResumableDataModule):
                     )
                 for split in ("train", *missing):
                     parts[split] = [train[i] for i in rows[split]]
-        decoded = {split: self._decode(items)[:2] for split, items in parts.items()}
-        self._report_skipped(f"data.root={hp.root}")
-        train_images = decoded["train"][0].float() / 255.0  # (N, C, H, W)
-        self.mean = train_images.mean(dim=(0, 2, 3)).tolist()
-        self.std = train_images.std(dim=(0, 2, 3)).clamp_min(1e-6).tolist()
-        self.train_set, self.val_set, self.test_set = (TensorDataset(*decoded[split]) for split in SPLITS)
-        self.check_batch_size()
+        return parts
+
+    # ---- a prepared data set: decoded once, on every core, read from disk ---------------------------
+    def _open_prepared(self):
+        """The checked prepared data set (its source, when still at its place, must be unchanged)."""
+        return open_prepared(self.hparams.prepared, type(self).__name__, self._prepared_settings(), image_files)
+
+    def _prepared_settings(self) -> dict[str, Any]:
+        hp = self.hparams
+        return {"image_size": hp.image_size, "val_fraction": hp.val_fraction, "test_fraction": hp.test_fraction,
+                "split_seed": hp.split_seed}  # fmt: skip
+
+    def write_prepared(self, out: str | Path, workers: int | None = None, chunk: int = 256) -> dict[str, Any]:
+        """Decode and resize every image of ``root`` once, on ``workers`` processes (default: every
+        core), into a prepared data set at ``out``: uint8 images (N, C, H, W) and int64 labels (N,)
+        per split, with the class names, mode and the training split's per-channel mean and std.
+
+        Memory holds ``workers * chunk`` images at a time, whatever the folder's size. Unreadable
+        files stop it, or with ``skip_unreadable`` are left out and counted.
+
+        Returns:
+            the manifest's counts: ``{split: images}`` and ``skipped``.
+
+        Raises:
+            ValueError: see :meth:`setup`'s folder errors; a write that fails (nothing is left at ``out``).
+        """
+        parts = self._split_parts()
+        size, mode = self.hparams.image_size, self.mode
+        workers = workers or os.cpu_count() or 1
+        sums = np.zeros((3, self.num_channels), dtype=np.int64)  # exact: see pixel_sums
+        skipped = 0
+        source = fingerprint(self.hparams.root, image_files(Path(self.hparams.root)))
+        kind = type(self).__name__
+        with (
+            PreparedWriter(out, kind, self._prepared_settings(), source) as writer,
+            ProcessPoolExecutor(workers) as pool,
+        ):
+            for split in SPLITS:
+                items = parts[split]
+                chunks = [items[i : i + chunk] for i in range(0, len(items), chunk)]
+                jobs = pool.map(_decode_chunk, chunks, [mode] * len(chunks), [size] * len(chunks),
+                                [self.hparams.skip_unreadable] * len(chunks))  # fmt: skip
+                for images, labels, left_out in jobs:
+                    skipped += len(left_out)
+                    self.skipped += left_out
+                    writer.append(split, images=images, labels=labels)
+                    if split == "train":
+                        sums += pixel_sums(images)
+            self.mean, self.std = channel_stats(sums)
+            writer.state(class_names=self.class_names, mode=mode, mean=self.mean, std=self.std, skipped=skipped)
+            self._report_skipped(f"data.root={self.hparams.root}")
+        return {split: writer.manifest["splits"][split]["count"] for split in SPLITS} | {"skipped": skipped}
 
     def _decode(self, items: Sequence[tuple[Path, int]]) -> tuple[torch.Tensor, torch.Tensor, list[tuple[Path, int]]]:
         """(images (N, C, H, W) uint8, labels (N,), the N items decoded); with skip_unreadable N may be fewer."""
@@ -246,9 +330,7 @@ class ImageFolderDataModule(ResumableDataModule):
 
     def _pixels(self, image: Image.Image) -> torch.Tensor:
         """An opened image as the model takes it: converted to ``mode``, resized (bilinear), (C, H, W) uint8."""
-        size = self.hparams.image_size
-        pixels = np.asarray(image.convert(self.mode).resize((size, size), Image.Resampling.BILINEAR))
-        return torch.from_numpy(pixels.reshape(size, size, -1).copy()).permute(2, 0, 1)
+        return torch.from_numpy(resized(image, self.mode, self.hparams.image_size))
 
     def _report_skipped(self, where: str) -> None:
         """One log line for the files skip_unreadable left out since the last report: their count, the first ten."""
@@ -296,7 +378,7 @@ class ImageFolderDataModule(ResumableDataModule):
 
     def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
         """Images (N, C, image_size, image_size) float32 0-255 of ``split`` and their labels (N,)."""
-        images, labels = {"train": self.train_set, "val": self.val_set, "test": self.test_set}[split].tensors
+        images, labels = stack_samples({"train": self.train_set, "val": self.val_set, "test": self.test_set}[split])
         return images.float(), labels
 
     def raw_description(self) -> str:
@@ -361,6 +443,61 @@ class ImageFolderDataModule(ResumableDataModule):
         super().load_state_dict(state_dict)
         self.mean, self.std = state_dict["mean"], state_dict["std"]
         self._class_names, self._mode = list(state_dict["class_names"]), state_dict["mode"]
+
+
+def image_files(root: Path) -> list[Path]:
+    """Every file under ``root`` with an image suffix: what a prepared data set's fingerprint covers."""
+    return [path for path in root.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES]
+
+
+def pixel_sums(images: np.ndarray) -> np.ndarray:
+    """Per channel of uint8 images (N, C, H, W): pixel count, sum and sum of squares, (3, C) int64.
+
+    Integers, so sums of chunks equal the sum of the whole (prepare's statistics equal the in-memory ones).
+    """
+    channels = [images[:, c] for c in range(images.shape[1])]  # (N, H, W) uint8 each
+    return np.array(
+        [
+            [channel.size for channel in channels],
+            [channel.sum(dtype=np.int64) for channel in channels],
+            [np.square(channel, dtype=np.uint16).sum(dtype=np.int64) for channel in channels],  # 255**2 fits
+        ],
+        dtype=np.int64,
+    )
+
+
+def channel_stats(sums: np.ndarray) -> tuple[list[float], list[float]]:
+    """Mean and (unbiased) standard deviation per channel, in [0, 1] units, from :func:`pixel_sums`."""
+    count, total, squares = (sums[i].astype(np.float64) for i in range(3))
+    mean = total / count
+    variance = (squares - total * mean) / np.maximum(count - 1, 1)
+    return (mean / 255.0).tolist(), np.maximum(np.sqrt(np.maximum(variance, 0.0)) / 255.0, 1e-6).tolist()
+
+
+def resized(image: Image.Image, mode: str, size: int) -> np.ndarray:
+    """``image`` converted to ``mode`` and resized to ``size`` x ``size`` (bilinear): (C, H, W) uint8."""
+    pixels = np.asarray(image.convert(mode).resize((size, size), Image.Resampling.BILINEAR))
+    return np.ascontiguousarray(pixels.reshape(size, size, -1).transpose(2, 0, 1))
+
+
+def _decode_chunk(
+    items: Sequence[tuple[Path, int]], mode: str, size: int, skip_unreadable: bool
+) -> tuple[np.ndarray, np.ndarray, list[Path]]:
+    """Prepare's work in one process: images (N, C, size, size) uint8, labels (N,) int64, files left out."""
+    images, labels, left_out = [], [], []
+    for path, label in items:
+        try:
+            with Image.open(path) as image:
+                images.append(resized(image, mode, size))
+        except UNREADABLE as error:
+            if not skip_unreadable:
+                raise unreadable(path, error) from None
+            left_out.append(path)
+            continue
+        labels.append(label)
+    channels = 3 if mode == "RGB" else 1
+    stacked = np.stack(images) if images else np.zeros((0, channels, size, size), np.uint8)
+    return stacked, np.asarray(labels, dtype=np.int64), left_out
 
 
 def _image_mode(path: Path) -> str:

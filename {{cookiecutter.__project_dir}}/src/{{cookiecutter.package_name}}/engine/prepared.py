@@ -1,0 +1,417 @@
+"""Prepared data sets: a task's data decoded, tokenized or encoded once (``make prepare``), then read
+from disk by every training process with memory flat in the data set's size.
+
+A prepared data set is a folder::
+
+    manifest.json                 what it is: kind, settings, source fingerprint, counts, fields, state
+    train/<field>-00000.bin ...   fixed-size records of one field, in shards of about ``shard_bytes``
+    val/...  test/...
+
+Each field is a raw little-endian array of ``(N, *shape)`` records of one NumPy dtype (the layout of
+nanoGPT's ``train.bin``: https://github.com/karpathy/nanoGPT/blob/master/data/openwebtext/prepare.py),
+cut into shards so that it can be copied, synced or checked a piece at a time. :class:`DiskArray`
+reads records with ``os.pread``: nothing is memory-mapped, so the pages a long run touches count in
+the kernel's page cache (shared, evictable), never in a process's resident memory. Any index can be
+read at any time, so a prepared split is a map-style data set and :class:`engine.ResumableDataModule`'s
+order function (seed, epoch, rank, batches done) resumes it exactly, under DDP too, with each rank
+reading only its share.
+
+LitData (``litdata.optimize`` / ``StreamingDataset``) was considered: it installs torchvision, which
+breaks ``import lightning`` beside a CPU torch (``../notes`` of the template; ``import lightning``
+fails with ``operator torchvision::nms does not exist``), and its loader state is reported not to be
+restored on resume (Lightning-AI/litData#775); an order function over fixed-size records needs no
+loader state at all.
+
+:class:`PreparedWriter` makes the folder atomically: everything is written into a hidden
+``.<name>.partial-<pid>`` folder beside it and renamed into place only after the manifest is
+written and every file is flushed to disk; an interrupted or failed prepare (disk full, a bad file,
+Ctrl-C, a kill) leaves at most that hidden folder, which training never reads and the next prepare
+removes. :func:`open_prepared` checks the manifest, every shard's size and the source's
+fingerprint before training starts.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+SHARD_BYTES = 256 * 2**20  # large enough for few files, small enough to copy or check one at a time
+
+
+def prepare_command(kind: str) -> str:
+    """The command that (re-)prepares a data set, for error messages."""
+    return f"make prepare OUT=<folder> (configs/experiments/{kind}.yaml names the source)"
+
+
+# ---- the source's fingerprint ---------------------------------------------------------------------
+def fingerprint(root: str | Path, files: Iterable[Path]) -> dict[str, Any]:
+    """A record of ``files`` under ``root`` that changes when one is added, removed, resized or touched.
+
+    Returns ``{"root", "files", "bytes", "sha256"}``; the hash is of every file's path relative to
+    ``root``, size in bytes and modification time in ns (a stat, never the contents: cheap for a
+    million files).
+    """
+    root = Path(root).resolve()
+    digest, count, total = hashlib.sha256(), 0, 0
+    for file in sorted(Path(f).resolve() for f in files):
+        stat = file.stat()
+        relative = file.relative_to(root).as_posix() if file.is_relative_to(root) else file.name
+        digest.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        count, total = count + 1, total + stat.st_size
+    return {"root": str(root), "files": count, "bytes": total, "sha256": digest.hexdigest()}
+
+
+# ---- reading ------------------------------------------------------------------------------------
+class DiskArray:
+    """A read-only ``(N, *shape)`` array of one dtype stored in shard files, read with ``os.pread``.
+
+    ``array[i]`` is one record (``shape``), ``array[a:b]`` records a to b (``(b - a, *shape)``, across
+    shards as needed), both fresh NumPy arrays. File descriptors are opened on first read in each
+    process (DataLoader workers fork: a descriptor shared across a fork would share its offset; pread
+    has none, but each process still opens its own so that a worker never relies on the parent's).
+
+    Args:
+        files: the shard files, in order.
+        counts: records in each shard.
+        dtype, shape: of one record (``shape=()`` for a scalar per record, e.g. a label or a token).
+    """
+
+    def __init__(self, files: Sequence[Path], counts: Sequence[int], dtype: np.dtype, shape: Sequence[int]) -> None:
+        self.files, self.counts = [Path(f) for f in files], list(counts)
+        self.dtype, self.record_shape = np.dtype(dtype), tuple(shape)
+        self.record_bytes = self.dtype.itemsize * int(np.prod(self.record_shape, dtype=np.int64))
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)  # (shards + 1,)
+        self._fds: list[int] | None = None
+        self._pid: int | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self), *self.record_shape)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, index: int | slice) -> np.ndarray:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                raise IndexError("DiskArray slices take step 1")
+            return self.read(start, max(start, stop))
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} is out of range for {len(self)} records")
+        return self.read(index, index + 1)[0]
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Records ``start`` to ``stop`` (``(stop - start, *shape)``), one pread per shard touched."""
+        if self._pid != os.getpid():
+            self._fds, self._pid = [os.open(f, os.O_RDONLY) for f in self.files], os.getpid()
+        out = np.empty((stop - start, *self.record_shape), dtype=self.dtype)
+        view = out.reshape(-1).view(np.uint8)
+        shard = int(np.searchsorted(self.starts, start, side="right")) - 1
+        done = 0
+        while start + done < stop:
+            first = start + done - self.starts[shard]  # record within the shard
+            take = min(stop - start - done, self.counts[shard] - first)
+            nbytes = take * self.record_bytes
+            chunk = os.pread(self._fds[shard], nbytes, int(first) * self.record_bytes)
+            if len(chunk) != nbytes:
+                raise DataError(f"{self.files[shard]}: shorter than its manifest says; re-run make prepare")
+            view[done * self.record_bytes : done * self.record_bytes + nbytes] = np.frombuffer(chunk, np.uint8)
+            done, shard = done + take, shard + 1
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:  # descriptors stay with their process
+        return {**self.__dict__, "_fds": None, "_pid": None}
+
+    def __del__(self) -> None:
+        if self._fds is not None and self._pid == os.getpid():
+            for fd in self._fds:
+                os.close(fd)
+
+
+class ArrayRecords:
+    """A map-style data set of aligned arrays: item i is ``tuple(torch.from_numpy(array[i]) for array)``.
+
+    The disk twin of ``torch.utils.data.TensorDataset``.
+    """
+
+    def __init__(self, *arrays: DiskArray) -> None:
+        if len({len(array) for array in arrays}) != 1:
+            raise ValueError(f"ArrayRecords: arrays of different lengths {[len(a) for a in arrays]}")
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+    def __getitem__(self, index: int) -> tuple:
+        import torch
+
+        return tuple(torch.from_numpy(np.asarray(array[index])) for array in self.arrays)
+
+
+class Prepared:
+    """An opened, checked prepared data set: ``manifest``, ``state`` and ``split(name)`` -> fields."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+        self.path, self.manifest = path, manifest
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """What the DataModule saved with the data (class names, statistics, vocabulary, ...)."""
+        return self.manifest["state"]
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.manifest["settings"]
+
+    def count(self, split: str) -> int:
+        return self.manifest["splits"][split]["count"]
+
+    def split(self, name: str) -> dict[str, DiskArray]:
+        """The fields of split ``name``, each a :class:`DiskArray`."""
+        entry = self.manifest["splits"][name]
+        return {
+            field: DiskArray(
+                [self.path / name / shard["file"] for shard in spec["shards"]],
+                [shard["count"] for shard in spec["shards"]],
+                spec["dtype"],
+                spec["shape"],
+            )
+            for field, spec in entry["fields"].items()
+        }
+
+
+def open_prepared(
+    path: str | Path, kind: str, settings: dict[str, Any], source_files: Callable[[Path], Iterable[Path]] | None = None
+) -> Prepared:
+    """Open the prepared data set at ``path`` after checking, before any training, that it can be trained on.
+
+    Args:
+        path: the folder ``make prepare`` wrote (``data.prepared``).
+        kind: what the DataModule reads (its class name); another kind is refused.
+        settings: the DataModule's settings that shaped the data (image size, tokenizer, ...): each
+            must equal the manifest's.
+        source_files: lists the source's files under a folder, as prepare fingerprinted them; called
+            with the source folder the manifest records, when it is still there (data that moved after
+            prepare is not checked: the prepared copy suffices). None: no check.
+
+    Raises:
+        FileNotFoundError: no such folder (names ``data.prepared`` and the command that makes it).
+        ValueError: not a prepared data set, of another kind or version, made with other settings, a
+            shard missing or of the wrong size, or a source that changed since (each names the file
+            or field and the fix).
+    """
+    path = Path(path).expanduser()
+    remake = prepare_command(kind)
+    if not path.is_dir():
+        raise MissingFileError(f"data.prepared={path}: no such folder; make it with `{remake}`")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(
+            f"data.prepared={path}: not a prepared data set (no {MANIFEST}: an interrupted prepare?); run `{remake}`"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise DataError(f"data.prepared={path}/{MANIFEST} does not read ({error}); run `{remake}`") from None
+    if manifest.get("format") != FORMAT_VERSION or manifest.get("kind") != kind:
+        raise DataError(
+            f"data.prepared={path}: prepared for {manifest.get('kind')} (format {manifest.get('format')}), "
+            f"not {kind} (format {FORMAT_VERSION}); run `{remake}`"
+        )
+    for key, value in settings.items():
+        made = manifest["settings"].get(key)
+        if _jsonable(value) != made:
+            raise ConfigError(
+                f"data.{key}={value!r}, but data.prepared={path} was prepared with {key}={made!r}: set data.{key} "
+                f"to {made!r}, or prepare again with the new value (`{remake}`)"
+            )
+    for split, entry in manifest["splits"].items():
+        for field, spec in entry["fields"].items():
+            record = np.dtype(spec["dtype"]).itemsize * int(np.prod(spec["shape"], dtype=np.int64))
+            for shard in spec["shards"]:
+                file = path / split / shard["file"]
+                expected = shard["count"] * record
+                if not file.is_file():
+                    raise DataError(f"data.prepared: {file} is missing (deleted since prepare?); run `{remake}`")
+                if file.stat().st_size != expected:
+                    raise DataError(
+                        f"data.prepared: {file} has {file.stat().st_size} bytes, the manifest says {expected} "
+                        f"({field}: {shard['count']} records; truncated or overwritten); run `{remake}`"
+                    )
+    recorded = manifest["source"]
+    if source_files is not None and Path(recorded["root"]).exists():
+        now = fingerprint(recorded["root"], source_files(Path(recorded["root"])))
+        if now["sha256"] != recorded["sha256"]:
+            raise DataError(
+                f"data.prepared={path}: its source {recorded['root']} changed since prepare "
+                f"({recorded['files']} files, {recorded['bytes']} bytes then; {now['files']} files, "
+                f"{now['bytes']} bytes now): prepare again (`{remake}`), or move the source away to train on the "
+                "prepared copy as it is"
+            )
+    return Prepared(path, manifest)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+# ---- writing ------------------------------------------------------------------------------------
+class PreparedWriter:
+    """Write a prepared data set atomically (see the module docstring); use as a context manager.
+
+    ``append(split, field=array, ...)`` adds records (every array of one call has the same length N;
+    ``(N, *shape)``, the same dtype and shape for a field every time); ``state`` is saved in the
+    manifest for the DataModule to restore. Leaving the ``with`` block without an error publishes
+    the folder; with an error, nothing is left.
+
+    Args:
+        out: the folder to make. An existing prepared data set there is replaced (atomically: the old
+            one stays readable until the new one is complete); any other existing path is refused.
+        kind, settings, source: recorded in the manifest (see :func:`open_prepared`).
+        shard_bytes: bytes per shard file (the last one of a field may be smaller).
+
+    Raises:
+        ValueError: ``out`` exists and is not a prepared data set; on exit, a write that failed
+            (disk full: names the file; nothing is published).
+    """
+
+    def __init__(
+        self,
+        out: str | Path,
+        kind: str,
+        settings: dict[str, Any],
+        source: dict[str, Any],
+        shard_bytes: int = SHARD_BYTES,
+    ) -> None:
+        self.out = Path(out).expanduser().absolute()
+        if self.out.exists() and not (self.out / MANIFEST).is_file():
+            raise ConfigError(
+                f"--out={self.out} exists and is not a prepared data set: choose a new folder (prepare never "
+                "overwrites anything else)"
+            )
+        self.manifest: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "kind": kind,
+            "settings": _jsonable(settings),
+            "source": source,
+            "splits": {},
+            "state": {},
+        }
+        self.shard_bytes = shard_bytes
+        self.partial = self.out.parent / f".{self.out.name}.partial-{os.getpid()}"
+        self._open: dict[tuple[str, str], Any] = {}  # (split, field) -> the shard file being written
+
+    def __enter__(self) -> "PreparedWriter":
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        for stale in self.out.parent.glob(f".{self.out.name}.partial-*"):  # left by a killed prepare
+            pid = stale.name.rsplit("-", 1)[-1]
+            if not (pid.isdigit() and _alive(int(pid))) or int(pid) == os.getpid():
+                shutil.rmtree(stale, ignore_errors=True)
+        self.partial.mkdir()
+        return self
+
+    def state(self, **values: Any) -> None:
+        """Save JSON values for the DataModule (class names, statistics, ...)."""
+        self.manifest["state"].update(_jsonable(values))
+
+    def append(self, split: str, **fields: np.ndarray) -> None:
+        lengths = {len(array) for array in fields.values()}
+        if len(lengths) != 1:
+            raise ValueError(f"append({split}): fields of different lengths {lengths}")
+        entry = self.manifest["splits"].setdefault(split, {"count": 0, "fields": {}})
+        entry["count"] += lengths.pop()
+        for name, array in fields.items():
+            array = np.ascontiguousarray(array)
+            spec = entry["fields"].setdefault(
+                name, {"dtype": array.dtype.str, "shape": list(array.shape[1:]), "shards": []}
+            )
+            if np.dtype(spec["dtype"]) != array.dtype or list(array.shape[1:]) != spec["shape"]:
+                raise ValueError(f"append({split}.{name}): {array.dtype} {array.shape[1:]} after {spec}")
+            record = max(1, array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64)))
+            per_shard = max(1, self.shard_bytes // record)
+            done = 0
+            while done < len(array):
+                if not spec["shards"] or spec["shards"][-1]["count"] >= per_shard:
+                    self._close(split, name)
+                    spec["shards"].append({"file": f"{name}-{len(spec['shards']):05d}.bin", "count": 0})
+                    (self.partial / split).mkdir(exist_ok=True)
+                    self._open[split, name] = open(self.partial / split / spec["shards"][-1]["file"], "wb")  # noqa: SIM115
+                shard = spec["shards"][-1]
+                take = min(len(array) - done, per_shard - shard["count"])
+                self._open[split, name].write(array[done : done + take].tobytes())
+                shard["count"] += take
+                done += take
+
+    def _close(self, split: str, name: str) -> None:
+        file = self._open.pop((split, name), None)
+        if file is not None:
+            file.flush()
+            os.fsync(file.fileno())
+            file.close()
+
+    def __exit__(self, kind, error, traceback) -> None:
+        try:
+            if error is None:
+                for key in list(self._open):
+                    self._close(*key)
+                manifest = self.partial / MANIFEST
+                manifest.write_text(json.dumps(self.manifest, indent=1) + "\n", encoding="utf-8")
+                with open(manifest, "rb") as file:
+                    os.fsync(file.fileno())
+                self._publish()
+        except OSError as failure:
+            error = failure
+        finally:
+            for file in self._open.values():
+                file.close()
+            if error is not None:
+                shutil.rmtree(self.partial, ignore_errors=True)
+        if isinstance(error, OSError):  # disk full, a read-only folder, ...: one line, nothing published
+            where = getattr(error, "filename", None) or self.partial
+            raise DataError(
+                f"prepare: writing {where} failed ({error.strerror or error}); nothing was written to {self.out}: "
+                "free space (or choose another --out) and run it again"
+            ) from None
+
+    def _publish(self) -> None:
+        """Rename the complete folder into place; an old prepared data set there goes only after."""
+        old = None
+        if self.out.exists():
+            old = self.out.parent / f".{self.out.name}.old-{os.getpid()}"
+            self.out.rename(old)
+        self.partial.rename(self.out)
+        _fsync_folder(self.out.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_folder(folder: Path) -> None:
+    if sys.platform == "win32":
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
