@@ -10,16 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS, shrunk_args, user_error
+from conftest import CONFIGS, assert_same_training_state, fit_stopped_by_signal, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import TextDataModule
-from {{ cookiecutter.package_name }}.data.text import TokenWindows, read_text
+from {{ cookiecutter.package_name }}.data.text import TokenWindows, checked_text_files, read_text
+from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.models import LanguageModel
 from {{ cookiecutter.package_name }}.nets import GPT
 from {{ cookiecutter.package_name }}.predict import main as predict_main
+from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 
 EXPERIMENT = CONFIGS / "experiments" / "text-folder.yaml"
 
@@ -122,6 +124,60 @@ def test_suffixes_pick_the_files_a_folder_is_read_from(tmp_path: Path) -> None:
     assert data == (folder / "a.md").read_bytes() + b"\n\n" + (folder / "deeper" / "b.RST").read_bytes()
     with pytest.raises(ValueError, match=r"data.suffixes must name at least one file ending"):
         TextDataModule(path=str(folder), suffixes=())
+
+
+def test_a_prepared_corpus_holds_exactly_the_tokens_of_memory(tmp_path: Path) -> None:
+    # Read 64 bytes at a time: cuts fall inside files, inside a line longer than a block, and next to
+    # multi-byte characters; the prepared tokens must still equal the in-memory ones, split by split.
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("Ahab — le capitaine, déjà parti.\n" * 9 + "ß" * 100 + "\n")
+    (folder / "b.txt").write_text("")  # left out, as in memory
+    (folder / "c.txt").write_text("Ishmael 🐋 " * 30)
+    settings = {"path": str(folder), "block_size": 8, "val_fraction": 0.3, "test_fraction": 0.2}
+    in_memory = TextDataModule(**settings)
+    counts = TextDataModule(**settings).write_prepared(tmp_path / "prepared", block=64)
+    on_disk = TextDataModule(**settings, prepared=str(tmp_path / "prepared"))
+    for split in ("train", "val", "test"):
+        expected, actual = in_memory.splits[split][0], torch.from_numpy(on_disk.splits[split][0][:])
+        assert torch.equal(expected, actual) and counts[split] == len(expected), split
+    assert counts["bytes"] == len(read_text(folder)) and on_disk.vocab_size == 256
+    bundled = TextDataModule(block_size=8)
+    TextDataModule(block_size=8).write_prepared(tmp_path / "bundled")
+    prepared = TextDataModule(block_size=8, prepared=str(tmp_path / "bundled"))
+    assert torch.equal(bundled.splits["test"][0], torch.from_numpy(prepared.splits["test"][0][:]))
+
+    # A file that is not UTF-8 is named with its byte offset, across the blocks it is read in.
+    (folder / "c.txt").write_bytes(b"x" * 100 + "café".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"c.txt is not UTF-8 text \(byte 103: b'\\xe9'\)"):
+        checked_text_files(folder, block=64)
+
+
+def test_a_prepared_corpus_trains_and_resumes_exactly_as_in_memory_after_it_moved(tmp_path: Path) -> None:
+    # The reference: in memory, 20 steps. The prepared run reads windows from disk through two loader
+    # workers, is stopped by SIGTERM after step 13 (mid-epoch 2), its text moved away, and resumed.
+    folder = write_texts(tmp_path / "texts")
+    out = tmp_path / "prepared"
+    source = [f"--config={CONFIGS / 'default.yaml'}", f"--config={EXPERIMENT}", f"--data.init_args.path={folder}"]
+    prepare_main(["--out", str(out), *source])
+    common = [f"--config={EXPERIMENT}", f"--data.init_args.path={folder}", "--trainer.max_epochs=2"]
+    common += ["--test_after_fit=false", "--trainer.deterministic=true"]
+    main(["fit", *shrunk_args(tmp_path / "memory"), *common])
+    (reference,) = (tmp_path / "memory").rglob("last.ckpt")
+
+    args = [*shrunk_args(tmp_path / "disk"), *common]
+    args += [f"--data.init_args.prepared={out}", "--data.init_args.num_workers=2"]
+    interrupted = fit_stopped_by_signal(args, step=13)
+    assert read_checkpoint(interrupted)["global_step"] == 13
+    folder.rename(tmp_path / "moved")
+    main(["fit", *args, "--resume=true"])
+    assert_same_training_state(reference, interrupted.parent / "last.ckpt")
+
+    # Damage after prepare is named before training: a missing shard, another block of settings.
+    (out / "test" / "tokens-00000.bin").unlink()
+    with user_error(r"data.prepared: .*tokens-00000.bin is missing \(deleted since prepare\?\); run `make prepare"):
+        main(["fit", *shrunk_args(tmp_path / "bad"), *common, f"--data.init_args.prepared={out}"])
+    assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").rglob("*.*"))
 
 
 NOUNS = ["the whale", "the sea", "a ship", "the captain", "an oar"]

@@ -8,11 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import CONFIGS, shrunk_args, user_error
+from conftest import CONFIGS, assert_same_training_state, fit_stopped_by_signal, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import TabularDataModule
+from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
+from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 from {{ cookiecutter.package_name }}.models import TabularModel
+from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 
 EXPERIMENT = CONFIGS / "experiments" / "tabular-csv.yaml"
 
@@ -168,3 +171,52 @@ def test_preprocessing_restored_from_a_checkpoint_splits_and_encodes_the_table_t
     for split in ("train", "val", "test"):
         assert (restored.split_rows[split] == trained.split_rows[split]).all()
     assert torch.equal(restored.test_set.tensors[0], trained.test_set.tensors[0])
+
+
+@pytest.mark.parametrize("bundled", [None, "diabetes"])
+def test_a_prepared_table_holds_exactly_what_memory_would(tmp_path: Path, table: Path, bundled: str | None) -> None:
+    # A CSV with gaps and strings (classification) read 100 rows at a time, and the bundled regression table.
+    settings = {"path": str(table), "target": "label"} if bundled is None else {"path": None, "bundled": bundled}
+    out = tmp_path / "prepared"
+    counts = TabularDataModule(**settings).write_prepared(out, rows=100)
+    in_memory, on_disk = TabularDataModule(**settings), TabularDataModule(**settings, prepared=str(out))
+    for data in (in_memory, on_disk):
+        data.setup("fit")
+    for split in ("train", "val", "test"):
+        expected, actual = (stack_samples(getattr(data, f"{split}_set")) for data in (in_memory, on_disk))
+        assert all(torch.equal(a, b) for a, b in zip(expected, actual, strict=True))
+        assert counts[split] == len(expected[0])
+        expected, actual = in_memory.raw_inputs(split), on_disk.raw_inputs(split)
+        assert torch.equal(expected[0].nan_to_num(-9.0), actual[0].nan_to_num(-9.0))  # raw rows keep their gaps
+        assert torch.equal(expected[1], actual[1])
+    assert on_disk.test_ids() == in_memory.test_ids() and on_disk.preprocessing == in_memory.preprocessing
+    assert (on_disk.num_features, on_disk.class_names) == (in_memory.num_features, in_memory.class_names)
+
+
+def test_a_prepared_table_trains_and_resumes_exactly_as_in_memory_after_it_moved(tmp_path: Path, table: Path) -> None:
+    # The reference: in memory, 2 epochs of 7 batches. The prepared run reads rows from disk through
+    # two loader workers, is stopped by SIGTERM after step 10 (mid-epoch 2), its CSV moved away, and resumed.
+    out = tmp_path / "prepared"
+    source = [f"--config={CONFIGS / 'default.yaml'}", f"--config={EXPERIMENT}", f"--data.init_args.path={table}"]
+    prepare_main(["--out", str(out), *source])
+    common = [f"--config={EXPERIMENT}", f"--data.init_args.path={table}", "--trainer.max_epochs=2"]
+    common += ["--test_after_fit=false", "--trainer.deterministic=true", "--trainer.log_every_n_steps=2"]
+    main(["fit", *shrunk_args(tmp_path / "memory"), *common])
+    (reference,) = (tmp_path / "memory").rglob("last.ckpt")
+    steps = read_checkpoint(reference)["global_step"]
+
+    args = [*shrunk_args(tmp_path / "disk"), *common]
+    args += [f"--data.init_args.prepared={out}", "--data.init_args.num_workers=2"]
+    interrupted = fit_stopped_by_signal(args, step=steps // 2 + 3)
+    table.rename(tmp_path / "moved.csv")
+    main(["fit", *args, "--resume=true"])
+    assert_same_training_state(reference, interrupted.parent / "last.ckpt")
+
+    # Damage is named before training: a changed table, settings other than the prepared ones.
+    write_table(tmp_path / "moved.csv", rows=601).rename(table)
+    bad = ["fit", *shrunk_args(tmp_path / "bad"), *common, f"--data.init_args.prepared={out}"]
+    with user_error(r"its source .*table.csv changed since prepare \(1 files, .* bytes then; 1 files, .*prepare again"):
+        main(bad)
+    with user_error(r"data.split_seed=1, but data.prepared=.* was prepared with split_seed=0"):
+        main([*bad, "--data.init_args.split_seed=1"])
+    assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").rglob("*.*"))

@@ -20,6 +20,10 @@ training (``TabularDataModule.from_checkpoint``):
 
 scikit-learn's encoders would do the same transforms, but a fitted encoder is a pickled Python
 object, which ``torch.load(weights_only=True)`` rightly refuses; the statistics here are data.
+
+A table encoded once (``make prepare``: :meth:`TabularDataModule.write_prepared`) is trained on with
+``data.prepared=FOLDER``: encoded rows are read from disk, so training memory stays flat in the
+table's size (prepare itself reads the table with pandas once: it must fit in memory then).
 """
 
 from pathlib import Path
@@ -37,6 +41,7 @@ from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine.prepared import ArrayRecords, PreparedWriter, fingerprint, open_prepared
 
 TargetType = Literal["auto", "classification", "regression"]
 # An integer target with at most this many distinct values is a class label (target_type "auto").
@@ -99,6 +104,8 @@ class TabularDataModule(ResumableDataModule):
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
         val_fraction, test_fraction: shares of the rows held out for validation and testing.
         split_seed: seed of the split, independent of the training seed.
+        prepared: a folder ``make prepare`` wrote from this table: encoded rows are read from disk
+            (the target, dropped columns, task and split settings must be the ones it was prepared with).
 
     Raises:
         ValueError: the file is missing, empty or not a table; ``target`` or a name in
@@ -118,6 +125,7 @@ class TabularDataModule(ResumableDataModule):
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         split_seed: int = 0,
+        prepared: str | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
@@ -133,29 +141,29 @@ class TabularDataModule(ResumableDataModule):
     @property
     def num_features(self) -> int:
         """Width F of an encoded row: numeric columns, their missing indicators, one-hot categories."""
-        prep = self._prepared()
+        prep = self._preprocessing()
         indicators = sum(1 for column in prep["numeric"].values() if column["indicator"])
         return len(prep["numeric"]) + indicators + sum(len(c) for c in prep["categorical"].values())
 
     @property
     def task(self) -> Literal["classification", "regression"]:
-        return self._prepared()["task"]
+        return self._preprocessing()["task"]
 
     @property
     def num_outputs(self) -> int:
         """Number of classes, or 1 for regression."""
-        prep = self._prepared()
+        prep = self._preprocessing()
         return len(prep["classes"]) if prep["task"] == "classification" else 1
 
     @property
     def class_names(self) -> list[str]:
         """Class names in label order (empty for regression)."""
-        return list(self._prepared()["classes"])
+        return list(self._preprocessing()["classes"])
 
     @property
     def target_scale(self) -> tuple[float, float]:
         """(mean, std) of a regression target in the training split ((0, 1) for classification)."""
-        prep = self._prepared()
+        prep = self._preprocessing()
         return (prep["target_mean"], prep["target_std"])
 
     # ---- reading and fitting ---------------------------------------------------------------------
@@ -183,7 +191,9 @@ class TabularDataModule(ResumableDataModule):
             raise DataError(f"data.path={path}: the table has no rows; give a CSV file with data below its header")
         return frame
 
-    def _prepared(self) -> dict[str, Any]:
+    def _preprocessing(self) -> dict[str, Any]:
+        if self.preprocessing is None and self.hparams.prepared is not None:
+            self.preprocessing = self._open_prepared().state["preprocessing"]
         if self.preprocessing is None:
             self.preprocessing = self._fit(self._frame())
         return self.preprocessing
@@ -283,7 +293,7 @@ class TabularDataModule(ResumableDataModule):
 
     def encode_target(self, frame: pd.DataFrame) -> torch.Tensor:
         """The target column of ``frame``: (B,) int64 class indices or (B,) float32 standardised values."""
-        prep = self._prepared()
+        prep = self._preprocessing()
         labels = frame[prep["target"]]
         if prep["task"] == "classification":
             index = {name: i for i, name in enumerate(prep["classes"])}
@@ -303,7 +313,7 @@ class TabularDataModule(ResumableDataModule):
             DataError: a feature column of the training table is missing from ``frame``, or a numeric
                 column holds text, an infinity or a number beyond float32 (named by row and column).
         """
-        prep = self._prepared()
+        prep = self._preprocessing()
         missing = [name for name in [*prep["numeric"], *prep["categorical"]] if name not in frame.columns]
         if missing:
             raise DataError(f"rows to encode lack the column(s) {missing} the model was trained with")
@@ -316,20 +326,24 @@ class TabularDataModule(ResumableDataModule):
 
     def inference_transform(self) -> nn.Module:
         """Raw rows (:meth:`raw_rows`) -> the encoded rows (B, F) the net trained on, as tensor operations."""
-        return TableEncoder(self._prepared())
+        return TableEncoder(self._preprocessing())
 
     def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
         """Raw rows (N, columns) of ``split`` and targets (N,): class indices, or values in the target's units."""
+        if self.hparams.prepared is not None:
+            fields = self._open_prepared().split(split)
+            return torch.from_numpy(fields["raw"][:]), torch.from_numpy(fields["raw_targets"][:])
         frame = self._frame().iloc[self.split_rows[split]]
-        prep = self._prepared()
+        prep = self._preprocessing()
         if prep["task"] == "regression":
-            targets = torch.as_tensor(frame[prep["target"]].to_numpy(dtype=np.float64), dtype=torch.float32)
+            values = frame[prep["target"]].to_numpy(dtype=np.float64)
+            targets = torch.tensor(values, dtype=torch.float32)  # a copy: pandas's array is read-only
         else:
             targets = self.encode_target(frame)
         return self.raw_rows(frame), targets
 
     def raw_description(self) -> str:
-        prep = self._prepared()
+        prep = self._preprocessing()
         return (
             f"one row per example: the numeric columns {list(prep['numeric'])} as raw numbers (NaN when missing), "
             f"then the categorical columns {list(prep['categorical'])} as the index of their value in "
@@ -337,11 +351,13 @@ class TabularDataModule(ResumableDataModule):
         )
 
     def inference_metadata(self) -> dict[str, Any]:
-        prep = self._prepared()
+        prep = self._preprocessing()
         return {"numeric_columns": list(prep["numeric"]), "categories": prep["categorical"], "task": prep["task"]}
 
     def test_ids(self) -> list[int]:
         """Row numbers (0-based, header not counted) of the test rows in the table."""
+        if self.hparams.prepared is not None:
+            return self._open_prepared().split("test")["row"][:].tolist()
         return self.split_rows["test"].tolist()
 
     def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
@@ -365,7 +381,7 @@ class TabularDataModule(ResumableDataModule):
             raise DataError(f"INPUTS={path}: {error}") from None
 
     def request_schema(self) -> dict[str, Any]:
-        prep = self._prepared()
+        prep = self._preprocessing()
         return {"kind": "row", "columns": [*prep["numeric"], *prep["categorical"]], "numeric": list(prep["numeric"])}
 
     def inputs_from_json(self, inputs: list[Any]) -> torch.Tensor:
@@ -373,11 +389,18 @@ class TabularDataModule(ResumableDataModule):
         return self.raw_rows(pd.DataFrame.from_records(inputs))
 
     def setup(self, stage: str | None = None) -> None:
-        """Split and encode the table (every process, every stage; idempotent)."""
+        """Split and encode the table (every process, every stage; idempotent); or open the prepared one."""
         if self.train_set is not None:
             return
+        if self.hparams.prepared is not None:
+            prepared = self._open_prepared()
+            self.preprocessing = self.preprocessing or prepared.state["preprocessing"]
+            splits = [prepared.split(name) for name in ("train", "val", "test")]
+            self.train_set, self.val_set, self.test_set = (ArrayRecords(s["features"], s["targets"]) for s in splits)
+            self.check_batch_size()
+            return
         frame = self._frame()
-        prep = self._prepared()
+        prep = self._preprocessing()
         if not self.split_rows:  # preprocessing came from a checkpoint: split this table the same way
             labels = None
             if prep["task"] == "classification":  # class indices, as _fit stratified by
@@ -391,9 +414,56 @@ class TabularDataModule(ResumableDataModule):
         )
         self.check_batch_size()
 
+    # ---- a prepared table: encoded once, read from disk --------------------------------------------
+    def _prepared_settings(self) -> dict[str, Any]:
+        hp = self.hparams
+        keys = ("target", "drop_columns", "bundled", "target_type", "val_fraction", "test_fraction", "split_seed")
+        return {key: hp[key] for key in keys}
+
+    def _open_prepared(self):
+        """The checked prepared table (its CSV, when still at its place, must be unchanged)."""
+        return open_prepared(self.hparams.prepared, type(self).__name__, self._prepared_settings(), lambda f: [f])
+
+    def write_prepared(self, out: str | Path, workers: int | None = None, rows: int = 1 << 16) -> dict[str, Any]:
+        """Fit the preprocessing on the training split and encode the table once into a prepared data
+        set at ``out``, ``rows`` rows at a time: per split the encoded features (N, F) float32 and
+        targets (N,) as training reads them, and for export and predict the raw rows (N, columns)
+        float32, the targets in their own units and each row's number in the table.
+
+        Returns:
+            rows per split.
+
+        Raises:
+            ValueError: see the class's table errors; a write that fails (nothing is left at ``out``).
+        """
+        frame, prep = self._frame(), self._preprocessing()
+        path = self.hparams.path
+        source = fingerprint(path, [Path(path)]) if path else {"root": None, "bundled": self.hparams.bundled}
+        with PreparedWriter(out, type(self).__name__, self._prepared_settings(), source) as writer:
+            for split, indices in self.split_rows.items():
+                for start in range(0, len(indices), rows):
+                    part = frame.iloc[indices[start : start + rows]]
+                    raw = self.raw_rows(part)
+                    with torch.no_grad():
+                        features = self.inference_transform()(raw)
+                    if prep["task"] == "regression":
+                        raw_targets = part[prep["target"]].to_numpy(dtype=np.float32)
+                    else:
+                        raw_targets = self.encode_target(part).numpy()
+                    writer.append(
+                        split,
+                        features=features.numpy(),
+                        targets=self.encode_target(part).numpy(),
+                        raw=raw.numpy(),
+                        raw_targets=raw_targets,
+                        row=np.asarray(indices[start : start + rows], dtype=np.int64),
+                    )
+            writer.state(preprocessing=prep)
+        return {split: writer.manifest["splits"][split]["count"] for split in self.split_rows}
+
     def state_dict(self) -> dict[str, Any]:
         """The fitted preprocessing (plain data) and, from the base, where a resumed run's data starts."""
-        return {**super().state_dict(), "preprocessing": self._prepared()}
+        return {**super().state_dict(), "preprocessing": self._preprocessing()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)

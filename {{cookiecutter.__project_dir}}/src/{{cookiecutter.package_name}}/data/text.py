@@ -17,14 +17,21 @@ seen in training. A sample is a window of ``block_size + 1`` tokens: the model r
 Training windows start every ``stride`` tokens (overlapping when ``stride < block_size``) and are
 shuffled per epoch by the engine's exact-resume loader; validation and test windows tile their
 stretch without overlap, so every evaluated token is counted once.
+
+A corpus larger than memory is tokenized once (``make prepare``: :meth:`TextDataModule.write_prepared`
+streams the files a chunk at a time into a prepared data set, :mod:`engine.prepared`) and trained on
+with ``data.prepared=FOLDER``: windows are read from disk, memory stays flat in the corpus's size,
+and the splits are the same cuts at the same byte fractions.
 """
 
+import codecs
 import gzip
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -32,8 +39,10 @@ from {{ cookiecutter.package_name }}.data.tokenizer import Tokenizer, load_token
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.data import check_fractions
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine.prepared import DiskArray, PreparedWriter, fingerprint, open_prepared
 
 BUNDLED = "moby_dick.txt.gz"
+SPLITS = ("train", "val", "test")
 
 
 class TokenWindows(Dataset):
@@ -41,10 +50,15 @@ class TokenWindows(Dataset):
 
     With ``token_bytes`` (N,) (the text bytes each token stands for) an item also holds the targets'
     byte counts (T,), from which the model reports bits per byte; without, every token is one byte.
+    Both may be tensors in memory or :class:`engine.prepared.DiskArray` s on disk (a prepared corpus).
     """
 
     def __init__(
-        self, tokens: torch.Tensor, block_size: int, stride: int, token_bytes: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor | DiskArray,
+        block_size: int,
+        stride: int,
+        token_bytes: torch.Tensor | DiskArray | None = None,
     ) -> None:
         self.tokens, self.block_size, self.stride, self.token_bytes = tokens, block_size, stride, token_bytes
 
@@ -53,10 +67,14 @@ class TokenWindows(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
         start = index * self.stride
-        window = self.tokens[start : start + self.block_size + 1].long()  # (T + 1,)
+        window = _long(self.tokens[start : start + self.block_size + 1])  # (T + 1,)
         if self.token_bytes is None:
             return window[:-1], window[1:]
-        return window[:-1], window[1:], self.token_bytes[start + 1 : start + self.block_size + 1].long()
+        return window[:-1], window[1:], _long(self.token_bytes[start + 1 : start + self.block_size + 1])
+
+
+def _long(values: torch.Tensor | np.ndarray) -> torch.Tensor:
+    return values.long() if isinstance(values, torch.Tensor) else torch.from_numpy(values.astype(np.int64))
 
 
 def read_text(path: str | Path | None, suffixes: Sequence[str] = (".txt",)) -> bytes:
@@ -71,36 +89,89 @@ def read_text(path: str | Path | None, suffixes: Sequence[str] = (".txt",)) -> b
             valid UTF-8 (names the file and the byte offset, and how to convert it).
     """
     if path is None:
-        with resources.files(__package__).joinpath("corpora", BUNDLED).open("rb") as packed:
-            return gzip.decompress(packed.read())
+        return bundled_text()
+    return b"\n\n".join(file.read_bytes() for file in checked_text_files(path, suffixes))
+
+
+def bundled_text() -> bytes:
+    with resources.files(__package__).joinpath("corpora", BUNDLED).open("rb") as packed:
+        return gzip.decompress(packed.read())
+
+
+def text_files(path: str | Path, suffixes: Sequence[str] = (".txt",)) -> list[Path]:
+    """``path`` itself, or the files under folder ``path`` ending in one of ``suffixes``, in name order.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: the folder has no such file.
+    """
     path = Path(path).expanduser()
     if not path.exists():
         raise MissingFileError(f"data.path: {path} does not exist; give a text file or a folder of text files")
-    if path.is_dir():
-        files = sorted(f for f in path.rglob("*") if f.is_file() and f.name.lower().endswith(tuple(suffixes)))
-    else:
-        files = [path]
+    if not path.is_dir():
+        return [path]
+    files = sorted(f for f in path.rglob("*") if f.is_file() and f.name.lower().endswith(tuple(suffixes)))
     if not files:
         named = ", ".join(suffixes)
         raise DataError(
             f"data.path: {path} has no files ending in {named}; put the text in such files, or name their "
             "endings in data.suffixes (e.g. [.txt, .md])"
         )
-    parts = []
-    for file in files:
-        raw = file.read_bytes()
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise DataError(
-                f"data.path: {file} is not UTF-8 text (byte {error.start}: {raw[error.start : error.start + 4]!r}); "
-                f"convert it, e.g. `iconv -f latin1 -t utf-8 {file.name} > {file.stem}.utf8.txt`"
-            ) from None
-        if raw.strip():
-            parts.append(raw)
-    if not parts:
+    return files
+
+
+def checked_text_files(path: str | Path, suffixes: Sequence[str] = (".txt",), block: int = 1 << 24) -> list[Path]:
+    """:func:`text_files` that hold text: each read once, ``block`` bytes at a time (memory stays flat),
+    checked to be UTF-8; empty or blank files are left out.
+
+    Raises:
+        FileNotFoundError, ValueError: see :func:`text_files`; a file that is not UTF-8 (names the file
+            and the byte offset, and how to convert it); no file holds text.
+    """
+    kept = []
+    for file in text_files(path, suffixes):
+        decoder, offset, blank = codecs.getincrementaldecoder("utf-8")(), 0, True
+        with open(file, "rb") as stream:
+            while True:
+                raw = stream.read(block)
+                pending = decoder.getstate()[0]  # the start of a character cut by the previous block
+                try:
+                    decoder.decode(raw, final=not raw)
+                except UnicodeDecodeError as error:
+                    at, bad = offset - len(pending) + error.start, error.object[error.start : error.start + 4]
+                    raise DataError(
+                        f"data.path: {file} is not UTF-8 text (byte {at}: {bad!r}); "
+                        f"convert it, e.g. `iconv -f latin1 -t utf-8 {file.name} > {file.stem}.utf8.txt`"
+                    ) from None
+                if not raw:
+                    break
+                blank, offset = blank and not raw.strip(), offset + len(raw)
+        if not blank:
+            kept.append(file)
+    if not kept:
         raise DataError(f"data.path: {path} holds no text (every file is empty or blank)")
-    return b"\n\n".join(parts)
+    return kept
+
+
+def text_chunks(files: Sequence[Path], block: int = 1 << 24) -> Iterator[bytes]:
+    """The bytes :func:`read_text` joins (files separated by a blank line), in pieces of about
+    ``block`` bytes that end at a line end (or, in a line longer than ``block``, at a character start)."""
+    for index, file in enumerate(files):
+        if index:
+            yield b"\n\n"
+        carry = b""
+        with open(file, "rb") as stream:
+            while raw := stream.read(block):
+                raw = carry + raw
+                cut = raw.rfind(b"\n") + 1
+                if not cut:  # a line longer than block: cut before its last character (complete or not)
+                    cut = len(raw) - 1
+                    while cut > 0 and raw[cut] & 0xC0 == 0x80:
+                        cut -= 1
+                yield raw[:cut]
+                carry = raw[cut:]
+        if carry:
+            yield carry
 
 
 def utf8_boundary(text: bytes, position: int) -> int:
@@ -252,11 +323,15 @@ class TextDataModule(LanguageDataModule):
         stride: tokens between the starts of consecutive training windows (default ``block_size``:
             no overlap; smaller values give more, overlapping windows per epoch).
         val_fraction, test_fraction: shares of the text held out, taken from its end (val, then test).
+        prepared: a folder ``make prepare`` wrote from this text: tokens are read from disk instead of
+            reading and tokenizing ``path`` into memory (``tokenizer`` and the fractions must be the
+            ones it was prepared with).
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
 
     Raises:
         ValueError: a fraction or size out of range, or a split shorter than one window (names the
-            field and the fix); see :func:`read_text` for the file errors.
+            field and the fix); see :func:`read_text` for the file errors and
+            :func:`engine.prepared.open_prepared` for a prepared data set's.
     """
 
     def __init__(
@@ -268,6 +343,7 @@ class TextDataModule(LanguageDataModule):
         stride: int | None = None,
         val_fraction: float = 0.05,
         test_fraction: float = 0.05,
+        prepared: str | None = None,
         batch_size: int = 32,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -296,24 +372,97 @@ class TextDataModule(LanguageDataModule):
         """
         if self._splits is None:
             hp = self.hparams
-            endings = tuple("." + suffix.lower().lstrip(".") for suffix in hp.suffixes)
-            text = read_text(hp.path, endings)
-            ends = (
-                utf8_boundary(text, int(len(text) * (1 - hp.val_fraction - hp.test_fraction))),
-                utf8_boundary(text, int(len(text) * (1 - hp.test_fraction))),
-            )
-            parts = {"train": text[: ends[0]], "val": text[ends[0] : ends[1]], "test": text[ends[1] :]}
-            splits = {name: self._tokenize(part) for name, part in parts.items()}
+            if hp.prepared is not None:
+                prepared = open_prepared(hp.prepared, type(self).__name__, self._prepared_settings(), self._files)
+                fields = {name: prepared.split(name) for name in SPLITS}
+                splits = {name: (split["tokens"], split.get("counts")) for name, split in fields.items()}
+                size = prepared.state["bytes"]
+            else:
+                text = read_text(hp.path, self._endings)
+                size = len(text)
+                ends = (
+                    utf8_boundary(text, int(len(text) * (1 - hp.val_fraction - hp.test_fraction))),
+                    utf8_boundary(text, int(len(text) * (1 - hp.test_fraction))),
+                )
+                parts = {"train": text[: ends[0]], "val": text[ends[0] : ends[1]], "test": text[ends[1] :]}
+                splits = {name: self._tokenize(part) for name, part in parts.items()}
             for name, (tokens, _) in splits.items():
                 if len(tokens) < hp.block_size + 1:
                     where = "the bundled corpus" if hp.path is None else hp.path
                     raise DataError(
                         f"data: the {name} split of {where} has {len(tokens)} tokens, fewer than one window "
                         f"(data.block_size + 1 = {hp.block_size + 1}); lower data.block_size or give more text "
-                        f"({len(text)} bytes in all)"
+                        f"({size} bytes in all)"
                     )
             self._splits = splits
         return self._splits
+
+    @property
+    def _endings(self) -> tuple[str, ...]:
+        return tuple("." + suffix.lower().lstrip(".") for suffix in self.hparams.suffixes)
+
+    # ---- a prepared corpus: tokenized once, a chunk at a time, read from disk ----------------------
+    def _files(self, root: Path) -> list[Path]:
+        """The files of the source at ``root`` (a file or a folder), as prepare fingerprinted them."""
+        return text_files(root, self._endings)
+
+    def _prepared_settings(self) -> dict[str, Any]:
+        hp = self.hparams
+        return {
+            "tokenizer": self.tokenizer.source,
+            "vocab_size": self.tokenizer.vocab_size,
+            "val_fraction": hp.val_fraction,
+            "test_fraction": hp.test_fraction,
+        }
+
+    def write_prepared(self, out: str | Path, workers: int | None = None, block: int = 1 << 24) -> dict[str, Any]:
+        """Tokenize the text once into a prepared data set at ``out``: per split, the token ids (N,)
+        (uint8 for bytes, uint16 or uint32 for a larger vocabulary) and, for a pretrained tokenizer,
+        each token's UTF-8 byte count (N,) uint16.
+
+        The files are read twice, ``block`` bytes at a time (a check, then the tokens), so memory
+        stays flat in the corpus's size; the splits are cut at the same byte fractions as in memory.
+        ``workers`` is unused: a pretrained tokenizer runs on every core itself (Rust).
+
+        Returns:
+            tokens per split and the corpus's ``bytes``.
+
+        Raises:
+            ValueError: see :func:`checked_text_files`; a write that fails (nothing is left at ``out``).
+        """
+        hp = self.hparams
+        if hp.path is None:
+            text = bundled_text()
+            source, chunks, total = {"root": None, "bundled": BUNDLED}, iter([text]), len(text)
+        else:
+            files = checked_text_files(hp.path, self._endings, block)
+            source = fingerprint(hp.path, self._files(Path(hp.path)))
+            chunks = text_chunks(files, block)
+            total = sum(file.stat().st_size for file in files) + 2 * (len(files) - 1)
+        cuts = [int(total * (1 - hp.val_fraction - hp.test_fraction)), int(total * (1 - hp.test_fraction)), total]
+        vocab = self.tokenizer.vocab_size
+        dtype = np.uint8 if vocab <= 256 else np.uint16 if vocab <= 65536 else np.uint32
+        with PreparedWriter(out, type(self).__name__, self._prepared_settings(), source) as writer:
+            split, position = 0, 0  # the split being written, and the bytes of text before ``chunk``
+            for chunk in chunks:
+                start = 0
+                while start < len(chunk):
+                    end = len(chunk)
+                    if split < 2 and position + end > cuts[split]:  # the cut falls in this chunk: on a character start
+                        end = utf8_boundary(chunk, cuts[split] - position)
+                    if end > start:
+                        tokens, counts = self._tokenize(chunk[start:end])
+                        fields = {"tokens": tokens.numpy().astype(dtype)}
+                        if counts is not None:
+                            fields["counts"] = counts.numpy().astype(np.uint16)
+                        writer.append(SPLITS[split], **fields)
+                    if end < len(chunk) or (split < 2 and position + end >= cuts[split]):
+                        split += 1
+                    start = end
+                position += len(chunk)
+            writer.state(bytes=total, vocab_size=vocab)
+        counts = {name: writer.manifest["splits"][name]["count"] for name in SPLITS}
+        return {**counts, "bytes": total}
 
     def _tokenize(self, text: bytes) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.tokenizer.source is None:  # bytes: the text itself, one byte per token
@@ -324,7 +473,8 @@ class TextDataModule(LanguageDataModule):
 
     @property
     def vocab_size(self) -> int:
-        """The tokenizer's vocabulary (256: bytes); asking reads and checks the text (the CLI asks first)."""
+        """The tokenizer's vocabulary (256: bytes); asking reads and checks the text, or opens and checks
+        the prepared data set (the CLI asks first)."""
         self.splits  # noqa: B018 -- a bad path or a too short text fails here, before any run folder exists
         return self.tokenizer.vocab_size
 

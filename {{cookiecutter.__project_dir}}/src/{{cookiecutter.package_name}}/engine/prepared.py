@@ -111,7 +111,7 @@ class DiskArray:
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} is out of range for {len(self)} records")
-        return self.read(index, index + 1)[0]
+        return self.read(index, index + 1).reshape(self.record_shape)  # a writable array, even of shape ()
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Records ``start`` to ``stop`` (``(stop - start, *shape)``), one pread per shard touched."""
@@ -158,7 +158,7 @@ class ArrayRecords:
     def __getitem__(self, index: int) -> tuple:
         import torch
 
-        return tuple(torch.from_numpy(np.asarray(array[index])) for array in self.arrays)
+        return tuple(torch.from_numpy(array[index]) for array in self.arrays)
 
 
 class Prepared:
@@ -251,7 +251,7 @@ def open_prepared(
                         f"({field}: {shard['count']} records; truncated or overwritten); run `{remake}`"
                     )
     recorded = manifest["source"]
-    if source_files is not None and Path(recorded["root"]).exists():
+    if source_files is not None and recorded.get("root") and Path(recorded["root"]).exists():
         now = fingerprint(recorded["root"], source_files(Path(recorded["root"])))
         if now["sha256"] != recorded["sha256"]:
             raise DataError(
@@ -330,7 +330,8 @@ class PreparedWriter:
         lengths = {len(array) for array in fields.values()}
         if len(lengths) != 1:
             raise ValueError(f"append({split}): fields of different lengths {lengths}")
-        entry = self.manifest["splits"].setdefault(split, {"count": 0, "fields": {}})
+        entry = self.manifest["splits"].setdefault(split, {"count": 0})
+        entry.setdefault("fields", {})
         entry["count"] += lengths.pop()
         for name, array in fields.items():
             array = np.ascontiguousarray(array)
