@@ -165,6 +165,12 @@ def test_prepare_names_a_corrupt_image_or_counts_what_it_skipped(tmp_path: Path)
     assert manifest["state"]["skipped"] == 1 and sum(s["count"] for s in manifest["splits"].values()) == 30
 
 
+def test_prepare_of_the_bundled_digits_says_which_data_has_a_prepared_form(tmp_path: Path) -> None:
+    with user_error(r"data: DigitsDataModule has no prepared form .*--config configs/experiments/<experiment>.yaml"):
+        prepare_main(["--out", str(tmp_path / "prepared"), f"--config={CONFIGS / 'default.yaml'}"])
+    assert not (tmp_path / "prepared").exists()
+
+
 def test_given_split_folders_are_used(tmp_path: Path) -> None:
     make_folder(tmp_path / "images" / "train", per_class=20)
     make_folder(tmp_path / "images" / "test", per_class=5, seed=1)

@@ -33,7 +33,10 @@ def prepare(args: list[str], out: str, workers: int | None = None) -> dict:
     data = cli.datamodule
     name = type(data).__name__
     if not hasattr(data, "write_prepared"):
-        raise ConfigError(f"{name} has no prepared form (it has no write_prepared method); its data is read as it is")
+        raise ConfigError(
+            f"data: {name} has no prepared form (no write_prepared method): choose the DataModule of your data, "
+            "e.g. ARGS=\"--config configs/experiments/<experiment>.yaml ...\" (configs/experiments/ lists them)"
+        )
     if data.hparams.get("prepared"):
         raise ConfigError(
             f"data.prepared={data.hparams.prepared}: prepare reads the source, not a prepared data set; leave "
