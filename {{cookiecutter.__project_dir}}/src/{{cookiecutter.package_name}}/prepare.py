@@ -35,7 +35,7 @@ def prepare(args: list[str], out: str, workers: int | None = None) -> dict:
     if not hasattr(data, "write_prepared"):
         raise ConfigError(
             f"data: {name} has no prepared form (no write_prepared method): choose the DataModule of your data, "
-            "e.g. ARGS=\"--config configs/experiments/<experiment>.yaml ...\" (configs/experiments/ lists them)"
+            'e.g. ARGS="--config configs/experiments/<experiment>.yaml ..." (configs/experiments/ lists them)'
         )
     if data.hparams.get("prepared"):
         raise ConfigError(
