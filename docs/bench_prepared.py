@@ -112,13 +112,16 @@ def loader_rates(package: str, task: str, prepared: Path, batch: int) -> dict[st
                                          **({"image_size": 32} if task == "image" else {}))  # fmt: skip
         data.setup("fit")
         loader = data.loader(data.train_set, shuffle=True)
-        iterator, count = iter(loader), 0
-        next(iterator)  # workers started
-        start = time.perf_counter()
-        for _ in range(50):
-            count += len(next(iterator)[0])
+        count, batches, start = 0, 0, None
+        while batches < 50:  # epochs after epochs (worker start-up included) until 50 batches
+            for samples in loader:
+                if start is None:  # the clock starts once the first workers are up
+                    start = time.perf_counter()
+                    continue
+                count, batches = count + len(samples[0]), batches + 1
+                if batches == 50:
+                    break
         rates[f"loader_{workers}_workers"] = count / (time.perf_counter() - start)
-        del iterator
     return rates
 
 
@@ -128,7 +131,7 @@ def training_rate(package: str, task: str, prepared: Path, bake: Path) -> tuple[
     bench = __import__(f"{package}.bench", fromlist=["run_project"])
     config = [Path("configs/default.yaml"), Path(f"configs/experiments/{EXPERIMENT[task]}.yaml")]
     extra = [f"--data.init_args.prepared={prepared}", "--trainer.accelerator=cpu", "--trainer.devices=1"]
-    extra += ["--trainer.logger=false", "--trainer.enable_progress_bar=false"]
+    extra += ["--trainer.enable_progress_bar=false"]
     result = bench.run_project(config, 25, extra)
     intervals = sorted(result["intervals"][5:])
     return result["batch_size"] / intervals[len(intervals) // 2], result["batch_size"]

@@ -21,7 +21,6 @@ because Lightning builds the epoch's iterator before it restores the loader's st
 the well-kept choice for iterable or streaming data, where no order function exists.
 """
 
-import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -91,8 +90,18 @@ class ResumableSampler(DistributedSampler):
         self.epoch, self.skip = epoch, skip
 
     def __iter__(self) -> Iterator[int]:
+        # DistributedSampler's order, kept in an int64 tensor (8 bytes a sample) instead of its Python
+        # list (about 36 bytes a sample: 250 MB for the 7 M windows of a 1 GB corpus), so that memory
+        # stays flat for large prepared data sets.
         skip, self.skip = self.skip, 0
-        return itertools.islice(super().__iter__(), skip, None)
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=generator)  # (N,) int64
+        if self.total_size > len(order):  # padded with its own start, to a multiple of the world size
+            repeats = -(-self.total_size // len(order))
+            order = order.repeat(repeats)
+        own = order[: self.total_size][self.rank : self.total_size : self.num_replicas].numpy()
+        return map(int, own[skip:])
 
 
 class ResumableDataLoader(DataLoader):
