@@ -19,6 +19,7 @@ import pytest
 import torch
 from conftest import (
     CONFIGS,
+    assert_prepared_run_resumes_as_in_memory,
     assert_same_training_state,
     fit_in_subprocess,
     fit_stopped_by_signal,
@@ -121,16 +122,8 @@ def test_a_prepared_run_trains_and_resumes_exactly_as_in_memory_after_the_folder
     common = [f"--config={EXPERIMENT}", "--data.init_args.image_size=16", "--data.init_args.batch_size=16"]
     common += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
     common += ["--trainer.log_every_n_steps=3"]
-    main(["fit", *shrunk_args(tmp_path / "memory"), *common, f"--data.init_args.root={root}"])
-    (reference,) = (tmp_path / "memory").rglob("last.ckpt")
-
-    args = [*shrunk_args(tmp_path / "disk"), *common, f"--data.init_args.root={root}"]
-    args += [f"--data.init_args.prepared={prepared}", "--data.init_args.num_workers=2"]
-    interrupted = fit_stopped_by_signal(args, step=8)
-    assert read_checkpoint(interrupted)["global_step"] == 8
-    root.rename(tmp_path / "moved")
-    main(["fit", *args, "--resume=true"])
-    assert_same_training_state(reference, interrupted.parent / "last.ckpt")
+    common += [f"--data.init_args.root={root}"]
+    assert_prepared_run_resumes_as_in_memory(tmp_path, common, prepared, root, step=8)
 
 
 @pytest.mark.slow

@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS, assert_same_training_state, fit_stopped_by_signal, shrunk_args, user_error
+from conftest import CONFIGS, assert_prepared_run_resumes_as_in_memory, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import TextDataModule
 from {{ cookiecutter.package_name }}.data.text import TokenWindows, checked_text_files, read_text
-from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.models import LanguageModel
@@ -162,16 +161,7 @@ def test_a_prepared_corpus_trains_and_resumes_exactly_as_in_memory_after_it_move
     prepare_main(["--out", str(out), *source])
     common = [f"--config={EXPERIMENT}", f"--data.init_args.path={folder}", "--trainer.max_epochs=2"]
     common += ["--test_after_fit=false", "--trainer.deterministic=true"]
-    main(["fit", *shrunk_args(tmp_path / "memory"), *common])
-    (reference,) = (tmp_path / "memory").rglob("last.ckpt")
-
-    args = [*shrunk_args(tmp_path / "disk"), *common]
-    args += [f"--data.init_args.prepared={out}", "--data.init_args.num_workers=2"]
-    interrupted = fit_stopped_by_signal(args, step=13)
-    assert read_checkpoint(interrupted)["global_step"] == 13
-    folder.rename(tmp_path / "moved")
-    main(["fit", *args, "--resume=true"])
-    assert_same_training_state(reference, interrupted.parent / "last.ckpt")
+    assert_prepared_run_resumes_as_in_memory(tmp_path, common, out, folder, step=13)
 
     # Damage after prepare is named before training: a missing shard, another block of settings.
     (out / "test" / "tokens-00000.bin").unlink()

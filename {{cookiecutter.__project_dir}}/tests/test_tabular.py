@@ -8,11 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import CONFIGS, assert_same_training_state, fit_stopped_by_signal, shrunk_args, user_error
+from conftest import CONFIGS, assert_prepared_run_resumes_as_in_memory, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import TabularDataModule
-from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 from {{ cookiecutter.package_name }}.models import TabularModel
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
@@ -201,16 +200,7 @@ def test_a_prepared_table_trains_and_resumes_exactly_as_in_memory_after_it_moved
     prepare_main(["--out", str(out), *source])
     common = [f"--config={EXPERIMENT}", f"--data.init_args.path={table}", "--trainer.max_epochs=2"]
     common += ["--test_after_fit=false", "--trainer.deterministic=true", "--trainer.log_every_n_steps=2"]
-    main(["fit", *shrunk_args(tmp_path / "memory"), *common])
-    (reference,) = (tmp_path / "memory").rglob("last.ckpt")
-    steps = read_checkpoint(reference)["global_step"]
-
-    args = [*shrunk_args(tmp_path / "disk"), *common]
-    args += [f"--data.init_args.prepared={out}", "--data.init_args.num_workers=2"]
-    interrupted = fit_stopped_by_signal(args, step=steps // 2 + 3)
-    table.rename(tmp_path / "moved.csv")
-    main(["fit", *args, "--resume=true"])
-    assert_same_training_state(reference, interrupted.parent / "last.ckpt")
+    assert_prepared_run_resumes_as_in_memory(tmp_path, common, out, table, step=10)
 
     # Damage is named before training: a changed table, settings other than the prepared ones.
     write_table(tmp_path / "moved.csv", rows=601).rename(table)
