@@ -113,6 +113,7 @@ def test_a_prepared_folder_holds_exactly_what_memory_would(tmp_path: Path) -> No
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))
 
 
+@pytest.mark.slow  # a SIGTERM and a resume: two more processes (CI: .ci/slow)
 def test_a_prepared_run_trains_and_resumes_exactly_as_in_memory_after_the_folder_moved(tmp_path: Path) -> None:
     # The reference: in memory, 2 epochs of 6 batches. The prepared run reads from disk through two
     # loader workers, is stopped by SIGTERM after step 8 (mid-epoch 2), its image folder moved away,

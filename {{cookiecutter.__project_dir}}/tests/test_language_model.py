@@ -152,6 +152,7 @@ def test_a_prepared_corpus_holds_exactly_the_tokens_of_memory(tmp_path: Path) ->
         checked_text_files(folder, block=64)
 
 
+@pytest.mark.slow  # a SIGTERM and a resume: two more processes (CI: .ci/slow)
 def test_a_prepared_corpus_trains_and_resumes_exactly_as_in_memory_after_it_moved(tmp_path: Path) -> None:
     # The reference: in memory, 20 steps. The prepared run reads windows from disk through two loader
     # workers, is stopped by SIGTERM after step 13 (mid-epoch 2), its text moved away, and resumed.

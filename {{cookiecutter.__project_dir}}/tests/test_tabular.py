@@ -192,6 +192,7 @@ def test_a_prepared_table_holds_exactly_what_memory_would(tmp_path: Path, table:
     assert (on_disk.num_features, on_disk.class_names) == (in_memory.num_features, in_memory.class_names)
 
 
+@pytest.mark.slow  # a SIGTERM and a resume: two more processes (CI: .ci/slow)
 def test_a_prepared_table_trains_and_resumes_exactly_as_in_memory_after_it_moved(tmp_path: Path, table: Path) -> None:
     # The reference: in memory, 2 epochs of 7 batches. The prepared run reads rows from disk through
     # two loader workers, is stopped by SIGTERM after step 10 (mid-epoch 2), its CSV moved away, and resumed.
