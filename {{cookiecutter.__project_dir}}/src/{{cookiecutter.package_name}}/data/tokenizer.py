@@ -1,25 +1,100 @@
-"""The language model's tokenizers: UTF-8 bytes, or a pretrained model's own (Hugging Face).
+"""The language model's tokenizers: UTF-8 bytes, a byte-level BPE trained on the training text, or a
+pretrained model's own (Hugging Face).
 
-Both turn text into token ids and say, for each token, how many UTF-8 bytes of the text it
+Each turns text into token ids and says, for each token, how many UTF-8 bytes of the text it
 stands for. Summed over a split, those counts turn a loss in nats per token into bits per byte
 (total nats / total bytes / ln 2), the unit in which models with different tokenizers compare
 (Gao et al., "The Pile", 2020, section 4; nanoGPT's byte-level runs report the same).
 
-:func:`load_tokenizer` is the one entry: ``None`` gives bytes, anything else a folder or hub id
-of a pretrained model (:func:`engine.pretrained.locate`), whose tokenizer files are read offline.
+:func:`load_tokenizer` is the entry for bytes (``None`` or ``"bytes"``) and pretrained models (a
+folder or hub id, :func:`engine.pretrained.locate`, read offline). A BPE (``"bpe"``) is trained
+on a DataModule's training split (:meth:`BPETokenizer.train`) and travels as JSON: in the
+prepared data set, in the checkpoint, beside an export (``tokenizer.json``).
+
+Text is tokenized in pieces cut only where the tokenizer's pre-tokenizer cuts anyway
+(:func:`safe_cut`), so a corpus tokenized a block at a time (``make prepare``), or in parallel
+pieces, gives exactly the ids of the whole text tokenized at once.
 """
 
+import re
+from collections.abc import Iterable, Iterator
 from functools import cache
 from typing import Protocol
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
 from {{ cookiecutter.package_name }}.engine.pretrained import locate
+
+BYTES, BPE = "bytes", "bpe"
+EOS = "<|endoftext|>"  # the BPE's one special token (GPT-2's name for it)
+PIECE = 1 << 16  # characters per piece tokenized in parallel
+# Positions where pre-tokenizers that split words at spaces (GPT-2's byte-level regex, GPT-4's and
+# Llama 3's) always cut: before a space between two letters ("a| b"), and after a line end between
+# two non-spaces ("end\n|Next"). A run of blank lines or spaces is never cut: "\n\n" is one token at
+# the end of a piece but two in the whole text.
+SAFE = re.compile(r"(?<=[^\W\d_])(?= [^\W\d_])|(?<=\S\n)(?=\S)")
+
+
+def last_safe_cut(text: str, stop: int, start: int = 0) -> int | None:
+    """The last safe cut position (:data:`SAFE`) in ``text[start:stop]``, judged from those characters
+    alone; None if there is none. Searched backwards from ``stop`` in growing windows."""
+    width = PIECE // 2
+    while True:
+        low = max(start, stop - width)
+        cuts = [match.start() for match in SAFE.finditer(text, low, stop)]
+        if cuts and cuts[-1] > start:
+            return cuts[-1]
+        if low == start:
+            return None
+        width *= 8
+
+
+def safe_pieces(text: str, size: int = PIECE) -> list[str]:
+    """``text`` cut at safe positions into pieces of about ``size`` characters (joined: ``text``).
+
+    Text with no safe position in a long stretch (no spaces between letters, no single line ends)
+    is cut there anyway every ``size`` characters; its tokens at those cuts may differ from the
+    whole text's.
+    """
+    pieces, start = [], 0
+    while start < len(text):
+        end = len(text)
+        if start + size < len(text):
+            end = last_safe_cut(text, start + size, start) or start + size
+        pieces.append(text[start:end])
+        start = end
+    return pieces
+
+
+def safe_stream(texts: Iterable[str], size: int = 1 << 24) -> Iterator[str]:
+    """Consecutive ``texts`` regrouped into pieces of about ``size`` characters or more that end at
+    safe positions (the last piece at the end), so that tokenizing the pieces one by one gives the
+    ids of the whole. A tail with no safe position waits for the next text (up to 4 ``size``)."""
+    carry = ""
+    for text in texts:
+        carry += text
+        if len(carry) >= size:
+            cut = last_safe_cut(carry, len(carry)) or (len(carry) if len(carry) >= 4 * size else None)
+            if cut is not None:
+                yield carry[:cut]
+                carry = carry[cut:]
+    if carry:
+        yield carry
+
+
+def check_bpe_vocab_size(size: int) -> None:
+    """Refuse a BPE vocabulary below 258: 256 bytes, the end token, one merge.
+
+    Raises:
+        ValueError: names ``data.bpe_vocab_size``.
+    """
+    if size < 258:
+        raise ConfigError(f"data.bpe_vocab_size must be at least 258 (256 bytes, an end token, a merge), got {size}")
 
 
 class Tokenizer(Protocol):
-    source: str | None  # None for bytes; else the folder or hub id it was read from
+    source: str | None  # None for bytes; "bpe" for a trained BPE; else the folder or hub id it was read from
     vocab_size: int
     eos_id: int | None  # the end-of-text token appended after a completion, None for bytes
 
@@ -72,24 +147,129 @@ class PretrainedTokenizer:
         self.eos_id = backend.eos_token_id
 
     def encode(self, text: str) -> list[int]:
-        return self.backend(text, add_special_tokens=False)["input_ids"]
+        return self.encode_with_bytes(text)[0]
 
     def encode_with_bytes(self, text: str) -> tuple[list[int], list[int]]:
         """Token ids of ``text`` and the UTF-8 bytes each stands for: up to its end, from the previous token's end."""
-        encoded = self.backend(text, add_special_tokens=False, return_offsets_mapping=True)
-        ends = np.array([end for _, end in encoded["offset_mapping"]], dtype=np.int64)  # character offsets
-        # UTF-8 bytes before each character: 1 to 4 bytes per code point.
-        points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        widths = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
-        byte_ends = np.concatenate([[0], np.cumsum(widths)])[ends]
-        counts = np.diff(np.concatenate([[0], byte_ends]))
-        return encoded["input_ids"], counts.tolist()
+        pieces = safe_pieces(text)
+        encoded = self.backend(pieces, add_special_tokens=False, return_offsets_mapping=True)  # in parallel
+        ids, counts = [], []
+        for piece, piece_ids, offsets in zip(pieces, encoded["input_ids"], encoded["offset_mapping"], strict=True):
+            ends = np.array([end for _, end in offsets], dtype=np.int64)  # character offsets
+            # UTF-8 bytes before each character: 1 to 4 bytes per code point.
+            points = np.frombuffer(piece.encode("utf-32-le"), dtype=np.uint32)
+            widths = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
+            byte_ends = np.concatenate([[0], np.cumsum(widths)])[ends]
+            ids += piece_ids
+            counts += np.diff(np.concatenate([[0], byte_ends])).tolist()
+        return ids, counts
 
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(ids)
 
 
+class BPETokenizer:
+    """A byte-level BPE (Sennrich et al., "Neural Machine Translation of Rare Words with Subword Units",
+    2016; bytes as the base alphabet as in GPT-2, Radford et al. 2019) trained with Hugging Face
+    ``tokenizers`` (https://huggingface.co/docs/tokenizers/pipeline).
+
+    Every byte is in the vocabulary, so any text encodes (no unknown token) and decoding gives the
+    text back exactly; each token stands for a fixed byte string, whose length is its byte count.
+    ``<|endoftext|>`` is the one special token (id 0, never produced by encoding text).
+    """
+
+    source = BPE
+
+    def __init__(self, backend) -> None:  # a tokenizers.Tokenizer
+        self.backend = backend
+        self.vocab_size = backend.get_vocab_size()
+        self.eos_id = backend.token_to_id(EOS)
+        # Byte-level tokens spell each byte as one character: a token's length is its bytes.
+        self.token_bytes = np.zeros(self.vocab_size, dtype=np.int64)
+        for token, index in backend.get_vocab().items():
+            self.token_bytes[index] = 0 if token == EOS else len(token)
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
+        """Learn ``vocab_size`` tokens (256 bytes, the end token, then merges) from ``texts`` (each cut at
+        safe positions, e.g. by :func:`safe_stream`). Deterministic: the same texts give the same
+        tokenizer on every DDP rank. A text too small for ``vocab_size`` gives fewer.
+
+        Raises:
+            ValueError: ``vocab_size`` below 258 (names ``data.bpe_vocab_size``).
+        """
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        check_bpe_vocab_size(vocab_size)
+        backend = Tokenizer(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[EOS],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        backend.train_from_iterator((piece for text in texts for piece in safe_pieces(text)), trainer=trainer)
+        return cls(backend)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "the checkpoint") -> "BPETokenizer":
+        """The tokenizer :meth:`to_json` wrote.
+
+        Raises:
+            ValueError: ``text`` is not a tokenizer's JSON (names ``where``).
+        """
+        from tokenizers import Tokenizer
+
+        try:
+            return cls(Tokenizer.from_str(text))
+        except Exception as error:  # tokenizers raises its own Exception type
+            raise ConfigError(f"{where}: the saved BPE tokenizer does not read ({error})") from None
+
+    def to_json(self) -> str:
+        """The whole tokenizer (vocabulary, merges, pre-tokenizer) as ``tokenizer.json`` text, which
+        ``tokenizers.Tokenizer.from_str`` and ``transformers.PreTrainedTokenizerFast`` read."""
+        return self.backend.to_str()
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_with_bytes(text)[0]
+
+    def encode_with_bytes(self, text: str) -> tuple[list[int], list[int]]:
+        """Token ids of ``text`` and the UTF-8 bytes each stands for (they sum to the text's bytes)."""
+        encoded = self.backend.encode_batch(safe_pieces(text), add_special_tokens=False)  # in parallel
+        ids = [index for piece in encoded for index in piece.ids]
+        return ids, self.token_bytes[ids].tolist()
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``; a multi-byte character cut in half shows as U+FFFD."""
+        return self.backend.decode(ids, skip_special_tokens=False)
+
+
+def saved_bpe(saved: str, current: Tokenizer | None) -> BPETokenizer:
+    """The BPE a checkpoint saved (JSON ``saved``); in a resumed fit, where ``current`` was trained anew
+    on the training text, it must be the same one.
+
+    Raises:
+        ValueError: ``current`` differs: the training text changed since the checkpoint.
+    """
+    tokenizer = BPETokenizer.from_json(saved)
+    if current is not None and current.to_json() != saved:
+        raise DataError(
+            "data: the BPE trained on the text now differs from the checkpoint's (the training text changed "
+            "since): resume on the same text, or start a new run"
+        )
+    return tokenizer
+
+
 @cache
 def load_tokenizer(source: str | None) -> Tokenizer:
-    """Bytes for None, else the tokenizer of the pretrained model ``source`` (read once per process)."""
-    return ByteTokenizer() if source is None else PretrainedTokenizer(source)
+    """Bytes for None or ``"bytes"``, else the tokenizer of the pretrained model ``source`` (read once
+    per process). A BPE is trained by its DataModule, never loaded by name.
+
+    Raises:
+        ValueError: ``source`` is ``"bpe"``.
+    """
+    if source == BPE:
+        raise ConfigError("data.tokenizer: bpe is trained on the training text by TextDataModule, not loaded by name")
+    return ByteTokenizer() if source in (None, BYTES) else PretrainedTokenizer(source)

@@ -21,6 +21,7 @@ of a request is one ``inputs`` sample as the data set holds it, the preprocessin
 ``inputs_from_json``       a request's ``inputs`` are not nested lists of numbers
 ``test_ids``               predictions files should name test samples by more than their position
 ``dynamic_dims``           an export should leave more than the batch axis free (a sequence length)
+``inference_files``        building an input needs a file beside the export (a trained tokenizer)
 ``output_head`` & co.      the task is not a classifier: ``output_head``, ``describe``, ``response``,
                            ``score``, ``output_description``, ``prediction_format``, ``infer``
 =========================  ===========================================================================
@@ -148,6 +149,10 @@ class ShippableData:
 
     def inference_metadata(self) -> dict[str, Any]:
         """Anything else a user of an export needs to build its input (written to ``export.json``)."""
+        return {}
+
+    def inference_files(self) -> dict[str, str]:
+        """Text files an export writes beside the model, ``{name: text}`` (a trained tokenizer); default none."""
         return {}
 
     def request_schema(self) -> dict[str, Any]:

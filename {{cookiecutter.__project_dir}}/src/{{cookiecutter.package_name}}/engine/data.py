@@ -257,3 +257,12 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume_at = (state_dict.get("epoch", 0), state_dict.get("batches_done", 0))
+
+    def check_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Refuse a checkpoint whose saved DataModule ``state`` cannot go on with this data (e.g. a
+        vocabulary trained on other text): the CLI calls it before it compares the weights' shapes, so
+        the message names the data, not its effect on the net. Default: nothing to check.
+
+        Raises:
+            ValueError: (in an override) names what differs and the fix.
+        """

@@ -157,7 +157,9 @@ def batched(run: Callable[[torch.Tensor], Any], raw: torch.Tensor, size: int = 2
 
 
 # Everything an export folder may hold; a folder with anything else is never replaced.
-EXPORT_FILES = frozenset({"model.onnx", "model.pt2", "model-aoti.pt2", "hf", "export.json", "model-card.md"})
+EXPORT_FILES = frozenset(
+    {"model.onnx", "model.pt2", "model-aoti.pt2", "hf", "tokenizer.json", "export.json", "model-card.md"}
+)
 
 
 def export_all(
@@ -257,6 +259,9 @@ def _export_into(
         quantized = quantize_int8(predictor)
         record["test_scores"]["int8"] = trained.model.score(batched(quantized, raw), targets)
         record["max_abs_diff"]["int8"] = max_abs_diff(quantized, predictor, batches)  # quantisation error, not a bug
+    for name, text in data.inference_files().items():  # what building an input needs (a trained tokenizer)
+        (work / name).write_text(text, encoding="utf-8")
+        record["files"][Path(name).stem] = name
     record["versions"] = versions(work / "model.onnx" if onnx else None)
     metrics = trained.checkpoint.parent.parent / "test_metrics.json"
     record["training_test_metrics"] = json.loads(metrics.read_text())["metrics"] if metrics.is_file() else None
@@ -366,6 +371,17 @@ def usage(record: dict[str, Any]) -> str:
             "",
             'model, tokenizer = AutoModelForCausalLM.from_pretrained("hf"), AutoTokenizer.from_pretrained("hf")',
             'ids = model.generate(**tokenizer("Call me", return_tensors="pt"), max_new_tokens=40)',
+            "```",
+        ]
+    if "tokenizer" in record["files"]:
+        lines += [
+            "",
+            "`tokenizer.json`: the tokenizer that makes `x` from text (Hugging Face `tokenizers`):",
+            "",
+            "```python",
+            "from tokenizers import Tokenizer",
+            "",
+            'x = np.array([Tokenizer.from_file("tokenizer.json").encode("Call me").ids])',
             "```",
         ]
     if "aoti" in record["files"]:

@@ -35,7 +35,8 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,25 @@ from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 SHARD_BYTES = 256 * 2**20  # large enough for few files, small enough to copy or check one at a time
+_preparing = False
+
+
+@contextmanager
+def preparing() -> Iterator[None]:
+    """While ``make prepare`` builds the configured classes: a DataModule reads no data eagerly (the CLI
+    builds the model too, from sizes linked from the data, but prepare never uses it), so the source
+    is read only by ``write_prepared``, a block at a time."""
+    global _preparing
+    _preparing = True
+    try:
+        yield
+    finally:
+        _preparing = False
+
+
+def is_preparing() -> bool:
+    """Inside :func:`preparing`."""
+    return _preparing
 
 
 def prepare_command(kind: str) -> str:

@@ -1,7 +1,8 @@
 """Language modelling: next-token cross-entropy, bits per byte and perplexity, and sampling.
 
 Bits per byte (total nats / total UTF-8 bytes of the predicted text / ln 2) compares models whose
-tokenizers differ (bytes, a pretrained model's BPE); the loss stays in nats per token.
+tokenizers differ (bytes, a BPE trained on the text, a pretrained model's); the loss stays in nats
+per token.
 """
 
 import math
@@ -13,8 +14,9 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import MeanMetric, MetricCollection
 
-from {{ cookiecutter.package_name }}.data.tokenizer import Tokenizer, load_tokenizer
+from {{ cookiecutter.package_name }}.data.tokenizer import BPE, Tokenizer, load_tokenizer, saved_bpe
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
+from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
 
@@ -54,8 +56,10 @@ class LanguageModel(TrainingModule):
     Args:
         net: the network (``nets.GPT``, ``nets.HFCausalLM``); its ``block_size`` bounds the context in
             :meth:`generate`.
-        tokenizer: the tokenizer's source (linked from the data by the CLI): None for bytes, else the
-            pretrained model whose tokenizer it is. Generation and serving decode with it.
+        tokenizer: the tokenizer's source (linked from the data by the CLI): None or ``bytes``, ``bpe``
+            for a BPE the DataModule trained (taken from the trainer's DataModule in ``setup`` and
+            saved in every checkpoint), else the pretrained model whose tokenizer it is. Generation
+            and serving decode with it.
         optimizer, lr_scheduler, compile, compile_mode, channels_last: see :class:`engine.TrainingModule`.
 
     Raises:
@@ -73,10 +77,44 @@ class LanguageModel(TrainingModule):
         channels_last: bool = False,
     ) -> None:
         super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last)
-        self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
-        check_tokenizer_fits(net, self.tokenizer)
+        self._tokenizer: Tokenizer | None = None if tokenizer == BPE else load_tokenizer(tokenizer)
+        if self._tokenizer is not None:
+            check_tokenizer_fits(net, self._tokenizer)
         # Updated one by one (their inputs differ): no compute groups, which would share one state.
         self.set_metrics(MetricCollection({"bpb": BitsPerByte(), "ppl": Perplexity()}, compute_groups=False))
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer generation and serving decode with; a trained BPE comes from the checkpoint.
+
+        Raises:
+            engine.checkpoints.CheckpointError: a ``bpe`` model neither trained nor loaded from a checkpoint.
+        """
+        if self._tokenizer is None:
+            raise CheckpointError(
+                "the model's tokenizer is a trained BPE, which comes with its checkpoint or its DataModule: "
+                "load the model from a checkpoint (LanguageModel.load_from_checkpoint)"
+            )
+        return self._tokenizer
+
+    # A trained BPE is the DataModule's; the model keeps a copy in each checkpoint to decode with.
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if self.hparams.tokenizer == BPE and datamodule is not None:
+            self._tokenizer = datamodule.tokenizer
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.hparams.tokenizer == BPE:
+            checkpoint["tokenizer"] = self.tokenizer.to_json()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if self.hparams.tokenizer == BPE:
+            if "tokenizer" not in checkpoint:
+                raise CheckpointError("the model's tokenizer is a trained BPE, but the checkpoint holds none")
+            self._tokenizer = saved_bpe(checkpoint["tokenizer"], self._tokenizer)
 
     def shared_step(self, batch: tuple[torch.Tensor, ...], metrics: MetricCollection) -> torch.Tensor:
         inputs, targets = batch[0], batch[1]  # (B, T), (B, T) token ids, targets shifted by one
