@@ -147,6 +147,83 @@ def test_a_prepared_run_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: P
     assert_same_training_state(reference, interrupted.parent / "last.ckpt")
 
 
+def wide_folder(root: Path, per_class: int = 12) -> Path:
+    """root/<class>/<n>.png: grey 60 x 20 pictures, a class pattern in the centre square, plain bands beside it."""
+    rng = np.random.default_rng(0)
+    for name in CLASSES:
+        (root / name).mkdir(parents=True)
+        for index in range(per_class):
+            picture = np.full((20, 60), 128, np.uint8)
+            picture[:, 20:40] = pattern(name, rng, size=20)
+            Image.fromarray(picture, mode="L").save(root / name / f"{index}.png")
+    return root
+
+
+def test_images_at_real_sizes_keep_their_aspect_and_are_cropped_at_random_in_training_centrally_elsewhere(
+    tmp_path: Path,
+) -> None:
+    # The ImageNet recipe at small scale: a 20 px square kept of each image (shorter side), a 16 px crop.
+    root = wide_folder(tmp_path / "images")
+    settings = {"root": str(root), "image_size": 20, "crop_size": 16, "crop_scale": (0.25, 1.0), "batch_size": 8}
+    data = ImageFolderDataModule(**settings)
+    data.setup("fit")
+    # Kept: the centre 20 x 20 square, not the whole picture squeezed (the bands would then fill 2/3).
+    for path in sorted((root / "vertical").glob("*.png"))[:3]:
+        centre = np.asarray(Image.open(path))[:, 20:40]
+        stored = data.read_inputs(str(path))[1][0, 0]  # (20, 20), as INPUTS= and serving decode it
+        assert np.abs(stored.numpy() - centre).max() <= 1
+
+    # Evaluation takes the centre 16 x 16 crop; inference (predict, export, serve) crops the same from raw pixels.
+    raw, labels = next(iter(data.val_dataloader()))  # (B, 1, 20, 20) uint8
+    images, _ = data.transform_batch((raw, labels), training=False)
+    assert images.shape[1:] == (1, 16, 16)
+    assert torch.equal(images, data.normalize(raw[..., 2:18, 2:18].float() / 255.0))
+    assert torch.allclose(data.inference_transform()(raw.float()), images, atol=1e-6)
+    assert data.request_schema()["shape"] == [1, 20, 20]
+
+    # Training: random resized crops of 16 px, on the batch's device; two draws differ.
+    batch = next(iter(data.train_dataloader()))
+    first, second = (data.transform_batch(batch, training=True)[0] for _ in range(2))
+    assert first.shape == second.shape == (8, 1, 16, 16) and not torch.equal(first, second)
+
+    # The prepared path stores the same squares; a prepared data set made without the crop is refused.
+    config = [f"--config={CONFIGS / 'default.yaml'}", f"--config={EXPERIMENT}", f"--data.init_args.root={root}"]
+    sizes = ["--data.init_args.image_size=20", "--data.init_args.crop_size=16"]
+    prepare_main(["--out", str(tmp_path / "prepared"), "--workers", "2", *config, *sizes])
+    on_disk = ImageFolderDataModule(**settings, prepared=str(tmp_path / "prepared"))
+    on_disk.setup("fit")
+    for split in ("train", "val", "test"):
+        expected, actual = (stack_samples(getattr(module, f"{split}_set")) for module in (data, on_disk))
+        assert all(torch.equal(a, b) for a, b in zip(expected, actual, strict=True)), split
+    uncropped = [*shrunk_args(tmp_path), *config[1:], sizes[0]]
+    with user_error(r"data.crop_size=None, but data.prepared=.* was prepared with crop_size=16: set data.crop_size"):
+        main(["fit", *uncropped, f"--data.init_args.prepared={tmp_path / 'prepared'}"])
+    with user_error(r"data.crop_size=24 must be between 4 and data.image_size=20 pixels"):
+        main(["fit", *uncropped, "--data.init_args.crop_size=24"])
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))
+
+
+@pytest.mark.slow
+def test_a_cropping_model_trains_on_prepared_data_and_predicts_raw_squares_as_it_was_tested(tmp_path: Path) -> None:
+    # prepare -> train -> test on the streamed path with crops; the shipped model takes 20 px squares,
+    # and the export scores the test split as training's test did.
+    root = wide_folder(tmp_path / "images", per_class=30)
+    config = [f"--config={EXPERIMENT}", f"--data.init_args.root={root}", "--data.init_args.image_size=20"]
+    config += ["--data.init_args.crop_size=16", "--data.init_args.crop_scale=[0.5,1.0]"]
+    config += ["--data.init_args.batch_size=16"]
+    prepare_main(["--out", str(tmp_path / "prepared"), f"--config={CONFIGS / 'default.yaml'}", *config])
+    shutil.move(root, tmp_path / "moved")
+    args = [*shrunk_args(tmp_path), *config, f"--data.init_args.prepared={tmp_path / 'prepared'}"]
+    cli = main(["fit", *args, "--trainer.max_epochs=12", "--trainer.log_every_n_steps=2"])
+    summary = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
+    assert summary["metrics"]["test/acc"] >= 0.85
+    trained = load_trained(cli.trainer.checkpoint_callback.best_model_path)
+    record = export_all(trained, tmp_path / "export", onnx=importlib.util.find_spec("onnxruntime") is not None)
+    assert record["input"]["shape"] == ["batch", 1, 20, 20]
+    for kind in record["files"]:
+        assert record["test_scores"][kind]["acc"] == pytest.approx(summary["metrics"]["test/acc"], abs=1e-6)
+
+
 def test_prepare_names_a_corrupt_image_or_counts_what_it_skipped(tmp_path: Path) -> None:
     root = make_folder(tmp_path / "images", per_class=10)
     whole = (root / "vertical" / "0.png").read_bytes()

@@ -16,6 +16,17 @@ the loader then always keeps ahead. Training batches are augmented on the batch'
 kornia (https://kornia.readthedocs.io: random resized crop, horizontal flip), then all batches are
 standardised per channel with the training split's statistics, saved in checkpoints.
 
+**Images at real sizes** (``crop_size``, e.g. ``image_size=256, crop_size=224`` for ImageNet-pretrained
+nets; ``configs/experiments/transfer-learning.yaml``): the recipe of torchvision's reference training
+(https://pytorch.org/vision/stable/models.html; Szegedy et al., 2015, "Going deeper with convolutions",
+for the random resized crop). Each image is kept at its aspect ratio, its shorter side resized to
+``image_size`` and its centre square kept (Pillow's ``ImageOps.fit``), once, in memory or in a prepared
+data set; then training batches get a random resized crop of ``crop_scale`` of that square, resized to
+``crop_size``, and a flip, on the device (kornia), and evaluation, prediction, export and serving take
+the centre ``crop_size`` square (:class:`engine.inference.CenterCrop`): the region torchvision's
+``Resize(image_size)`` + ``CenterCrop(crop_size)`` takes. Training crops come from the stored square,
+not the whole original image: what is outside the centre square of a wide image is never seen.
+
 A folder too large for memory is prepared once (``make prepare``: :meth:`ImageFolderDataModule.write_prepared`
 decodes and resizes every image on every core into a prepared data set, :mod:`engine.prepared`)
 and then trained on with ``data.prepared=FOLDER``: batches are read from disk, memory stays flat in
@@ -33,15 +44,16 @@ import kornia.augmentation as K
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 from sklearn.model_selection import train_test_split
+from torch import nn
 from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.contract import image_file_bytes, open_image, stack_samples
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
-from {{ cookiecutter.package_name }}.engine.inference import Standardize
+from {{ cookiecutter.package_name }}.engine.inference import CenterCrop, Standardize
 from {{ cookiecutter.package_name }}.engine.prepared import ArrayRecords, PreparedWriter, fingerprint, open_prepared
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -57,9 +69,15 @@ class ImageFolderDataModule(ResumableDataModule):
 
     Args:
         root: the image folder (layouts in the module docstring).
-        image_size: side in pixels every image is resized to (bilinear).
-        augment: random resized crop (scale 0.8 to 1) and, with ``horizontal_flip``, a random
-            mirror of training batches; False for none.
+        image_size: side in pixels every image is resized to (bilinear): stretched to a square, or,
+            with ``crop_size``, its shorter side, keeping the centre square. Raw inputs of predict,
+            export and serve are (C, image_size, image_size).
+        crop_size: side in pixels of what the net sees, cut from the ``image_size`` square: a random
+            resized crop in training (with ``augment``), the centre crop otherwise; None: the whole square.
+        crop_scale: the share of the square's area a training crop covers, (lowest, highest):
+            torchvision's (0.08, 1.0) by default; (0.35, 1.0) is gentler for small data.
+        augment: random resized crop (scale 0.8 to 1, or ``crop_scale`` with ``crop_size``) and, with
+            ``horizontal_flip``, a random mirror of training batches; False for none.
         horizontal_flip: mirror half the training images (wrong for text or digits).
         val_fraction, test_fraction: shares held out when the folder has no such split.
         split_seed: seed of the split, independent of the training seed.
@@ -71,7 +89,9 @@ class ImageFolderDataModule(ResumableDataModule):
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
 
     Raises:
-        ValueError: ``root`` is missing, holds no images or a single class, a class folder has too
+        ValueError: ``image_size`` below 4, ``crop_size`` larger than ``image_size`` or ``crop_scale``
+            not within (0, 1] (named when the config is read); ``root`` is missing, holds no images or
+            a single class, a class folder has too
             few images to split, or (without ``skip_unreadable``) a file is not a readable image;
             the message names the folder or the file and the fix.
     """
@@ -80,6 +100,8 @@ class ImageFolderDataModule(ResumableDataModule):
         self,
         root: str = "data/images",
         image_size: int = 32,
+        crop_size: int | None = None,
+        crop_scale: tuple[float, float] = (0.08, 1.0),
         augment: bool = True,
         horizontal_flip: bool = True,
         val_fraction: float = 0.15,
@@ -96,6 +118,15 @@ class ImageFolderDataModule(ResumableDataModule):
         check_fractions(val_fraction, test_fraction)
         if image_size < 4:
             raise ConfigError(f"data.image_size must be at least 4 pixels, got {image_size}")
+        if crop_size is not None and not 4 <= crop_size <= image_size:
+            raise ConfigError(
+                f"data.crop_size={crop_size} must be between 4 and data.image_size={image_size} pixels: the crop "
+                "is cut from the image_size square; raise image_size or lower crop_size"
+            )
+        if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
+            raise ConfigError(
+                f"data.crop_scale={list(crop_scale)} must be [lowest, highest] with 0 < lowest <= highest <= 1"
+            )
         self.save_hyperparameters()
         # Found by scanning root when first asked (the CLI asks while it builds the model), or
         # restored from a checkpoint (load_state_dict), which then never rescans for inference.
@@ -107,8 +138,10 @@ class ImageFolderDataModule(ResumableDataModule):
         self._stats_on_device: tuple[tuple, torch.Tensor] | None = None  # (device, mean, std) -> (2, 1, C, 1, 1)
         self.skipped: list[Path] = []  # files left out by skip_unreadable, not yet logged
         self.augmentation = None
+        self.center_crop = CenterCrop(crop_size) if crop_size is not None else None
         if augment:
-            steps = [K.RandomResizedCrop((image_size, image_size), scale=(0.8, 1.0))]
+            crop, scale = (crop_size, tuple(crop_scale)) if crop_size is not None else (image_size, (0.8, 1.0))
+            steps = [K.RandomResizedCrop((crop, crop), scale=scale)]
             steps += [K.RandomHorizontalFlip()] if horizontal_flip else []
             self.augmentation = K.AugmentationSequential(*steps)
 
@@ -266,8 +299,14 @@ class ImageFolderDataModule(ResumableDataModule):
 
     def _prepared_settings(self) -> dict[str, Any]:
         hp = self.hparams
-        return {"image_size": hp.image_size, "val_fraction": hp.val_fraction, "test_fraction": hp.test_fraction,
-                "split_seed": hp.split_seed}  # fmt: skip
+        # crop_size decides how images became squares (stretched, or fitted: see resize).
+        return {"image_size": hp.image_size, "crop_size": hp.crop_size, "val_fraction": hp.val_fraction,
+                "test_fraction": hp.test_fraction, "split_seed": hp.split_seed}  # fmt: skip
+
+    @property
+    def resize(self) -> str:
+        """How images become ``image_size`` squares: ``stretch``; with ``crop_size``, ``fit`` (see :func:`resized`)."""
+        return "stretch" if self.hparams.crop_size is None else "fit"
 
     def write_prepared(self, out: str | Path, workers: int | None = None, chunk: int = 256) -> dict[str, Any]:
         """Decode and resize every image of ``root`` once, on ``workers`` processes (default: every
@@ -284,7 +323,7 @@ class ImageFolderDataModule(ResumableDataModule):
             ValueError: see :meth:`setup`'s folder errors; a write that fails (nothing is left at ``out``).
         """
         parts = self._split_parts()
-        size, mode = self.hparams.image_size, self.mode
+        size, mode, resize = self.hparams.image_size, self.mode, self.resize
         workers = workers or os.cpu_count() or 1
         sums = np.zeros((3, self.num_channels), dtype=np.int64)  # exact: see pixel_sums
         skipped = 0
@@ -298,7 +337,7 @@ class ImageFolderDataModule(ResumableDataModule):
                 items = parts[split]
                 chunks = [items[i : i + chunk] for i in range(0, len(items), chunk)]
                 jobs = pool.map(_decode_chunk, chunks, [mode] * len(chunks), [size] * len(chunks),
-                                [self.hparams.skip_unreadable] * len(chunks))  # fmt: skip
+                                [resize] * len(chunks), [self.hparams.skip_unreadable] * len(chunks))  # fmt: skip
                 for images, labels, left_out in jobs:
                     skipped += len(left_out)
                     self.skipped += left_out
@@ -330,7 +369,7 @@ class ImageFolderDataModule(ResumableDataModule):
 
     def _pixels(self, image: Image.Image) -> torch.Tensor:
         """An opened image as the model takes it: converted to ``mode``, resized (bilinear), (C, H, W) uint8."""
-        return torch.from_numpy(resized(image, self.mode, self.hparams.image_size))
+        return torch.from_numpy(resized(image, self.mode, self.hparams.image_size, self.resize))
 
     def _report_skipped(self, where: str) -> None:
         """One log line for the files skip_unreadable left out since the last report: their count, the first ten."""
@@ -348,7 +387,9 @@ class ImageFolderDataModule(ResumableDataModule):
         images, *rest = batch  # (B, C, H, W) uint8
         images = images.float() / 255.0
         if training and self.augmentation is not None:
-            images = self.augmentation(images)
+            images = self.augmentation(images)  # with crop_size: (B, C, crop_size, crop_size)
+        elif self.center_crop is not None:
+            images = self.center_crop(images)
         return (self.normalize(images), *rest)
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
@@ -368,13 +409,15 @@ class ImageFolderDataModule(ResumableDataModule):
         return (images - mean) / std
 
     # ---- inference: 8-bit pixels at image_size, as _decode makes them ------------------------------
-    def inference_transform(self) -> Standardize:
-        """Raw images (B, C, H, W), pixel values 0-255 -> the standardised images the net trained on."""
+    def inference_transform(self) -> nn.Module:
+        """Raw images (B, C, image_size, image_size), pixel values 0-255 -> the standardised images the net
+        trained on, centre-cropped to (B, C, crop_size, crop_size) with ``crop_size``."""
         if self.mean is None or self.std is None:
             raise RuntimeError(
                 "ImageFolderDataModule.inference_transform needs the train statistics: call setup() first"
             )
-        return Standardize(self.mean, self.std, scale=1.0 / 255.0)
+        standardize = Standardize(self.mean, self.std, scale=1.0 / 255.0)
+        return standardize if self.center_crop is None else nn.Sequential(self.center_crop, standardize)
 
     def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
         """Images (N, C, image_size, image_size) float32 0-255 of ``split`` and their labels (N,)."""
@@ -382,8 +425,11 @@ class ImageFolderDataModule(ResumableDataModule):
         return images.float(), labels
 
     def raw_description(self) -> str:
-        size = self.hparams.image_size
-        return f"{self.mode} images resized to {size}x{size} (bilinear), channels first, pixel values 0-255"
+        size, crop = self.hparams.image_size, self.hparams.crop_size
+        how = f"resized to {size}x{size} (bilinear)"
+        if crop is not None:
+            how = f"shorter side resized to {size} (bilinear), centre square kept; the model crops {crop}x{crop}"
+        return f"{self.mode} images {how}, channels first, pixel values 0-255"
 
     def request_schema(self) -> dict[str, Any]:
         size = self.hparams.image_size
@@ -474,21 +520,31 @@ def channel_stats(sums: np.ndarray) -> tuple[list[float], list[float]]:
     return (mean / 255.0).tolist(), np.maximum(np.sqrt(np.maximum(variance, 0.0)) / 255.0, 1e-6).tolist()
 
 
-def resized(image: Image.Image, mode: str, size: int) -> np.ndarray:
-    """``image`` converted to ``mode`` and resized to ``size`` x ``size`` (bilinear): (C, H, W) uint8."""
-    pixels = np.asarray(image.convert(mode).resize((size, size), Image.Resampling.BILINEAR))
+def resized(image: Image.Image, mode: str, size: int, resize: str = "stretch") -> np.ndarray:
+    """``image`` converted to ``mode`` and made ``size`` x ``size`` (bilinear): (C, H, W) uint8.
+
+    ``resize="stretch"`` resizes the whole image to the square; ``"fit"`` keeps the aspect ratio: the
+    shorter side resized to ``size``, the centre square kept (torchvision's ``Resize(size)`` then
+    ``CenterCrop(size)``, through Pillow's ``ImageOps.fit``).
+    """
+    image = image.convert(mode)
+    if resize == "fit":
+        image = ImageOps.fit(image, (size, size), Image.Resampling.BILINEAR)
+    else:
+        image = image.resize((size, size), Image.Resampling.BILINEAR)
+    pixels = np.array(image)  # a writable copy: torch.from_numpy warns on read-only arrays
     return np.ascontiguousarray(pixels.reshape(size, size, -1).transpose(2, 0, 1))
 
 
 def _decode_chunk(
-    items: Sequence[tuple[Path, int]], mode: str, size: int, skip_unreadable: bool
+    items: Sequence[tuple[Path, int]], mode: str, size: int, resize: str, skip_unreadable: bool
 ) -> tuple[np.ndarray, np.ndarray, list[Path]]:
     """Prepare's work in one process: images (N, C, size, size) uint8, labels (N,) int64, files left out."""
     images, labels, left_out = [], [], []
     for path, label in items:
         try:
             with Image.open(path) as image:
-                images.append(resized(image, mode, size))
+                images.append(resized(image, mode, size, resize))
         except UNREADABLE as error:
             if not skip_unreadable:
                 raise unreadable(path, error) from None

@@ -60,6 +60,29 @@ class Standardize(nn.Module):
         return (inputs.float() * self.scale - mean) / std
 
 
+class CenterCrop(nn.Module):
+    """The central ``size`` x ``size`` pixels of images (B, C, H, W) -> (B, C, size, size): an exportable crop.
+
+    The evaluation half of the ImageNet recipe (resize, then centre crop; torchvision's ``CenterCrop``,
+    https://pytorch.org/vision/stable/generated/torchvision.transforms.CenterCrop.html) as plain
+    slicing, so ONNX, ``torch.export`` and the server crop exactly as evaluation did.
+
+    Raises:
+        ValueError: (at call) images smaller than ``size`` on a side.
+    """
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        height, width = images.shape[-2:]
+        if height < self.size or width < self.size:
+            raise ValueError(f"images of {height}x{width} pixels are smaller than the {self.size}x{self.size} crop")
+        top, left = round((height - self.size) / 2), round((width - self.size) / 2)  # torchvision's rounding
+        return images[..., top : top + self.size, left : left + self.size]
+
+
 class Predictor(nn.Module):
     """``head(net(transform(raw)))``: raw inputs (B, ...) -> outputs (B, ...), in eval mode, plain PyTorch.
 
