@@ -6,7 +6,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -112,6 +112,26 @@ def assert_same_training_state(expected_path: Path, actual_path: Path) -> None:
     for index, state in expected_opt["state"].items():
         for name, value in state.items():
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(actual_opt["state"][index][name])), (index, name)
+
+
+# Two processes on the CPU (gloo), as the ddp preset runs them on GPUs.
+DDP_ON_CPU = [f"--config={CONFIGS / 'presets' / 'ddp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2"]
+
+
+def assert_ddp_run_resumes_exactly(tmp_path: Path, args_for: Callable[[Path], list[str]], step: int) -> Path:
+    """Under DDP with 2 processes: a run of ``args_for(folder)`` stopped by SIGTERM on both processes
+    after ``step`` (as a scheduler's scancel does) and resumed ends with the training state of an
+    uninterrupted run; returns the interrupted checkpoint for further checks."""
+    from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
+
+    fit_in_subprocess([*args_for(tmp_path / "reference"), *DDP_ON_CPU])
+    (reference,) = (tmp_path / "reference").rglob("last.ckpt")
+    args = [*args_for(tmp_path / "stopped"), *DDP_ON_CPU]
+    interrupted = fit_stopped_by_signal(args, step=step)
+    assert read_checkpoint(interrupted)["global_step"] == step
+    fit_in_subprocess([*args, "--resume=true"])
+    assert_same_training_state(reference, interrupted.parent / "last.ckpt")
+    return interrupted
 
 
 def assert_prepared_run_resumes_as_in_memory(

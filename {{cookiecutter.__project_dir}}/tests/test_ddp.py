@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, ROOT, assert_same_training_state, fit_in_subprocess, fit_stopped_by_signal, shrunk_args
+from conftest import CONFIGS, ROOT, assert_ddp_run_resumes_exactly, fit_in_subprocess, shrunk_args
 
 from {{ cookiecutter.package_name }}.data import DigitsDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, read_checkpoint
@@ -70,20 +70,5 @@ def test_ddp_run_stopped_mid_epoch_by_sigterm_resumes_exactly(tmp_path: Path) ->
     # after step 7 (as a scheduler's scancel does). PreemptionCheckpoint, a Checkpoint callback, runs
     # after the callback that sent it, so it saves at that step's end: step 7, mid-epoch 2.
     # The resumed run must train each process on exactly the batches it had not seen yet.
-    ddp = [
-        f"--config={CONFIGS / 'presets' / 'ddp.yaml'}",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=2",
-        "--trainer.max_epochs=3",
-        "--trainer.deterministic=true",
-        "--test_after_fit=false",
-    ]
-    fit_in_subprocess([*shrunk_args(tmp_path / "reference"), *ddp])
-    (reference,) = (tmp_path / "reference").rglob("last.ckpt")
-
-    args = [*shrunk_args(tmp_path / "stopped"), *ddp]
-    interrupted = fit_stopped_by_signal(args, step=7)
-    assert read_checkpoint(interrupted)["global_step"] == 7
-
-    fit_in_subprocess([*args, "--resume=true"])
-    assert_same_training_state(reference, interrupted.parent / "last.ckpt")
+    exact = ["--trainer.max_epochs=3", "--trainer.deterministic=true", "--test_after_fit=false"]
+    assert_ddp_run_resumes_exactly(tmp_path, lambda folder: [*shrunk_args(folder), *exact], step=7)

@@ -19,10 +19,8 @@ import pytest
 import torch
 from conftest import (
     CONFIGS,
+    assert_ddp_run_resumes_exactly,
     assert_prepared_run_resumes_as_in_memory,
-    assert_same_training_state,
-    fit_in_subprocess,
-    fit_stopped_by_signal,
     shrunk_args,
     user_error,
 )
@@ -30,7 +28,6 @@ from PIL import Image
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
-from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 from {{ cookiecutter.package_name }}.engine.export import export_all
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
@@ -135,16 +132,9 @@ def test_a_prepared_run_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: P
     prepared = prepare_folder(tmp_path, root)
     args = [f"--config={EXPERIMENT}", "--data.init_args.image_size=16", "--data.init_args.batch_size=16"]
     args += [f"--data.init_args.root={root}", f"--data.init_args.prepared={prepared}"]
-    args += [f"--config={CONFIGS / 'presets' / 'ddp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2"]
     args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
     args += ["--trainer.log_every_n_steps=3"]
-    fit_in_subprocess([*shrunk_args(tmp_path / "reference"), *args])
-    (reference,) = (tmp_path / "reference").rglob("last.ckpt")
-    stopped = [*shrunk_args(tmp_path / "stopped"), *args]
-    interrupted = fit_stopped_by_signal(stopped, step=4)
-    assert read_checkpoint(interrupted)["global_step"] == 4
-    fit_in_subprocess([*stopped, "--resume=true"])
-    assert_same_training_state(reference, interrupted.parent / "last.ckpt")
+    assert_ddp_run_resumes_exactly(tmp_path, lambda folder: [*shrunk_args(folder), *args], step=4)
 
 
 def wide_folder(root: Path, per_class: int = 12) -> Path:

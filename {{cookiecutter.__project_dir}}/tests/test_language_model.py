@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS, assert_prepared_run_resumes_as_in_memory, shrunk_args, user_error
+from conftest import (
+    CONFIGS,
+    assert_ddp_run_resumes_exactly,
+    assert_prepared_run_resumes_as_in_memory,
+    shrunk_args,
+    user_error,
+)
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import TextDataModule
@@ -169,6 +175,18 @@ def test_a_prepared_corpus_trains_and_resumes_exactly_as_in_memory_after_it_move
     with user_error(r"data.prepared: .*tokens-00000.bin is missing \(deleted since prepare\?\); run `make prepare"):
         main(["fit", *shrunk_args(tmp_path / "bad"), *common, f"--data.init_args.prepared={out}"])
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").rglob("*.*"))
+
+
+@pytest.mark.slow
+def test_a_prepared_corpus_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
+    # Two processes, each reading its share of the prepared windows, 2 epochs; SIGTERM mid-epoch 2.
+    folder = write_texts(tmp_path / "texts")
+    out = tmp_path / "prepared"
+    prepare_main(["--out", str(out), f"--config={CONFIGS / 'default.yaml'}", f"--config={EXPERIMENT}",
+                  f"--data.init_args.path={folder}"])  # fmt: skip
+    args = [f"--config={EXPERIMENT}", f"--data.init_args.path={folder}", f"--data.init_args.prepared={out}"]
+    args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
+    assert_ddp_run_resumes_exactly(tmp_path, lambda root: [*shrunk_args(root), *args], step=7)
 
 
 NOUNS = ["the whale", "the sea", "a ship", "the captain", "an oar"]

@@ -8,7 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import CONFIGS, assert_prepared_run_resumes_as_in_memory, shrunk_args, user_error
+from conftest import (
+    CONFIGS,
+    assert_ddp_run_resumes_exactly,
+    assert_prepared_run_resumes_as_in_memory,
+    shrunk_args,
+    user_error,
+)
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import TabularDataModule
@@ -211,3 +217,16 @@ def test_a_prepared_table_trains_and_resumes_exactly_as_in_memory_after_it_moved
     with user_error(r"data.split_seed=1, but data.prepared=.* was prepared with split_seed=0"):
         main([*bad, "--data.init_args.split_seed=1"])
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").rglob("*.*"))
+
+
+@pytest.mark.slow
+def test_a_prepared_table_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: Path, table: Path) -> None:
+    # Two processes, each reading its share of the prepared rows (4 batches an epoch), 2 epochs;
+    # SIGTERM after step 6, mid-epoch 2.
+    out = tmp_path / "prepared"
+    prepare_main(["--out", str(out), f"--config={CONFIGS / 'default.yaml'}", f"--config={EXPERIMENT}",
+                  f"--data.init_args.path={table}"])  # fmt: skip
+    args = [f"--config={EXPERIMENT}", f"--data.init_args.path={table}", f"--data.init_args.prepared={out}"]
+    args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
+    args += ["--trainer.log_every_n_steps=2"]
+    assert_ddp_run_resumes_exactly(tmp_path, lambda root: [*shrunk_args(root), *args], step=6)
