@@ -63,9 +63,9 @@ SPLITS = ("train", "val", "test")
 class ImageFolderDataModule(ResumableDataModule):
     """Images from class subfolders, cached decoded, served as (B, C, H, W) batches (see the module docstring).
 
-    Batches leave the loader as ``(images, labels)``: uint8 (B, C, H, W) and int64 (B,); after the
-    copy to the device (``transform_batch``) images are float32, augmented in training, and
-    standardised per channel.
+    Batches leave the loader as ``(images, labels)``: uint8 (B, C, image_size, image_size) and int64
+    (B,); after the copy to the device (``transform_batch``) images are float32, augmented in training,
+    cropped to (B, C, crop_size, crop_size) with ``crop_size``, and standardised per channel.
 
     Args:
         root: the image folder (layouts in the module docstring).
