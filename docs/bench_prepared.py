@@ -32,6 +32,8 @@ BASE = {"image": 2_000, "text": 10 * 2**20, "tabular": 20_000}  # images, bytes,
 EXPERIMENT = {"image": "image-folder", "text": "text-folder", "tabular": "tabular-csv"}
 SOURCE_KEY = {"image": "root", "text": "path", "tabular": "path"}
 STEPS = 30
+# The experiment configs' settings that shaped the prepared data (checked when it is opened).
+SETTINGS = {"image": {"image_size": 32}, "tabular": {"target": "label"}}
 
 
 def make_source(task: str, size: int, folder: Path) -> Path:
@@ -109,7 +111,7 @@ def loader_rates(package: str, task: str, prepared: Path, batch: int) -> dict[st
     rates = {}
     for workers in (0, 2, 4):
         data = getattr(data_module, cls)(prepared=str(prepared), batch_size=batch, num_workers=workers,
-                                         **({"image_size": 32} if task == "image" else {}))  # fmt: skip
+                                         **SETTINGS.get(task, {}))  # fmt: skip
         data.setup("fit")
         loader = data.loader(data.train_set, shuffle=True)
         count, batches, start = 0, 0, None

@@ -69,8 +69,8 @@ def is_preparing() -> bool:
 
 
 def prepare_command(kind: str) -> str:
-    """The command that (re-)prepares a data set, for error messages."""
-    return f"make prepare OUT=<folder> (configs/experiments/{kind}.yaml names the source)"
+    """The command that (re-)prepares a data set, for error messages (``kind``: the DataModule's class name)."""
+    return f'make prepare OUT=<folder> ARGS="<the --config and --data options of this run ({kind})>"'
 
 
 # ---- the source's fingerprint ---------------------------------------------------------------------
