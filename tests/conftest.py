@@ -59,7 +59,7 @@ PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "c
 PACKAGE_FILES += ["engine/environment.py"]
 PACKAGE_FILES += ["engine/module.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
-PACKAGE_FILES += ["engine/runs.py", "engine/serving.py", "engine/prepared.py"]
+PACKAGE_FILES += ["engine/runs.py", "engine/serving.py", "engine/prepared.py", "engine/trust.py"]
 PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
     for name in ("__init__", "finetuning", "finite", "plots", "predictions", "preemption", "progress")
@@ -67,6 +67,7 @@ PACKAGE_FILES += [
 PACKAGE_FILES += ["engine/callbacks/random_state.py", "engine/callbacks/summary.py"]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
 TEST_FILES += ["own_pieces.py", "test_environment.py", "test_ship.py", "test_sweep.py", "test_prepared.py"]
+TEST_FILES += ["test_trust.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
 TASK_PACKAGE_FILES = {
     "image-classification": [

@@ -336,7 +336,10 @@ def test_lora_target_modules_the_model_lacks_are_listed(tiny: Path) -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["no model", "not cached", "no weights", "other tokenizer", "big tokenizer", "no key", "long prompt", "bad target"],
+    [
+        *("no model", "not cached", "no weights", "custom code", "pickled weights", "other tokenizer"),
+        *("big tokenizer", "no key", "long prompt", "bad target"),
+    ],
 )
 def test_bad_finetuning_input_is_one_line_before_anything_is_written(
     tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
@@ -356,6 +359,19 @@ def test_bad_finetuning_input_is_one_line_before_anything_is_written(
         (incomplete / "config.json").write_text((tiny / "config.json").read_text())
         args += [f"--model.init_args.net.init_args.model={incomplete}"]
         expected = "is not a complete causal language model"
+    elif case == "custom code":  # transformers would ask "run the custom code? [y/N]" on a terminal
+        custom = shutil.copytree(tiny, tmp_path / "custom")
+        config = json.loads((custom / "config.json").read_text())
+        config.update(model_type="labllama", auto_map={"AutoModelForCausalLM": "labcode.LabModel"})
+        (custom / "config.json").write_text(json.dumps(config))
+        (custom / "labcode.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+        args += [f"--model.init_args.net.init_args.model={custom}", f"--data.init_args.tokenizer={custom}"]
+        expected = r"maps model_type 'labllama' to Python code in the folder \(auto_map\), which .* never runs"
+    elif case == "pickled weights":
+        pickled = shutil.copytree(tiny, tmp_path / "pickled", ignore=shutil.ignore_patterns("*.safetensors"))
+        torch.save(transformers.AutoModelForCausalLM.from_pretrained(tiny).state_dict(), pickled / "pytorch_model.bin")
+        args += [f"--model.init_args.net.init_args.model={pickled}"]
+        expected = r"holds its weights as a pickle \(pytorch_model.bin\), .* only .safetensors are loaded"
     elif case == "other tokenizer":
         other = save_tiny_llama(tmp_path / "other", vocab_size=290)
         args += [f"--data.init_args.tokenizer={other}"]
@@ -381,6 +397,7 @@ def test_bad_finetuning_input_is_one_line_before_anything_is_written(
     with user_error(expected):
         main(["fit", *args])
     assert not [file for file in (tmp_path / "logs").rglob("*") if file.is_file()]  # no run folder, no file
+    assert not (tmp_path / "ran").exists()
 
 
 @pytest.mark.slow

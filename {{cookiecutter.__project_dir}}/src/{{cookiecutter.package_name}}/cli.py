@@ -43,6 +43,7 @@ from {{ cookiecutter.package_name }}.engine.runs import (
     report_profiler_files,
     run_dir,
 )
+from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, trusted_by_config
 
 # Lightning's own names for checkpoints that are not a file path (trainer.fit(ckpt_path=...)).
 _NAMED_CHECKPOINTS = ("best", "last", "hpc", "registry")
@@ -115,15 +116,18 @@ class CLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
         # LightningCLI reads the checkpoint's hyperparameters right after parsing (they override
-        # the model config): read it first, so a missing, truncated or corrupt file is named.
+        # the model config, and jsonargparse imports the names in them): read it first, so a missing,
+        # truncated or corrupt file is named, and check every name in it (engine/trust.py).
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path and self.config[subcommand].get("resume"):
             raise ConfigError(
                 "--resume and --ckpt_path: give only one (--resume picks the latest run's newest checkpoint)"
             )
+        # The run's own config is the user's input: the modules it names may appear in the checkpoint too.
+        self.trusted = trusted_by_config(self.config[subcommand]) if subcommand else ()
         if _is_checkpoint_file(ckpt_path):
-            read_checkpoint(ckpt_path)
+            check_checkpoint(read_checkpoint(ckpt_path), ckpt_path, self.trusted)
 
     def instantiate_classes(self) -> None:
         # jsonargparse wraps what a constructor raises in its own ValueError. Our own argument checks
@@ -153,6 +157,7 @@ class CLI(LightningCLI):
         ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
         if _is_checkpoint_file(ckpt_path):
             checkpoint = read_checkpoint(ckpt_path)
+            check_checkpoint(checkpoint, ckpt_path, self.trusted)  # make resume finds its checkpoint after parsing
             state = checkpoint.get(type(self.datamodule).__qualname__)  # where Lightning saves the DataModule's
             if state is not None and isinstance(self.datamodule, ResumableDataModule):
                 self.datamodule.check_checkpoint_state(state)

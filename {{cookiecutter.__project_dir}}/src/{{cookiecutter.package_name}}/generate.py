@@ -17,6 +17,7 @@ from jsonargparse import auto_cli
 from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
+from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, trusted_modules
 from {{ cookiecutter.package_name }}.models import LanguageModel
 
 
@@ -28,6 +29,7 @@ def generate(
     ckpt: Path | None = None,
     seed: int | None = 0,
     device: str = "auto",
+    trust: str | None = None,
 ) -> str:
     """Print and return ``prompt`` continued by up to ``max_new_tokens`` sampled tokens (bytes, or the
     pretrained model's tokens; a sampled end-of-text token ends the text).
@@ -40,13 +42,17 @@ def generate(
         ckpt: the checkpoint; default the best of the latest run under logs/.
         seed: seed of the sampling (null: a different text each time).
         device: "auto" (CUDA when available), "cpu" or "cuda".
+        trust: modules besides this package whose classes the checkpoint may name, comma-separated
+            (``engine/trust.py``; TRUST= on make).
 
     Raises:
         FileNotFoundError: no checkpoint found or given.
+        engine.trust.UntrustedCheckpointError: the checkpoint names code outside the trusted modules.
         ValueError: a bad prompt, temperature or top_k (from :meth:`LanguageModel.generate`).
     """
     path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
-    read_checkpoint(path)  # a missing, truncated or foreign file is named before torch reads it
+    # A missing, truncated or foreign file is named, and every name in it checked, before anything is imported.
+    check_checkpoint(read_checkpoint(path), path, trusted_modules(trust))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     target = torch.device(device)

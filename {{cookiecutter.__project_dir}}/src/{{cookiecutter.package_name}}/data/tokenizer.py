@@ -137,7 +137,7 @@ class PretrainedTokenizer:
 
         found = locate(source, key=key)
         try:
-            backend = AutoTokenizer.from_pretrained(found.folder, local_files_only=True)
+            backend = AutoTokenizer.from_pretrained(found.folder, local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError) as error:
             raise ConfigError(f"{key}: {found.folder} holds no tokenizer transformers can read ({error})") from None
         if not backend.is_fast:

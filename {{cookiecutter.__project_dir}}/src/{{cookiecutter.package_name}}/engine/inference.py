@@ -16,16 +16,14 @@ graph, the server and the predictions file compute the same thing, and a user's 
 and model keep all three (``engine/contract.py`` lists the hooks and their defaults).
 
 **Which classes a checkpoint may name.** Loading builds the classes a checkpoint names (model,
-DataModule, net, optimizer), so a checkpoint decides what code runs. The classes of this project's
-own package load; so do PyTorch's optimizers, schedules and layers (``torch.optim``, ``torch.nn``).
-Any other module must be allowed by the user: ``trust=["my_lab.data"]`` here, ``--trust my_lab.data``
-on predict, export and serve (``make predict TRUST=my_lab.data``). Anything else is refused before
-a class is imported or built, with the line that allows it. Lightning itself only builds classes
-already imported (``lightning.pytorch.core.saving``); this rule decides what gets imported.
+DataModule, net, optimizer), so a checkpoint decides what code runs. ``engine/trust.py`` checks
+every name in it first: this project's package, classes of ``torch.optim`` and ``torch.nn``, and
+the modules the user allows (``trust=["my_lab.data"]`` here, ``--trust my_lab.data`` on predict,
+export, serve and generate: ``make predict TRUST=my_lab.data``). Anything else is refused before
+anything is imported, with the key that names it and the line that allows it.
 """
 
-import importlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,9 @@ import torch
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
+from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, trusted_modules
+
+__all__ = ["CenterCrop", "Predictor", "Standardize", "Trained", "load_trained", "trusted_modules"]
 
 
 class Standardize(nn.Module):
@@ -121,63 +122,6 @@ class Trained:
         return self.model.describe(outputs.detach().float().cpu(), self.class_names)
 
 
-PROJECT_PACKAGE = __name__.split(".")[0]
-TRUSTED_DEPENDENCIES = ("torch.optim", "torch.nn")
-
-
-def class_paths(tree: Any) -> Iterator[str]:
-    """Every ``class_path`` / ``_class_path`` value in a checkpoint's (nested) hyperparameters."""
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            if key in ("class_path", "_class_path") and isinstance(value, str):
-                yield value
-            else:
-                yield from class_paths(value)
-    elif isinstance(tree, list | tuple):
-        for item in tree:
-            yield from class_paths(item)
-
-
-def is_trusted(module: str, trust: Sequence[str] = ()) -> bool:
-    """Whether a checkpoint may build classes of ``module`` (this project, torch.optim, torch.nn, ``trust``)."""
-    allowed = (PROJECT_PACKAGE, *TRUSTED_DEPENDENCIES, *trust)
-    return any(module == prefix or module.startswith(prefix + ".") for prefix in allowed)
-
-
-def trusted_modules(option: str | None) -> tuple[str, ...]:
-    """``--trust`` as given on a command line ("my_lab.data,my_lab.nets") -> module names."""
-    return tuple(name.strip() for name in (option or "").split(",") if name.strip())
-
-
-def import_trusted_classes(checkpoint: dict[str, Any], path: Path, trust: Sequence[str] = ()) -> None:
-    """Check every class ``checkpoint`` names against the trust rule (module docstring), then import the modules.
-
-    Raises:
-        engine.checkpoints.CheckpointError: a class outside the trusted modules (naming it and how to
-            allow it), or a trusted module that cannot be imported.
-    """
-    names = [
-        *class_paths(checkpoint.get("hyper_parameters")),
-        *class_paths(checkpoint.get("datamodule_hyper_parameters")),
-    ]
-    modules = {class_path: class_path.rpartition(".")[0] for class_path in names}
-    for class_path, module in modules.items():
-        if not is_trusted(module, trust):
-            raise CheckpointError(
-                f"{path} names the class {class_path}, outside this project's package ({PROJECT_PACKAGE}): "
-                f"refused. If you trust this checkpoint, allow its module: --trust {module} "
-                f"(make predict/export/serve TRUST={module})"
-            )
-    for class_path, module in modules.items():  # only once every name passed: nothing untrusted is imported
-        try:
-            importlib.import_module(module)
-        except ImportError as error:
-            raise CheckpointError(
-                f"{path} names the class {class_path}, whose module does not import ({error}); "
-                "install it or put its folder on PYTHONPATH"
-            ) from error
-
-
 def load_trained(path: str | Path, map_location: str | torch.device = "cpu", trust: Sequence[str] = ()) -> Trained:
     """Rebuild the model and DataModule of the run that wrote checkpoint ``path``.
 
@@ -189,8 +133,8 @@ def load_trained(path: str | Path, map_location: str | torch.device = "cpu", tru
 
     Raises:
         engine.checkpoints.CheckpointError: the file is missing or broken, it was not written by a
-            LightningCLI run of this project (no saved model or DataModule class), or it names a
-            class outside the trusted modules.
+            LightningCLI run of this project (no saved model or DataModule class), or it names
+            code outside the trusted modules (``engine.trust.UntrustedCheckpointError``).
     """
     path = Path(path)
     checkpoint = read_checkpoint(path)  # a missing, truncated or foreign file is named before Lightning reads it
@@ -200,8 +144,7 @@ def load_trained(path: str | Path, map_location: str | torch.device = "cpu", tru
                 f"{path}: no {key.removesuffix('_hyper_parameters') or 'model'} class saved in it; "
                 "use a checkpoint written by `make train` (python -m <package> fit)"
             )
-    # Lightning builds only classes already imported: import those the trust rule allows.
-    import_trusted_classes(checkpoint, path, trust)
+    check_checkpoint(checkpoint, path, trust)  # every name in it, before anything is imported
 
     model = L.LightningModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
     datamodule = L.LightningDataModule.load_from_checkpoint(path, weights_only=True)

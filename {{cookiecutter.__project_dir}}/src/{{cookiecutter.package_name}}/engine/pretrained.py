@@ -11,6 +11,7 @@ compute nodes are offline. https://huggingface.co/docs/huggingface_hub/guides/do
 """
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFi
 
 # The files whose bytes are a model: its config and its weights (safetensors, or PyTorch's .bin).
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
+# Weights as a pickle: loading one can run code, so only safetensors are loaded.
+PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
 
@@ -41,7 +44,7 @@ def locate(source: str, revision: str | None = None, key: str = "net.model") -> 
 
     Raises:
         MissingFileError: neither a folder nor in the local cache (names the command that fetches it).
-        ConfigError: a folder without ``config.json``.
+        ConfigError: a folder without ``config.json``, or one that is code (:func:`check_data_only`).
     """
     path = Path(source).expanduser()
     if path.is_dir():
@@ -50,6 +53,7 @@ def locate(source: str, revision: str | None = None, key: str = "net.model") -> 
                 f"{key}: {path} has no config.json; give the folder that save_pretrained wrote (config.json, "
                 "model.safetensors, tokenizer files) or a hub snapshot folder"
             )
+        check_data_only(path, key)
         return Pretrained(source, path, None)
     if not HUB_ID.match(source):
         raise MissingFileError(f"{key}: {path} does not exist; give a model folder or a Hugging Face hub id")
@@ -64,7 +68,42 @@ def locate(source: str, revision: str | None = None, key: str = "net.model") -> 
             f"{key}: {source} is neither a folder nor in the local Hugging Face cache (HF_HOME); runs never "
             f"download. Fetch it once where there is internet: `hf download {source}{at}`, or give its folder"
         ) from None
+    check_data_only(folder, key)
     return Pretrained(source, folder, folder.name)
+
+
+def check_data_only(folder: Path, key: str = "net.model") -> None:
+    """Refuse a model folder whose loading would run code from it: custom model code, or pickled weights.
+
+    Every ``from_pretrained`` of this project passes ``trust_remote_code=False`` and
+    ``use_safetensors=True`` too; this names the problem in one line before transformers reads anything.
+
+    Raises:
+        ConfigError: ``config.json`` / ``tokenizer_config.json`` maps the model to Python files in the
+            folder (``auto_map``) for a ``model_type`` transformers does not implement, or the weights
+            are pickled only (``pytorch_model.bin``, ``.pt``) with no ``.safetensors`` beside them.
+    """
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            config = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(config, dict) and config.get("auto_map") and config.get("model_type") not in CONFIG_MAPPING_NAMES:
+            raise ConfigError(
+                f"{key}: {folder / name} maps model_type {config.get('model_type')!r} to Python code in the folder "
+                "(auto_map), which this project never runs (trust_remote_code=False): use a model transformers "
+                "implements, or load it yourself only if you trust that code"
+            )
+    weights = [file.name for file in folder.iterdir() if file.is_file() and file.name.endswith(WEIGHT_SUFFIXES)]
+    pickled = [name for name in weights if name.endswith(PICKLED_SUFFIXES)]
+    if pickled and len(pickled) == len(weights):
+        raise ConfigError(
+            f"{key}: {folder} holds its weights as a pickle ({', '.join(sorted(pickled)[:3])}), which can run code "
+            "when loaded: only .safetensors are loaded. Convert them where you trust the file: "
+            "`AutoModelForCausalLM.from_pretrained(folder).save_pretrained(new_folder)` writes model.safetensors"
+        )
 
 
 def fingerprint(folder: Path) -> str:

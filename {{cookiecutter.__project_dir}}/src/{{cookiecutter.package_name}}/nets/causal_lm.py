@@ -90,7 +90,11 @@ class HFCausalLM(nn.Module):
             )
         try:
             base = transformers.AutoModelForCausalLM.from_pretrained(
-                found.folder, local_files_only=True, dtype=getattr(torch, base_dtype)
+                found.folder,
+                local_files_only=True,
+                dtype=getattr(torch, base_dtype),
+                trust_remote_code=False,  # a folder's own Python never runs (engine.pretrained.check_data_only)
+                use_safetensors=True,  # never a pickled pytorch_model.bin
             )
         except (OSError, ValueError, KeyError) as error:
             raise ConfigError(
@@ -185,8 +189,9 @@ class HFCausalLM(nn.Module):
         if self.lora is not None:
             merged = merged.merge_and_unload()
         merged.save_pretrained(folder, safe_serialization=True)
-        transformers.AutoTokenizer.from_pretrained(self.folder, local_files_only=True).save_pretrained(folder)
-        reloaded = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+        options = {"local_files_only": True, "trust_remote_code": False}
+        transformers.AutoTokenizer.from_pretrained(self.folder, **options).save_pretrained(folder)
+        reloaded = transformers.AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True, **options).eval()
         return lambda tokens: reloaded(input_ids=tokens, use_cache=False).logits.float()
 
 

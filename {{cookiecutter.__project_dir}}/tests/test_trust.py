@@ -1,0 +1,296 @@
+"""A checkpoint is data: every command that loads one refuses a name outside the trust rule before importing it.
+
+Each hostile form below names a planted module that leaves a marker file when imported (a
+``labtools.py`` beside the project, as ``python -m`` would find it). Every loading command of this
+bake gets every form: it must exit 2 with one line naming the key and the name, and the module must
+never be imported (``engine/trust.py``).
+"""
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import ROOT, shrunk_args, user_error
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.engine.inference import load_trained
+from {{ cookiecutter.package_name }}.engine.trust import UntrustedCheckpointError, check_checkpoint
+from {{ cookiecutter.package_name }}.predict import main as predict_main
+
+Checkpoint = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run folder of one shrunk epoch (its checkpoints/last.ckpt is a real checkpoint of this bake)."""
+    folder = tmp_path_factory.mktemp("trust")
+    main(["fit", *shrunk_args(folder), "--test_after_fit=false"])
+    return folder
+
+
+def last_checkpoint(folder: Path) -> Path:
+    (path,) = folder.rglob("last.ckpt")
+    return path
+
+
+def _net(module: str) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        checkpoint["hyper_parameters"]["net"] = {"class_path": f"{module}.Net"}
+        return f"hyper_parameters.net.class_path names {module}.Net"
+
+    return plant
+
+
+def _legacy(module: str) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        checkpoint["hparams"] = {"net": {"class_path": f"{module}.Net"}}  # Lightning merges it into the arguments
+        return "legacy key 'hparams'"
+
+    return plant
+
+
+def _bare_string(module: str) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        checkpoint["hyper_parameters"]["net"] = f"{module}.Net"  # jsonargparse reads it as a class path
+        return f"hyper_parameters.net names {module}.Net"
+
+    return plant
+
+
+def _yaml_string(module: str) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        checkpoint["hyper_parameters"]["net"] = "{class_path: " + module + ".Net}"  # parsed as YAML
+        return rf"hyper_parameters.net<yaml>.class_path names {module}.Net"
+
+    return plant
+
+
+def _callable_argument(module: str) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        schedule = {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": {"lr_lambda": f"{module}.f"}}
+        checkpoint["hyper_parameters"]["lr_scheduler"] = schedule  # an allowed class, a callable by name
+        return f"hyper_parameters.lr_scheduler.init_args.lr_lambda names {module}.f"
+
+    return plant
+
+
+def _averaged_model(module: str) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        net = checkpoint["hyper_parameters"]["net"]
+        checkpoint["hyper_parameters"]["net"] = {
+            "class_path": "torch.optim.swa_utils.AveragedModel",
+            "init_args": {"model": net, "avg_fn": f"{module}.f"},
+        }
+        return f"hyper_parameters.net.init_args.avg_fn names {module}.f"
+
+    return plant
+
+
+def _list_element(module: str) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        modules = [{"class_path": "torch.nn.Identity"}, {"class_path": f"{module}.Net"}]
+        checkpoint["hyper_parameters"]["net"] = {"class_path": "torch.nn.ModuleList", "init_args": {"modules": modules}}
+        return rf"hyper_parameters.net.init_args.modules\[1\].class_path names {module}.Net"
+
+    return plant
+
+
+def _datamodule(module: str) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        checkpoint["datamodule_hyper_parameters"]["_class_path"] = f"{module}.Data"
+        return f"datamodule_hyper_parameters._class_path names {module}.Data"
+
+    return plant
+
+
+def _instantiator(module: str) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        checkpoint["hyper_parameters"]["_instantiator"] = f"{module}.build"
+        return f"hyper_parameters._instantiator is '{module}.build', not Lightning's own"
+
+    return plant
+
+
+FORMS = {
+    "net class_path": _net,
+    "legacy hparams key": _legacy,
+    "bare string": _bare_string,
+    "YAML in a string": _yaml_string,
+    "Callable argument of an allowed class": _callable_argument,
+    "AveragedModel avg_fn": _averaged_model,
+    "list element": _list_element,
+    "DataModule class": _datamodule,
+    "instantiator": _instantiator,
+}
+
+
+@pytest.fixture
+def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> tuple[str, Path]:
+    """A module on sys.path that writes ``marker`` when imported: ``(its name, the marker)``."""
+    name = f"labtools_{abs(hash(request.node.nodeid)) % 10**8}"
+    marker = tmp_path / "imported"
+    code = f"open({str(marker)!r}, 'w').close()\nimport torch\nclass Net(torch.nn.Identity): ...\n"
+    code += "class Data: ...\ndef f(*args): return 1.0\ndef build(*args): return None\n"
+    (tmp_path / f"{name}.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name, marker
+    sys.modules.pop(name, None)
+
+
+def hostile_copy(run: Path, tmp_path: Path, form: str, module: str) -> tuple[Path, Path, str]:
+    """A copy of ``run`` whose last.ckpt carries ``form``: ``(the copy, its last.ckpt, the expected message)``."""
+    folder = tmp_path / "run"
+    shutil.copytree(run, folder)
+    path = last_checkpoint(folder)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    expected = FORMS[form](module)(checkpoint)
+    torch.save(checkpoint, path)
+    return folder, path, expected
+
+
+def _load_trained(folder: Path, path: Path) -> None:
+    load_trained(path)
+
+
+def _predict(folder: Path, path: Path) -> None:
+    predict_main(["--ckpt", str(path)])
+
+
+def _export(folder: Path, path: Path) -> None:
+    pytest.importorskip("onnxruntime", reason="the export extra is not installed")
+    from {{ cookiecutter.package_name }}.export import main as export_main
+
+    export_main(["--ckpt", str(path)])
+
+
+def _serve(folder: Path, path: Path) -> None:
+    pytest.importorskip("litserve", reason="the serve extra is not installed")
+    from {{ cookiecutter.package_name }}.serve import main as serve_main
+
+    serve_main(["--ckpt", str(path), "--port", "0"])
+
+
+def _serve_bench(folder: Path, path: Path) -> None:
+    pytest.importorskip("litserve", reason="the serve extra is not installed")
+    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "scripts" / "serve_load.py")
+    serve_load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(serve_load)
+    serve_load.main(["--ckpt", str(path)])
+
+
+def _cli(subcommand: str) -> Callable[[Path, Path], None]:
+    def run(folder: Path, path: Path) -> None:  # LightningCLI parses the checkpoint's arguments into the config
+        main([subcommand, *shrunk_args(folder), f"--ckpt_path={path}"])
+
+    return run
+
+
+def _resume(folder: Path, path: Path) -> None:  # make resume: the latest run's newest checkpoint
+    main(["fit", *shrunk_args(folder), "--trainer.max_epochs=2", "--resume=true"])
+
+
+COMMANDS = {
+    "load_trained": _load_trained,
+    "predict": _predict,
+    "export": _export,
+    "serve": _serve,
+    "serve-bench": _serve_bench,
+    "fit --ckpt_path": _cli("fit"),
+    "test --ckpt_path": _cli("test"),
+    "resume": _resume,
+}
+{%- if cookiecutter.task == "language-model" %}
+
+
+def _generate(folder: Path, path: Path) -> None:
+    from {{ cookiecutter.package_name }}.generate import main as generate_main
+
+    generate_main(["--ckpt", str(path), "--max_new_tokens", "2"])
+
+
+COMMANDS["generate"] = _generate
+{%- endif %}
+
+
+# Quick: every form through load_trained, every command with one form; the whole matrix is slow.
+QUICK_FORM, QUICK_COMMAND = "Callable argument of an allowed class", "load_trained"
+CASES = [
+    pytest.param(form, command, marks=() if form == QUICK_FORM or command == QUICK_COMMAND else pytest.mark.slow)
+    for form in FORMS
+    for command in COMMANDS
+]
+
+
+@pytest.mark.parametrize(("form", "command"), CASES)
+def test_a_hostile_checkpoint_is_refused_by_every_loading_command_before_any_import(
+    trained_run: Path, tmp_path: Path, planted: tuple[str, Path], form: str, command: str
+) -> None:
+    module, marker = planted
+    folder, path, expected = hostile_copy(trained_run, tmp_path, form, module)
+    with user_error(expected):
+        try:
+            COMMANDS[command](folder, path)
+        except UntrustedCheckpointError as error:  # load_trained raises; the commands print it and exit 2
+            raise SystemExit(2) from error
+    assert not marker.exists() and module not in sys.modules, f"{command} imported the planted module ({form})"
+
+
+@pytest.mark.parametrize(
+    ("name", "refusal"),
+    [
+        ("torch.nn.functional.relu", "which is not a class"),  # a function of an allowed module is code
+        ("os.system", "outside this project's package"),  # a module already imported is still outside
+        ("builtins.eval", "outside this project's package"),
+    ],
+)
+def test_a_checkpoint_may_name_classes_of_torch_optim_and_nn_not_their_functions(
+    trained_run: Path, name: str, refusal: str
+) -> None:
+    checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
+    schedule = {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": {"lr_lambda": name}}
+    checkpoint["hyper_parameters"]["lr_scheduler"] = schedule
+    with pytest.raises(UntrustedCheckpointError, match=rf"lr_lambda names {name}, .*{refusal}.*--trust"):
+        check_checkpoint(checkpoint, "x.ckpt")
+    # Strings that name nothing importable are data: a file name, a metric, a prompt.
+    checkpoint["hyper_parameters"]["lr_scheduler"] = None
+    checkpoint["datamodule_hyper_parameters"]["notes"] = ["best.ckpt", "val/loss", "e.g. this: {a: b}"]
+    check_checkpoint(checkpoint, "x.ckpt")
+
+
+def test_a_trusted_module_is_imported_and_the_project_checkpoint_loads(
+    trained_run: Path, tmp_path: Path, planted: tuple[str, Path]
+) -> None:
+    module, marker = planted
+    assert load_trained(last_checkpoint(trained_run)).model is not None  # the project's own names pass
+    _, path, _ = hostile_copy(trained_run, tmp_path, "DataModule class", module)
+    # Trusted, the module is imported (and Lightning then refuses its class: not a LightningDataModule).
+    with pytest.raises(ValueError, match=rf"{module}\.Data"):
+        load_trained(path, trust=[module])
+    assert marker.exists()
+
+
+@pytest.mark.slow
+def test_python_m_predict_refuses_a_planted_module_beside_the_project_in_one_line(
+    trained_run: Path, tmp_path: Path
+) -> None:
+    # The real situation: `python -m` puts the working folder first on sys.path.
+    (tmp_path / "labtools.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    _, path, _ = hostile_copy(trained_run, tmp_path, "Callable argument of an allowed class", "labtools")
+    for command in (["predict", "--ckpt", str(path)], ["export", "--ckpt", str(path)]):
+        result = subprocess.run(
+            [sys.executable, "-m", f"{{ cookiecutter.package_name }}.{command[0]}", *command[1:]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 2, result.stderr[-2000:]
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "lr_lambda names labtools.f" in lines[0] and "--trust labtools" in lines[0], lines
+        assert not (tmp_path / "imported").exists()
