@@ -31,6 +31,7 @@ from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 from {{ cookiecutter.package_name }}.engine.export import export_all
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
+from {{ cookiecutter.package_name }}.engine.prepared import file_sha256, sampled_sha256
 from {{ cookiecutter.package_name }}.predict import main as predict_main
 from {{ cookiecutter.package_name }}.predict import predict
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
@@ -104,6 +105,23 @@ def test_a_prepared_folder_holds_exactly_what_memory_would(tmp_path: Path) -> No
     # Settings that shaped the data must match it; a changed source is named with the fix.
     with user_error(r"data.image_size=32, but data.prepared=.* was prepared with image_size=16: set data.image_size"):
         main(["fit", *shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.prepared={prepared}"])
+    # Labels altered in place (same size) are caught by the shard's SHA-256; labels beyond the classes
+    # by their range, even when the manifest's hash was rewritten to match.
+    altered = shutil.copytree(prepared, tmp_path / "altered")
+    (labels,) = (altered / "train").glob("labels-*.bin")
+    values = np.fromfile(labels, dtype=np.int64)
+    labels.write_bytes(values[::-1].tobytes())
+    with pytest.raises(ValueError, match=r"labels-00000.bin has another SHA-256 than prepare recorded"):
+        ImageFolderDataModule(root=str(root), image_size=16, prepared=str(altered)).setup("fit")
+    values[0] = len(CLASSES) + 4
+    labels.write_bytes(values.tobytes())
+    manifest = json.loads((altered / "manifest.json").read_text())
+    shard = manifest["splits"]["train"]["fields"]["labels"]["shards"][0]
+    shard.update(sha256=file_sha256(labels), sample_sha256=sampled_sha256(labels))
+    (altered / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=rf"train/labels holds {len(CLASSES) + 4}, outside 0..{len(CLASSES) - 1}"):
+        ImageFolderDataModule(root=str(root), image_size=16, prepared=str(altered)).setup("fit")
+
     (root / "blobs" / "0.png").unlink()
     with pytest.raises(ValueError, match=r"source .*images changed since prepare \(120 files, .* 119 files, .*prepare"):
         ImageFolderDataModule(root=str(root), image_size=16, prepared=str(prepared)).setup("fit")

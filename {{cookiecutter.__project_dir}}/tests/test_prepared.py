@@ -2,6 +2,7 @@
 damage named before training (each task's prepare -> train -> resume is tested beside its DataModule)."""
 
 import errno
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -128,9 +129,9 @@ def test_damage_is_named_before_training(tmp_path: Path, source: Path) -> None:
     write_toy(out, source)
     (source / "b.txt").write_text("new")
     with pytest.raises(DataError, match=r"source .*source changed since prepare \(1 files, 3 bytes then; 2 files"):
-        open_prepared(out, KIND, SETTINGS, lambda root: root.glob("*"))
+        open_prepared(out, KIND, SETTINGS, lambda root: root.glob("*"), source=source)
     source.rename(tmp_path / "moved")  # the source moved away: the prepared copy is read as it is
-    open_prepared(out, KIND, SETTINGS, lambda root: root.glob("*"))
+    open_prepared(out, KIND, SETTINGS, lambda root: root.glob("*"), source=source)
 
     other = tmp_path / "mine"
     other.mkdir()
@@ -138,3 +139,128 @@ def test_damage_is_named_before_training(tmp_path: Path, source: Path) -> None:
     with pytest.raises(ConfigError, match="exists and is not a prepared data set"):
         PreparedWriter(other, KIND, SETTINGS, {})
     assert (other / "notes.txt").read_text() == "keep"
+
+
+# ---- a prepared folder is data: every manifest field and every shard checked before training ----------
+FIELDS = {"x": ("<f4",), "y": ("<i8",)}
+
+
+def rewrite_manifest(out: Path, change) -> None:
+    manifest = json.loads((out / "manifest.json").read_text())
+    change(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def first_shard(manifest: dict) -> dict:
+    return manifest["splits"]["train"]["fields"]["x"]["shards"][0]
+
+
+MALFORMED = {
+    "a shard path out of the folder": (
+        lambda m: first_shard(m).update(file="../../../outside/x.bin"),
+        r"shards\[0\].file is '../../../outside/x.bin', not a plain file name of this folder",
+    ),
+    "an absolute shard path": (
+        lambda m: first_shard(m).update(file="/etc/passwd"),
+        r"shards\[0\].file is '/etc/passwd', not a plain file name",
+    ),
+    "an object dtype": (
+        lambda m: m["splits"]["train"]["fields"]["x"].update(dtype="|O"),
+        r"fields.x.dtype is '\|O'; this DataModule reads <f4",
+    ),
+    "integers where floats are read": (
+        lambda m: m["splits"]["train"]["fields"]["x"].update(dtype="<i4"),
+        r"fields.x.dtype is '<i4'; this DataModule reads <f4",
+    ),
+    "a negative shape": (
+        lambda m: m["splits"]["train"]["fields"]["x"].update(shape=[4, -4]),
+        r"fields.x.shape is \[4, -4\], not a list of positive sizes",
+    ),
+    "a shape of 0 and a count of 10^12": (
+        lambda m: (m["splits"]["train"]["fields"]["x"].update(shape=[0]), m["splits"]["train"].update(count=10**12)),
+        r"fields.x.shape is \[0\], not a list of positive sizes",
+    ),
+    "a count the shards do not hold": (
+        lambda m: m["splits"]["train"].update(count=10**12),
+        r"fields.x.shards hold 100 records, the split 1000000000000",
+    ),
+    "no splits": (lambda m: m.pop("splits"), r"manifest.json: splits is missing or not a mapping"),
+    "no checksum": (lambda m: first_shard(m).pop("sha256"), r"shards\[0\].sha256 is missing or not a SHA-256"),
+    "a field the DataModule does not read": (
+        lambda m: m["splits"]["train"]["fields"].update(z=m["splits"]["train"]["fields"]["x"]),
+        r"fields.z is not a field this DataModule reads \(x, y\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_malformed_manifest_is_one_line_naming_the_field(tmp_path: Path, source: Path, case: str) -> None:
+    out = tmp_path / "prep"
+    write_toy(out, source)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "x.bin").write_bytes(b"\0" * 960)  # what a path out of the folder would read
+    change, expected = MALFORMED[case]
+    rewrite_manifest(out, change)
+    with pytest.raises(DataError, match=expected):
+        open_prepared(out, KIND, SETTINGS, fields=FIELDS)
+
+
+def test_a_shard_must_be_a_plain_file_inside_the_folder_with_the_contents_prepare_wrote(
+    tmp_path: Path, source: Path
+) -> None:
+    out = tmp_path / "prep"
+    arrays = write_toy(out, source)
+    labels = out / "train" / "y-00000.bin"
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(labels.read_bytes())  # the same bytes, the same size, outside the folder
+    labels.unlink()
+    labels.symlink_to(outside)
+    with pytest.raises(DataError, match=r"y-00000.bin is a link or not a regular file of the folder"):
+        open_prepared(out, KIND, SETTINGS, fields=FIELDS)
+
+    labels.unlink()
+    flipped = arrays["y"][: len(outside.read_bytes()) // 8][::-1].copy()  # the same size, labels reordered
+    labels.write_bytes(flipped.tobytes())
+    with pytest.raises(DataError, match=r"y-00000.bin has another SHA-256 than prepare recorded .* same size"):
+        open_prepared(out, KIND, SETTINGS, fields=FIELDS)
+    with pytest.raises(DataError, match=r"y-00000.bin has another SHA-256"):
+        core.verify(out)
+
+
+def test_a_large_set_is_sampled_on_every_run_and_verify_hashes_everything(
+    tmp_path: Path, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "prep"
+    monkeypatch.setattr(core, "SAMPLE_BYTES", 1000)  # samples of 1,000 bytes at the start, middle and end
+    write_toy(out, source, rows=1000, shard_bytes=40_000)  # 64,000 bytes of x: 2 shards
+    assert core.verify(out) == (3, 72_000)  # two x shards and one y shard, every byte hashed
+    # As if the set were large: every shard above the small-shard size is only sampled.
+    monkeypatch.setattr(core, "FULL_CHECK_BYTES", 0)
+    monkeypatch.setattr(core, "SMALL_SHARD_BYTES", 0)
+    shard = out / "train" / "x-00000.bin"
+    data = bytearray(shard.read_bytes())
+    data[5000] ^= 0xFF  # between the samples: caught only by the full check
+    shard.write_bytes(bytes(data))
+    open_prepared(out, KIND, SETTINGS, fields=FIELDS)
+    with pytest.raises(DataError, match=r"x-00000.bin has another SHA-256"):
+        core.verify(out)
+    data[len(data) // 2] ^= 0xFF  # in the middle sample
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"x-00000.bin has another sampled SHA-256"):
+        open_prepared(out, KIND, SETTINGS, fields=FIELDS)
+
+
+def test_labels_beyond_the_classes_are_refused_and_a_manifest_never_chooses_what_is_walked(
+    tmp_path: Path, source: Path
+) -> None:
+    out = tmp_path / "prep"
+    write_toy(out, source)  # labels 0..99
+    prepared = open_prepared(out, KIND, SETTINGS, fields=FIELDS)
+    prepared.check_below("y", 100, "the number of classes")
+    with pytest.raises(DataError, match=r"train/y holds 99, outside 0..9 \(the number of classes\)"):
+        prepared.check_below("y", 10, "the number of classes")
+
+    listed = []
+    rewrite_manifest(out, lambda m: m["source"].update(root="/"))
+    open_prepared(out, KIND, SETTINGS, lambda root: listed.append(root) or [], source=source)
+    assert listed == []  # the config names another source than the manifest's "/": nothing is walked

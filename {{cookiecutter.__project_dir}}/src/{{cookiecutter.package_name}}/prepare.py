@@ -2,6 +2,7 @@
 
     python -m {{ cookiecutter.package_name }}.prepare --out data/prepared --config configs/default.yaml [--data.init_args.root=...]
     python -m {{ cookiecutter.package_name }} fit --config configs/default.yaml --data.init_args.prepared=data/prepared
+    python -m {{ cookiecutter.package_name }}.prepare --verify data/prepared   # hash every shard in full
 
 Every argument besides ``--out`` and ``--workers`` is the training CLI's: the same configs and
 overrides choose the DataModule and its source, so the prepared data set is made with exactly the
@@ -17,7 +18,7 @@ import time
 
 from {{ cookiecutter.package_name }}.cli import main as cli_main
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, exit_on_user_error
-from {{ cookiecutter.package_name }}.engine.prepared import preparing
+from {{ cookiecutter.package_name }}.engine.prepared import preparing, verify
 
 
 def prepare(args: list[str], out: str, workers: int | None = None) -> dict:
@@ -52,12 +53,20 @@ def main(args: list[str] | None = None) -> None:
         prog="python -m {{ cookiecutter.package_name }}.prepare",
         description="Write the configured data source as a prepared data set (other arguments: the training CLI's).",
     )
-    parser.add_argument("--out", required=True, help="the folder to write (replaced atomically if it is one already)")
+    task = parser.add_mutually_exclusive_group(required=True)
+    task.add_argument("--out", help="the folder to write (replaced atomically if it is one already)")
+    task.add_argument("--verify", help="a prepared folder: hash every shard and compare with the manifest")
     parser.add_argument("--workers", type=int, default=None, help="processes that decode (default: every core)")
     known, rest = parser.parse_known_args(sys.argv[1:] if args is None else args)
     with exit_on_user_error():
         if known.workers is not None and known.workers < 1:
             raise ConfigError(f"--workers must be at least 1, got {known.workers}")
+        if known.verify:
+            start = time.perf_counter()
+            shards, size = verify(known.verify, known.workers)
+            seconds = time.perf_counter() - start
+            print(f"verified {known.verify}: {shards} shards, {size / 2**20:.1f} MiB as prepared ({seconds:.1f} s)")
+            return
         start = time.perf_counter()
         counts = prepare(rest, known.out, known.workers or os.cpu_count())
         seconds = time.perf_counter() - start

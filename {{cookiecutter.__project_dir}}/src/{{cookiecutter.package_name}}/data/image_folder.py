@@ -294,8 +294,21 @@ class ImageFolderDataModule(ResumableDataModule):
 
     # ---- a prepared data set: decoded once, on every core, read from disk ---------------------------
     def _open_prepared(self):
-        """The checked prepared data set (its source, when still at its place, must be unchanged)."""
-        return open_prepared(self.hparams.prepared, type(self).__name__, self._prepared_settings(), image_files)
+        """The checked prepared data set (its source, when still at its place, must be unchanged), opened once."""
+        if getattr(self, "_prepared", None) is None:
+            prepared = open_prepared(
+                self.hparams.prepared,
+                type(self).__name__,
+                self._prepared_settings(),
+                image_files,
+                source=self.hparams.root,
+                fields={"images": ("|u1",), "labels": ("<i8",)},
+                state=("class_names", "mode", "mean", "std"),
+                splits=SPLITS,
+            )
+            prepared.check_below("labels", len(prepared.state["class_names"]), "the number of classes")
+            self._prepared = prepared
+        return self._prepared
 
     def _prepared_settings(self) -> dict[str, Any]:
         hp = self.hparams

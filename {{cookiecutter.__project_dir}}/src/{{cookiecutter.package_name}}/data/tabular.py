@@ -421,8 +421,25 @@ class TabularDataModule(ResumableDataModule):
         return {key: hp[key] for key in keys}
 
     def _open_prepared(self):
-        """The checked prepared table (its CSV, when still at its place, must be unchanged)."""
-        return open_prepared(self.hparams.prepared, type(self).__name__, self._prepared_settings(), lambda f: [f])
+        """The checked prepared table (its CSV, when still at its place, must be unchanged), opened once."""
+        if getattr(self, "_prepared", None) is None:
+            labels = ("<i8", "<f4")  # class indices, or a regression target
+            fields = {"features": ("<f4",), "targets": labels, "raw": ("<f4",), "raw_targets": labels, "row": ("<i8",)}
+            prepared = open_prepared(
+                self.hparams.prepared,
+                type(self).__name__,
+                self._prepared_settings(),
+                lambda f: [f],
+                source=self.hparams.path,
+                fields=fields,
+                state=("preprocessing",),
+                splits=("train", "val", "test"),
+            )
+            preprocessing = prepared.state["preprocessing"]
+            if isinstance(preprocessing, dict) and preprocessing.get("task") == "classification":
+                prepared.check_below("targets", len(preprocessing.get("classes") or ()), "the number of classes")
+            self._prepared = prepared
+        return self._prepared
 
     def write_prepared(self, out: str | Path, workers: int | None = None, rows: int = 1 << 16) -> dict[str, Any]:
         """Fit the preprocessing on the training split and encode the table once into a prepared data

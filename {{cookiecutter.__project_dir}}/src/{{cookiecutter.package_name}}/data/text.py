@@ -468,7 +468,17 @@ class TextDataModule(LanguageDataModule):
         if self._splits is None:
             hp = self.hparams
             if hp.prepared is not None:
-                prepared = open_prepared(hp.prepared, type(self).__name__, self._prepared_settings(), self._files)
+                prepared = open_prepared(
+                    hp.prepared,
+                    type(self).__name__,
+                    self._prepared_settings(),
+                    self._files,
+                    source=hp.path,
+                    fields={"tokens": ("|u1", "<u2", "<u4"), "?counts": ("<u2",)},
+                    state=("bytes", "vocab_size"),
+                    splits=SPLITS,
+                )
+                prepared.check_below("tokens", prepared.state["vocab_size"], "the vocabulary size")
                 if self._tokenizer is None:
                     self._tokenizer = BPETokenizer.from_json(
                         prepared.state["tokenizer"], f"data.prepared={hp.prepared}"
