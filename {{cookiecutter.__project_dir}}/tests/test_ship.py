@@ -347,9 +347,10 @@ def test_make_predict_runs_as_one_quiet_process_beside_slurm(shipped, tmp_path: 
         ("17,99", r"row 1, column .*: '17,99' is not a number"),
         ("1e308", r"row 1, column .*: 1e\+308 is not finite within float32"),
         ("inf", r"row 1, column .*: inf is not finite within float32"),
+        ("1e30", r"input 1: the model's output is not finite .*: column '.+' = 1e\+30 is [\d.e+]+ training standard"),
         (None, r"no rows below the header"),
     ],
-    ids=["text", "decimal-comma", "huge", "infinite", "header-only"],
+    ids=["text", "decimal-comma", "huge", "infinite", "far-beyond-the-data", "header-only"],
 )
 def test_predict_refuses_values_it_would_answer_wrongly(
     shipped, tmp_path: Path, content: str | None, message: str
@@ -507,6 +508,8 @@ def bad_requests(one: list[Any]) -> dict[str, bytes]:
         "text in a numeric column": json.dumps({"inputs": [{**one[0], column: "tall"}]}).encode(),
         "NaN": json.dumps({"inputs": [{**one[0], column: float("nan")}]}).encode(),
         "beyond float32": json.dumps({"inputs": [{**one[0], column: 1e308}]}).encode(),
+        # Finite in float32, but the model's output is NaN: refused by the worker, naming the column.
+        "far beyond the data": json.dumps({"inputs": [{**one[0], column: 1e30}]}).encode(),
         "a 400-digit integer": json.dumps({"inputs": [{**one[0], column: 10**400}]}).encode(),
     }
 {%- elif cookiecutter.task == "language-model" %}

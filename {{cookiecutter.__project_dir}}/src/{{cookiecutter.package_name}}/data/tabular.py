@@ -324,6 +324,22 @@ class TabularDataModule(ResumableDataModule):
             parts.append(np.where(frame[name].isna().to_numpy(), -1.0, codes))  # missing: no category
         return torch.as_tensor(np.stack(parts, axis=1), dtype=torch.float32)
 
+    def explain_input(self, raw: torch.Tensor) -> str:
+        """The numeric column of one raw row (:meth:`raw_rows`) furthest from its training mean, in deviations."""
+        numeric = self._preprocessing()["numeric"]
+        if not numeric:
+            return ""
+        values = raw[: len(numeric)].double()
+        names = list(numeric)
+        means = torch.tensor([numeric[name]["mean"] for name in names], dtype=torch.float64)
+        stds = torch.tensor([numeric[name]["std"] for name in names], dtype=torch.float64)
+        distance = ((values - means) / stds).abs().nan_to_num(0.0)  # a missing value (NaN) is the mean
+        column = int(distance.argmax())
+        return (
+            f"column {names[column]!r} = {values[column].item():.4g} is {distance[column].item():.3g} training "
+            "standard deviations from its mean, far outside the data the model learned from"
+        )
+
     def inference_transform(self) -> nn.Module:
         """Raw rows (:meth:`raw_rows`) -> the encoded rows (B, F) the net trained on, as tensor operations."""
         return TableEncoder(self._preprocessing())

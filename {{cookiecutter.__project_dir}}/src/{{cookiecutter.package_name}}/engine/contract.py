@@ -103,6 +103,7 @@ class ShippableData:
 
     predict_set: Dataset | None
     predict_ids: list[str]
+    predict_raw: Any = None
     test_set: Dataset | None
     _predicting_transformed_inputs: bool
 
@@ -147,6 +148,12 @@ class ShippableData:
         inputs, _ = self.raw_inputs("test")
         return f"{inputs.dtype} tensors shaped (B, {', '.join(map(str, inputs.shape[1:]))}), as the data set holds them"
 
+    def explain_input(self, raw: torch.Tensor) -> str:
+        """Why the model's output may not be finite for one raw input (one row of :meth:`raw_inputs`), e.g.
+        a value far outside the training data; said when predict or serve refuses such an input.
+        Default: nothing to add."""
+        return ""
+
     def inference_metadata(self) -> dict[str, Any]:
         """Anything else a user of an export needs to build its input (written to ``export.json``)."""
         return {}
@@ -184,12 +191,13 @@ class ShippableData:
         """Predict over ``path`` (see :meth:`read_inputs`), or over the test split when None. Call after setup."""
         if path is None:
             self.predict_set, self.predict_ids = None, [str(i) for i in self.test_ids()]
+            self.predict_raw = None
             self._predicting_transformed_inputs = False
             return
         ids, raw = self.read_inputs(path)
         with torch.no_grad():
             self.predict_set = TensorDataset(self.inference_transform()(raw))
-        self.predict_ids = ids
+        self.predict_ids, self.predict_raw = ids, raw  # raw: for explain_input when an output is not finite
         self._predicting_transformed_inputs = True  # transform_batch is part of inference_transform
 
     def test_ids(self) -> list[Any]:

@@ -122,6 +122,21 @@ class Trained:
         return self.model.describe(outputs.detach().float().cpu(), self.class_names)
 
 
+def nonfinite_rows(outputs: Any) -> list[int]:
+    """Rows of ``outputs`` (B, ...) holding a NaN or an infinity (none for integer outputs or non-tensors)."""
+    if not isinstance(outputs, torch.Tensor) or not outputs.is_floating_point() or outputs.ndim == 0:
+        return []
+    return (~torch.isfinite(outputs.reshape(len(outputs), -1)).all(dim=1)).nonzero().flatten().tolist()
+
+
+def nonfinite_message(datamodule: Any, raw: Any, row: int) -> str:
+    """Why row ``row`` of ``raw`` gets no answer: the model's output is not finite, and the DataModule's reason."""
+    reason = ""
+    if isinstance(raw, torch.Tensor) and hasattr(datamodule, "explain_input"):
+        reason = datamodule.explain_input(raw[row])
+    return "the model's output is not finite (NaN or infinity) for this input" + (f": {reason}" if reason else "")
+
+
 def load_trained(path: str | Path, map_location: str | torch.device = "cpu", trust: Sequence[str] = ()) -> Trained:
     """Rebuild the model and DataModule of the run that wrote checkpoint ``path``.
 

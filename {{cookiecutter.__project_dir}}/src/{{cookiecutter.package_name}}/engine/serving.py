@@ -12,6 +12,9 @@ https://lightning.ai/docs/litserve
   back. Bodies over ``max_body_bytes`` get 413. A DataModule whose schema says ``image_files``
   (image folders) also takes image files as base64 text: only their header is read here, and
   one of more than ``max_image_pixels`` pixels (a decompression bomb too) gets 422.
+- No answer holds a NaN: a request whose output is not finite for an input (a value of 1e30 in a
+  table, finite in float32 but far beyond the training data) gets 422 naming the input, and the
+  DataModule's reason (``explain_input``: the column and how far it lies from the training mean).
 - A request that still fails in the worker fails alone (LitServe would fail its whole batch): each
   request is decoded on its own, and a batch that raises is run again one request at a time, so
   only the request that raises gets an error (422 for a ``ValueError`` of its decoding, naming
@@ -45,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.datastructures import UploadFile
 
 from {{ cookiecutter.package_name }}.engine.contract import image_file_bytes, open_image
-from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
+from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained, nonfinite_message, nonfinite_rows
 
 SCHEMA_VARIABLE = "SERVE_REQUEST_SCHEMA"
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # inputs become float32 tensors: larger ones are inf
@@ -315,9 +318,17 @@ class PredictorAPI(ls.LitAPI):
         if isinstance(inputs, Failed):
             return inputs
         try:
-            return self.infer(inputs)
+            return self.refuse_nonfinite(inputs, self.infer(inputs))
         except Exception as error:
             return self.failed(500, "the model failed on this request's inputs; see the server's log", error)
+
+    def refuse_nonfinite(self, inputs: Any, outputs: Any) -> Any:
+        """``outputs`` of one request, or a 422 naming its first input whose output holds a NaN or an infinity
+        (JSON has no NaN: such an answer would read as ``null`` probabilities)."""
+        rows = nonfinite_rows(outputs)
+        if not rows:
+            return outputs
+        return Failed(422, f"inputs[{rows[0]}]: {nonfinite_message(self.trained.datamodule, inputs, rows[0])}")
 
     def infer(self, inputs: Any) -> Any:
         """Outputs of the model for decoded ``inputs`` (a batch of one request or several), on the CPU."""
@@ -359,6 +370,7 @@ class BatchedPredictorAPI(PredictorAPI):
         try:
             inputs, sizes = join([parts[index] for index in ready])
             outputs = split(self.infer(inputs), sizes)
+            outputs = [self.refuse_nonfinite(parts[i], out) for i, out in zip(ready, outputs, strict=True)]
         except Exception:  # one request's inputs, most likely: find it by running each alone
             outputs = [super(BatchedPredictorAPI, self).predict(parts[index]) for index in ready]
         for index, output in zip(ready, outputs, strict=True):

@@ -14,6 +14,9 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
 
+from {{ cookiecutter.package_name }}.engine.errors import DataError
+from {{ cookiecutter.package_name }}.engine.inference import nonfinite_message, nonfinite_rows
+
 
 class PredictionWriter(BasePredictionWriter):
     """Writes one row per predicted sample: its id, then the task module's ``describe`` record.
@@ -74,10 +77,19 @@ class PredictionWriter(BasePredictionWriter):
     ) -> None:
         datamodule = trainer.datamodule
         class_names = [str(name) for name in getattr(datamodule, "class_names", None) or []]
-        records = pl_module.describe(prediction.detach().cpu(), class_names)
         if batch_indices is None:  # a sampler Lightning cannot see into: positions in order
-            batch_indices = range(self._count, self._count + len(records))
+            batch_indices = range(self._count, self._count + len(prediction))
         ids = getattr(datamodule, "predict_ids", None) or []
+        bad = nonfinite_rows(prediction)
+        if bad:  # never a nan in the file: the input is named, nothing more is written
+            index = list(batch_indices)[bad[0]]
+            name = ids[index] if index < len(ids) else str(index)
+            raw = getattr(datamodule, "predict_raw", None)  # your inputs as read; None for the test split
+            raise DataError(
+                f"input {name}: {nonfinite_message(datamodule, raw, index)}; fix or leave out that input "
+                f"(the predictions before it are in {self._partial()})"
+            )
+        records = pl_module.describe(prediction.detach().cpu(), class_names)
         for index, record in zip(batch_indices, records, strict=True):
             row = {"id": ids[index] if index < len(ids) else str(index), **record}
             if self.written.suffix == ".jsonl":
