@@ -439,10 +439,9 @@ def assert_same_response(got: dict[str, Any], expected: dict[str, Any]) -> None:
             assert got[key] == value, key
 
 
-def post(port: int, body: bytes) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/predict", data=body, headers={"Content-Type": "application/json"}
-    )
+def post(port: int, body: bytes, content_type: str = "application/json") -> tuple[int, Any]:
+    headers = {"Content-Type": content_type}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/predict", data=body, headers=headers)
     try:
         # Generous: 16 concurrent requests of a language model (64 greedy steps per prompt) on a busy
         # 2-core machine took over 60 s (a CI run beside other tests); speed is measured elsewhere.
@@ -594,12 +593,26 @@ def test_server_answers_batches_refuses_bad_requests_and_stops_on_sigterm(server
         assert ("inputs" in detail or "JSON" in detail) and len(detail) <= 500, (name, detail)  # no echo
     status, answer = post(port, b'{"inputs": [' + b"1," * (1 << 20) + b"1]}")
     assert status == 413 and "over 1048576 bytes, the server's --max_body_bytes" in answer  # 1 MiB
+    # A malformed upload is a 400 in one line (Starlette's parser raised a 500 and 50 log lines).
+    fields = b"".join(b'--b\r\nContent-Disposition: form-data; name="f%d"\r\n\r\nv\r\n' % i for i in range(1200))
+    files = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\nx\r\n' * 257
+    uploads = {
+        "no boundary": (b"--x\r\n", "multipart/form-data", "Missing boundary"),
+        "1,200 fields": (fields + b"--b--\r\n", "multipart/form-data; boundary=b", "Too many fields"),
+        "257 files": (files + b"--b--\r\n", "multipart/form-data; boundary=b", "Too many files"),
+        "not multipart": (b"garbage", "multipart/form-data; boundary=b", "Invalid multipart data"),
+    }
+    for name, (body, content_type, reason) in uploads.items():
+        status, answer = post(port, body, content_type)
+        assert status == 400 and "not a readable multipart/form-data upload" in answer, (name, answer)
+        assert reason in answer, (name, answer)
     status, answer = post(port, json.dumps({"inputs": one}).encode())
     assert status == 200 and "Traceback" not in log.read_text()  # no worker died
     # A refused request is one line in the log (uvicorn's access line), never a traceback.
     lines = log.read_text().splitlines()
     refused = sum(1 for i in range(len(bodies)) if i % 4 == 3) + len(bad)
     assert sum('"POST /predict HTTP/1.1" 422' in line for line in lines) == refused
+    assert sum('"POST /predict HTTP/1.1" 400' in line for line in lines) == len(uploads)
     assert all(line.startswith(("INFO:", "Serving ")) or " - litserve." in line for line in lines), lines
 
     assert f"http://127.0.0.1:{port}" in log.read_text()  # loopback unless HOST= says otherwise

@@ -46,6 +46,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException
 
 from {{ cookiecutter.package_name }}.engine.contract import image_file_bytes, open_image
 from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained, nonfinite_message, nonfinite_rows
@@ -55,6 +57,8 @@ FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # inputs become float32 ten
 MAX_DETAIL_CHARS = 500  # a 422 answer names the problem; it never echoes a large input back
 
 log = logging.getLogger(__name__)
+# python-multipart logs a warning of its own for each malformed upload, which the 400 already names.
+logging.getLogger("python_multipart").setLevel(logging.ERROR)
 
 
 def check_inputs(inputs: list[Any], schema: dict[str, Any]) -> None:
@@ -190,14 +194,21 @@ class JSONBodyMiddleware:
     too large"). An upload is read whole here and parsed by Starlette's form parser.
     """
 
-    def __init__(self, app, max_body_bytes: int = 1 << 20) -> None:
-        self.app, self.max_body_bytes = app, max_body_bytes
+    def __init__(self, app, max_body_bytes: int = 1 << 20, max_files: int = 256) -> None:
+        self.app, self.max_body_bytes, self.max_files = app, max_body_bytes, max_files
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope.get("method") == "POST":
             headers = [(name, value) for name, value in scope["headers"] if name.lower() != b"content-type"]
             if dict(scope["headers"]).get(b"content-type", b"").startswith(b"multipart/form-data"):
-                body = await self.upload_as_json(scope, receive)
+                try:
+                    body = await self.upload_as_json(scope, receive)
+                # No boundary, too many parts, not multipart at all (Starlette raises its 400 as an exception here).
+                except (MultiPartException, StarletteHTTPException) as error:
+                    reason = getattr(error, "detail", None) or getattr(error, "message", None) or str(error)
+                    detail = f"body: not a readable multipart/form-data upload ({reason}); send files as curl -F does"
+                    await JSONResponse({"detail": detail[:MAX_DETAIL_CHARS]}, status_code=400)(scope, receive, send)
+                    return
                 if body is None:
                     await JSONResponse({"detail": self.too_large}, status_code=413)(scope, receive, send)
                     return
@@ -237,7 +248,8 @@ class JSONBodyMiddleware:
             if size > self.max_body_bytes:
                 return None
             more = message.get("more_body", False)
-        form = await Request(scope, _replay(b"".join(chunks))).form(max_files=1 << 16)
+        # As many files as inputs a request may hold; other fields (ignored) up to Starlette's 1,000.
+        form = await Request(scope, _replay(b"".join(chunks))).form(max_files=self.max_files)
         files = [await item.read() for _, item in form.multi_items() if isinstance(item, UploadFile)]
         return json.dumps({"inputs": [base64.b64encode(data).decode() for data in files]}).encode()
 
@@ -413,7 +425,7 @@ def build_server(
         accelerator=accelerator,
         workers_per_device=workers_per_device,
         timeout=timeout,
-        middlewares=[(JSONBodyMiddleware, {"max_body_bytes": max_body_bytes})],
+        middlewares=[(JSONBodyMiddleware, {"max_body_bytes": max_body_bytes, "max_files": max_inputs})],
     )
     server.app.add_exception_handler(RequestValidationError, refuse_request)
     return server
