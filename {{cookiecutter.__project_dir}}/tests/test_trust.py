@@ -49,7 +49,8 @@ def _net(module: str) -> Callable[[Checkpoint], str]:
 
 def _legacy(module: str) -> Callable[[Checkpoint], str]:
     def plant(checkpoint: Checkpoint) -> str:
-        checkpoint["hparams"] = {"net": {"class_path": f"{module}.Net"}}  # Lightning merges it into the arguments
+        net = {"class_path": f"{module}.Net"}
+        checkpoint["hparams"] = {"net": net}  # Lightning merges it into the arguments
         return "legacy key 'hparams'"
 
     return plant
@@ -73,7 +74,8 @@ def _yaml_string(module: str) -> Callable[[Checkpoint], str]:
 
 def _callable_argument(module: str) -> Callable[[Checkpoint], str]:
     def plant(checkpoint: Checkpoint) -> str:
-        schedule = {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": {"lr_lambda": f"{module}.f"}}
+        arguments = {"lr_lambda": f"{module}.f"}
+        schedule = {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": arguments}
         checkpoint["hyper_parameters"]["lr_scheduler"] = schedule  # an allowed class, a callable by name
         return f"hyper_parameters.lr_scheduler.init_args.lr_lambda names {module}.f"
 
@@ -95,7 +97,8 @@ def _averaged_model(module: str) -> Callable[[Checkpoint], str]:
 def _list_element(module: str) -> Callable[[Checkpoint], str]:
     def plant(checkpoint: Checkpoint) -> str:
         modules = [{"class_path": "torch.nn.Identity"}, {"class_path": f"{module}.Net"}]
-        checkpoint["hyper_parameters"]["net"] = {"class_path": "torch.nn.ModuleList", "init_args": {"modules": modules}}
+        arguments = {"modules": modules}
+        checkpoint["hyper_parameters"]["net"] = {"class_path": "torch.nn.ModuleList", "init_args": arguments}
         return rf"hyper_parameters.net.init_args.modules\[1\].class_path names {module}.Net"
 
     return plant
@@ -253,7 +256,8 @@ def test_a_checkpoint_may_name_classes_of_torch_optim_and_nn_not_their_functions
     trained_run: Path, name: str, refusal: str
 ) -> None:
     checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
-    schedule = {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": {"lr_lambda": name}}
+    arguments = {"lr_lambda": name}
+    schedule = {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": arguments}
     checkpoint["hyper_parameters"]["lr_scheduler"] = schedule
     with pytest.raises(UntrustedCheckpointError, match=rf"lr_lambda names {name}, .*{refusal}.*--trust"):
         check_checkpoint(checkpoint, "x.ckpt")
