@@ -12,12 +12,21 @@ refused 422; anything else is a failure. Each line ends with the resident memory
 server's largest process (the inference worker) after it; run several --rounds to see whether it
 is bounded.
 
+--expensive-every K makes every K-th request (a bad one wins where both fall) the costliest one the
+server accepts to read: for a model that takes image files, 256 PNGs of 16000x1000 pixels, each 2
+KB and under --max_image_pixels, 4.1 billion pixels to decode in all, which the server must refuse
+with 422 from their headers (--max_request_pixels); for other models, 256 examples (the most one
+request may hold), which it must answer. The good requests' p99 beside them is the figure to read:
+a good request is answered within its timeout while the expensive ones arrive.
+
 Usage: python scripts/serve_load.py [--ckpt PATH] [--requests 400] [--concurrency 1 4 16]
-                                    [--rounds 1] [--bad-every 0]
+                                    [--rounds 1] [--bad-every 0] [--expensive-every 0]
 """
 
 import argparse
+import base64
 import contextlib
+import io
 import json
 import os
 import signal
@@ -96,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--rounds", type=int, default=1, help="times to run every level against the same server")
     parser.add_argument("--bad-every", type=int, default=0, help="every K-th request is one to refuse (0: none)")
+    parser.add_argument("--expensive-every", type=int, default=0, help="every K-th request is the costliest (0: none)")
     args = parser.parse_args(argv)
     with exit_on_user_error("serve-bench"):  # no checkpoint, a broken one: one line, exit 2
         measure(args)
@@ -108,9 +118,15 @@ def measure(args: argparse.Namespace) -> None:
     trained.datamodule.setup("predict")
     example = example_input(trained)
     body = json.dumps({"inputs": [example]}).encode()
-    bad_body = json.dumps({"inputs": [refused_input(example, trained.datamodule.request_schema())]}).encode()
-    every = args.bad_every
-    bodies = [bad_body if every and i % every == every - 1 else body for i in range(args.requests)]
+    schema = trained.datamodule.request_schema()
+    bad_body = json.dumps({"inputs": [refused_input(example, schema)]}).encode()
+    expensive, refuse_expensive = expensive_body(example, schema)
+    bad, costly = args.bad_every, args.expensive_every
+    bodies = [
+        bad_body if bad and i % bad == bad - 1 else expensive if costly and i % costly == costly - 1 else body
+        for i in range(args.requests)
+    ]
+    kinds = {id(bad_body): "bad", id(expensive): "expensive-refused" if refuse_expensive else "expensive-answered"}
 
     raw = trained.datamodule.inputs_from_json([example])
     with torch.inference_mode():
@@ -138,7 +154,7 @@ def measure(args: argparse.Namespace) -> None:
         failures = 0
         for round_ in range(1, args.rounds + 1):
             for level in args.concurrency:
-                failures += run_level(port, bodies, bad_body, level, baseline, round_, process)
+                failures += run_level(port, bodies, kinds, level, baseline, round_, process)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
@@ -147,26 +163,54 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def run_level(
-    port: int, bodies: list[bytes], bad_body: bytes, level: int, baseline: float, round_: int, process: subprocess.Popen
+    port: int,
+    bodies: list[bytes],
+    kinds: dict[int, str],
+    level: int,
+    baseline: float,
+    round_: int,
+    process: subprocess.Popen,
 ) -> int:
-    """Send ``bodies`` from ``level`` threads, print the level's line, and return how many got a wrong status."""
+    """Send ``bodies`` from ``level`` threads, print the level's line, and return how many got a wrong status.
+
+    ``kinds`` maps ``id(body)`` of the bad and the expensive body to their kind; any other body is good.
+    """
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=level) as pool:
         results = list(pool.map(lambda body: timed_post(port, body), bodies))
     elapsed = time.perf_counter() - start
-    good = [(status, seconds) for body, (status, seconds) in zip(bodies, results, strict=True) if body is not bad_body]
-    bad = [status for body, (status, _) in zip(bodies, results, strict=True) if body is bad_body]
-    answered, refused = sum(status == 200 for status, _ in good), sum(status == 422 for status in bad)
-    latencies = sorted(seconds for _, seconds in good)
+    by_kind: dict[str, list[tuple[int, float]]] = {}
+    for body, result in zip(bodies, results, strict=True):
+        by_kind.setdefault(kinds.get(id(body), "good"), []).append(result)
+    expected = {"good": 200, "bad": 422, "expensive-refused": 422, "expensive-answered": 200}
+    right = {kind: sum(status == expected[kind] for status, _ in found) for kind, found in by_kind.items()}
+    latencies = sorted(seconds for _, seconds in by_kind.get("good", []))
     p50 = latencies[len(latencies) // 2]
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     rss, _ = largest_rss_mb(process)
+    counts = f"good {right.get('good', 0)}/{len(by_kind.get('good', []))} answered"
+    counts += f", bad {right.get('bad', 0)}/{len(by_kind.get('bad', []))} refused"
+    for kind in ("expensive-refused", "expensive-answered"):
+        if kind in by_kind:
+            counts += f", expensive {right[kind]}/{len(by_kind[kind])} {kind.split('-')[1]}"
     print(
-        f"round {round_} concurrency {level:3d}: {len(bodies)} requests, good {answered}/{len(good)} answered, "
-        f"bad {refused}/{len(bad)} refused, p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, "
+        f"round {round_} concurrency {level:3d}: {len(bodies)} requests, {counts}, "
+        f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, "
         f"{len(bodies) / elapsed:.0f} requests/s, p50 / baseline {p50 / baseline:.1f}x, largest RSS {rss:.0f} MB"
     )
-    return len(good) - answered + len(bad) - refused
+    return sum(len(found) - right[kind] for kind, found in by_kind.items())
+
+
+def expensive_body(example: Any, schema: dict[str, Any], max_inputs: int = 256) -> tuple[bytes, bool]:
+    """The costliest request the server reads (see the module docstring), and whether it must be refused."""
+    if not schema.get("image_files"):
+        return json.dumps({"inputs": [example] * max_inputs}).encode(), False
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("1", (16000, 1000)).save(buffer, format="PNG", optimize=True)  # 16 M pixels in about 2 KB
+    picture = base64.b64encode(buffer.getvalue()).decode()
+    return json.dumps({"inputs": [picture] * max_inputs}).encode(), True
 
 
 def refused_input(example: Any, schema: dict[str, Any]) -> Any:

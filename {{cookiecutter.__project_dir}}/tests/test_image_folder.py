@@ -6,8 +6,11 @@ import importlib.util
 import io
 import json
 import logging
+import re
 import shutil
 import struct
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 import zlib
@@ -19,6 +22,7 @@ import pytest
 import torch
 from conftest import (
     CONFIGS,
+    ROOT,
     assert_ddp_run_resumes_exactly,
     assert_prepared_run_resumes_as_in_memory,
     shrunk_args,
@@ -344,6 +348,21 @@ def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
         assert status == 413 and "over 1048576 bytes, the server's --max_body_bytes" in answer, answer
         assert process.poll() is None
 
+    # The load test with the expensive request among good ones (the server's default limits): 256
+    # PNGs of 16000x1000 pixels, 2 KB each, refused from their headers; every good request answered
+    # in under 10 s (before the per-request pixel budget, good requests got 504 after 30 s). The load
+    # test takes its good example from the test split: the training folder goes back as it was.
+    (tmp_path / "moved").rename(root)
+    shutil.rmtree(root / "aaa-new-class")
+    command = [sys.executable, str(ROOT / "scripts" / "serve_load.py"), "--ckpt", str(trained.checkpoint)]
+    command += ["--requests", "24", "--concurrency", "4", "--expensive-every", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    line = done.stdout.splitlines()[-1]
+    counts = r"good 12/12 answered, bad 0/0 refused, expensive 12/12 refused"
+    found = re.search(counts + r", p50 [\d.]+ ms, p99 ([\d.]+) ms", line)
+    assert found and float(found.group(1)) < 10_000, line
+
 
 def upload(port: int, files: list[bytes]) -> tuple[int, Any]:
     """POST ``files`` to the server as a multipart/form-data upload, each as a part named "file"."""
@@ -392,6 +411,11 @@ def test_a_request_may_hold_image_files_decoded_as_inputs_files_are(tmp_path: Pa
     assert torch.equal(decoded, torch.cat([data.read_inputs(str(path))[1] for path in files]))
     with pytest.raises(ValueError, match=r"^inputs\[0\]: an image of 25x24 = 600 pixels; the server takes at most 576"):
         check_inputs([png_base64(np.zeros((24, 25), np.uint8))], schema)
+    # However small the body, one request decodes at most max_request_pixels in all (each image under its limit).
+    wide = png_base64(np.zeros((2, 288), np.uint8))  # 576 pixels: at the per-image limit
+    check_inputs([wide, wide], {**schema, "max_request_pixels": 2 * 576})
+    with pytest.raises(ValueError, match=r"^the images up to inputs\[2\] hold 1728 pixels in all; .* at most 1152 per"):
+        check_inputs([wide, wide, wide], {**schema, "max_request_pixels": 2 * 576})
     with pytest.raises(ValueError, match=r"^inputs\[0\]: the image file does not decode"):
         data.inputs_from_json([base64.b64encode(files[0].read_bytes()[:200]).decode()])  # truncated after the header
 

@@ -32,6 +32,7 @@ def serve(
     max_inputs: int = 256,
     max_body_bytes: int = 1 << 20,
     max_image_pixels: int = 4096 * 4096,
+    max_request_pixels: int = 4 * 4096 * 4096,
     accelerator: str = "auto",
     workers_per_device: int = 1,
     trust: str | None = None,
@@ -48,6 +49,8 @@ def serve(
         max_body_bytes: largest request body in bytes (more: HTTP 413).
         max_image_pixels: most pixels of an image file in a request (image-folder models), read
             from its header before anything is decoded (more: HTTP 422).
+        max_request_pixels: most pixels of all the image files of one request together, read from
+            their headers (more: HTTP 422): what one request may cost the worker to decode.
         accelerator: "auto" (CUDA when available), "cpu" or "cuda".
         workers_per_device: model copies per device, each its own process.
         trust: modules besides this project's package whose classes the checkpoint may name,
@@ -70,6 +73,7 @@ def serve(
         max_inputs=max_inputs,
         max_body_bytes=max_body_bytes,
         max_image_pixels=max_image_pixels,
+        max_request_pixels=max_request_pixels,
         accelerator=accelerator,
         workers_per_device=workers_per_device,
         trust=trusted_modules(trust),

@@ -11,7 +11,8 @@ https://lightning.ai/docs/litserve
   beyond float32 included) gets 422 naming the input and the problem, without echoing the input
   back. Bodies over ``max_body_bytes`` get 413. A DataModule whose schema says ``image_files``
   (image folders) also takes image files as base64 text: only their header is read here, and
-  one of more than ``max_image_pixels`` pixels (a decompression bomb too) gets 422.
+  one of more than ``max_image_pixels`` pixels (a decompression bomb too), or images of more than
+  ``max_request_pixels`` pixels in all in one request, gets 422.
 - No answer holds a NaN: a request whose output is not finite for an input (a value of 1e30 in a
   table, finite in float32 but far beyond the training data) gets 422 naming the input, and the
   DataModule's reason (``explain_input``: the column and how far it lies from the training mean).
@@ -70,16 +71,25 @@ def check_inputs(inputs: list[Any], schema: dict[str, Any]) -> None:
     number within float32 or null), ``{"kind": "text", "max_bytes": n}`` (non-empty strings).
     Every kind also has ``max_inputs``. An array schema with ``"image_files": true`` also takes an
     image file as base64 text in place of an array; its header is read here (never the pixels) and
-    more than ``max_image_pixels`` pixels is refused.
+    more than ``max_image_pixels`` pixels in one image, or ``max_request_pixels`` in all the images of
+    the request (what the worker would decode for it), is refused.
     """
     if not inputs:
         raise ValueError("inputs is empty: send at least one example")
     if len(inputs) > schema["max_inputs"]:
         raise ValueError(f"{len(inputs)} inputs in one request; send at most {schema['max_inputs']}")
+    pixels = 0
     for index, example in enumerate(inputs):
         where = f"inputs[{index}]"
         if schema["kind"] == "array" and isinstance(example, str) and schema.get("image_files"):
-            open_image(image_file_bytes(example, where), where, schema["max_image_pixels"]).close()
+            with open_image(image_file_bytes(example, where), where, schema["max_image_pixels"]) as image:
+                pixels += image.width * image.height
+            budget = schema.get("max_request_pixels")
+            if budget is not None and pixels > budget:
+                raise ValueError(
+                    f"the images up to {where} hold {pixels} pixels in all; the server decodes at most {budget} "
+                    "per request (--max_request_pixels): send fewer or smaller images per request"
+                )
         elif schema["kind"] == "array":
             _check_array(example, schema["shape"], schema.get("min"), schema.get("max"), where)
         elif schema["kind"] == "row":
@@ -400,6 +410,7 @@ def build_server(
     max_inputs: int = 256,
     max_body_bytes: int = 1 << 20,
     max_image_pixels: int = 4096 * 4096,
+    max_request_pixels: int = 4 * 4096 * 4096,
     accelerator: str = "auto",
     workers_per_device: int = 1,
     timeout: float = 30.0,
@@ -412,11 +423,14 @@ def build_server(
         max_inputs: most examples in one request (more: 422).
         max_body_bytes: largest request body (more: 413).
         max_image_pixels: most pixels of an image file in a request, read from its header (more: 422).
+        max_request_pixels: most pixels of all the image files of one request together (more: 422):
+            bounds the decoding one request costs the worker, however small its body.
         accelerator: "auto", "cpu" or "cuda"; ``workers_per_device`` model copies per device.
         timeout: seconds a request may wait for its answer (then 504).
         trust: modules besides the project's that the checkpoint may name (engine.inference).
     """
-    schema = {**trained.datamodule.request_schema(), "max_inputs": max_inputs, "max_image_pixels": max_image_pixels}
+    limits = {"max_inputs": max_inputs, "max_image_pixels": max_image_pixels, "max_request_pixels": max_request_pixels}
+    schema = {**trained.datamodule.request_schema(), **limits}
     os.environ[SCHEMA_VARIABLE] = json.dumps(schema)  # read by the HTTP processes, which start after this
     api_class = BatchedPredictorAPI if max_batch_size > 1 else PredictorAPI
     api = api_class(trained.checkpoint, max_batch_size=max_batch_size, batch_timeout=batch_timeout, trust=trust)
