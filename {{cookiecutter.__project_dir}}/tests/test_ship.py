@@ -38,6 +38,7 @@ from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.engine.export import ExportError, export_all, export_onnx
 from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
 from {{ cookiecutter.package_name }}.engine.serving import check_inputs
+from {{ cookiecutter.package_name }}.export import default_folder as default_export_folder
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.predict import main as predict_main
 from {{ cookiecutter.package_name }}.predict import predict
@@ -210,6 +211,20 @@ def test_export_beyond_its_tolerance_is_refused_and_the_previous_export_stays_wh
     # The export folder is replaced whole, so one holding anything else is refused before any work.
     with pytest.raises(ExportError, match=r"holds files that are not an export \(export\).*--output"):
         export_all(trained, tmp_path)
+
+
+def test_export_never_replaces_a_file_and_writes_beside_a_checkpoint_kept_outside_a_run(
+    shipped, tmp_path: Path
+) -> None:
+    trained, _, _ = shipped
+    mine = tmp_path / "notes.txt"
+    mine.write_text("keep")
+    with user_error(r"--output .*notes.txt is a file, not a folder: export into a new or empty folder"):
+        export_main(["--ckpt", str(trained.checkpoint), "--output", str(mine)])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt"] and mine.read_text() == "keep"
+    # A checkpoint in a run folder exports into <run>/export; one kept elsewhere beside itself, never two levels up.
+    assert default_export_folder(trained.checkpoint) == trained.checkpoint.parent.parent / "export"
+    assert default_export_folder(tmp_path / "models" / "best.ckpt") == tmp_path / "models" / "best-export"
 
 
 def test_onnx_on_a_torch_too_old_for_it_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -35,7 +35,8 @@ def export(
 
     Args:
         ckpt: the checkpoint; default the best of the latest run under logs/.
-        output: the folder; default ``export/`` in the checkpoint's run folder.
+        output: the folder; default ``export/`` in the checkpoint's run folder (``<run>/checkpoints/x.ckpt``
+            -> ``<run>/export``), or ``<checkpoint name>-export/`` beside a checkpoint kept elsewhere.
         onnx: write model.onnx (needs the ``export`` extra: onnx, onnxscript, onnxruntime).
         aoti: also compile an AOTInductor package (about 40 s on CPU).
         int8: also score weight-only int8 Linear layers (torchao) on the test split.
@@ -49,7 +50,7 @@ def export(
     """
     path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
     trained = load_trained(path, trust=trusted_modules(trust))
-    folder = Path(output) if output is not None else path.parent.parent / "export"
+    folder = Path(output) if output is not None else default_folder(path)
     record = export_all(trained, folder, onnx=onnx, aoti=aoti, int8=int8, tolerance=tolerance)
     for kind, filename in record["files"].items():
         diffs = ", ".join(f"{batch} {value:.2e}" for batch, value in record["max_abs_diff"][kind].items())
@@ -61,6 +62,13 @@ def export(
         )
     print(f"{folder / 'export.json'} and model-card.md describe the input, output and checks")
     return folder
+
+
+def default_folder(checkpoint: Path) -> Path:
+    """``<run>/export`` for a checkpoint in ``<run>/checkpoints/``; else ``<name>-export`` beside the checkpoint."""
+    if checkpoint.parent.name == "checkpoints":
+        return checkpoint.parent.parent / "export"
+    return checkpoint.with_name(f"{checkpoint.stem}-export")
 
 
 def main(args: list[str] | None = None) -> None:

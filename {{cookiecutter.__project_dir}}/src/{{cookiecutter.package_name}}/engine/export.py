@@ -178,6 +178,8 @@ def export_all(
     """
     silence_export_noise()
     folder = folder.resolve()
+    if folder.exists() and not folder.is_dir():  # a file (or a link to one) of the user's: never replaced
+        raise ExportError(f"--output {folder} is a file, not a folder: export into a new or empty folder (--output)")
     foreign = (
         sorted(entry.name for entry in folder.iterdir() if entry.name not in EXPORT_FILES) if folder.is_dir() else []
     )
