@@ -174,6 +174,22 @@ def test_a_bake_is_locked_and_make_install_installs_exactly_its_lock(cookies, mo
     hook = subprocess.run(pre_commit, cwd=project, env=env, capture_output=True, text=True)
     assert hook.returncode == 0 and "Passed" in hook.stdout, hook.stdout + hook.stderr
 
+    # A lock edited to fetch one wheel from another host (with that file's hash) passes `uv lock
+    # --check`; make install refuses it before anything is fetched, and so does the pre-commit hook.
+    original = (project / "uv.lock").read_text()
+    url = re.search(r'url = "(https://files\.pythonhosted\.org/[^"]+/rich-13\.9\.4-[^"]+\.whl)"', original).group(1)
+    foreign = "https://evil.example.com/" + url.rsplit("/", 1)[1]
+    (project / "uv.lock").write_text(original.replace(url, foreign))
+    check = subprocess.run([uv, "lock", "--check", "--offline"], cwd=project, env=env, capture_output=True)
+    assert check.returncode == 0  # what uv checks: the requirements, not where the files come from
+    edited = subprocess.run(["make", "install"], cwd=project, env=env, capture_output=True, text=True)
+    assert edited.returncode == 2, edited.stdout + edited.stderr
+    assert f"error: uv.lock: rich 13.9.4 is fetched from {foreign}, not from the host of an index" in edited.stderr
+    assert "uv sync" not in edited.stdout  # nothing was installed from the lock
+    hook = subprocess.run(pre_commit, cwd=project, env=env, capture_output=True, text=True)
+    assert hook.returncode == 1 and "the lock was edited" in hook.stdout, hook.stdout
+    (project / "uv.lock").write_text(original)
+
     # pyproject.toml edited without `make lock`: make install refuses in one line, the bake's test
     # and its pre-commit hook fail.
     pyproject = project / "pyproject.toml"

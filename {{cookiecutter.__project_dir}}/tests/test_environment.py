@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,66 @@ def test_uv_lock_matches_pyproject() -> None:
         pytest.skip(f"no {LOCK.name} in {LOCK.parent}: `make lock` writes it")
     done = subprocess.run([uv, "lock", "--check", "--offline"], cwd=LOCK.parent, capture_output=True, text=True)
     assert done.returncode == 0, f"uv.lock does not match pyproject.toml: run `make lock`.\n{done.stderr}"
+
+
+LOCKED = """version = 1
+
+[[package]]
+name = "{{ cookiecutter.project_slug }}"
+version = "0.1.0"
+source = { editable = "." }
+
+[[package]]
+name = "rich"
+version = "14.0.0"
+source = { registry = "https://pypi.org/simple" }
+sdist = { url = "https://files.pythonhosted.org/packages/ab/rich-14.0.0.tar.gz", hash = "sha256:00" }
+wheels = [
+    { url = "https://files.pythonhosted.org/packages/cd/rich-14.0.0-py3-none-any.whl", hash = "sha256:11" },
+]
+"""
+EDITS = {
+    "a wheel from another host": (
+        "https://files.pythonhosted.org/packages/cd/rich-14.0.0-py3-none-any.whl",
+        "https://evil.example.com/rich-14.0.0-py3-none-any.whl",
+        r"rich 14.0.0 is fetched from https://evil.example.com/rich-14.0.0-py3-none-any.whl, not from the host",
+    ),
+    "another index": (
+        'registry = "https://pypi.org/simple"',
+        'registry = "https://mirror.example.com/simple"',
+        r"rich 14.0.0 comes from the index https://mirror.example.com/simple, which pyproject.toml does not name",
+    ),
+    "a git source": (
+        'registry = "https://pypi.org/simple"',
+        'git = "https://example.com/rich.git?rev=1"',
+        r"rich 14.0.0 comes from git https://example.com/rich.git\?rev=1, which pyproject.toml does not name",
+    ),
+}
+
+
+@pytest.mark.parametrize("edit", [None, *EDITS])
+def test_every_locked_package_comes_from_an_index_pyproject_names(tmp_path: Path, edit: str | None) -> None:
+    """`uv lock --check` passes an edited URL with its file's hash; scripts/check_lock.py (make install) does not."""
+    lock = tmp_path / "uv.lock"
+    text = LOCKED
+    if edit is not None:
+        old, new, _ = EDITS[edit]
+        text = text.replace(old, new)
+    lock.write_text(text)
+    command = [sys.executable, str(LOCK.parent / "scripts" / "check_lock.py"), "--lock", str(lock)]
+    command += ["--pyproject", str(LOCK.parent / "pyproject.toml")]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("UV_")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if edit is None:
+        assert done.returncode == 0, done.stderr
+        assert "2 packages, each from a source pyproject.toml names" in done.stdout
+        return
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert re.search(EDITS[edit][2], done.stderr), done.stderr
+    # An index the user's environment names (a company mirror) is theirs to use.
+    mirror = {**env, "UV_INDEX": "https://mirror.example.com/simple"}
+    mirrored = subprocess.run(command, capture_output=True, text=True, env=mirror)
+    assert (mirrored.returncode == 0) == (edit == "another index"), mirrored.stderr
 
 
 def test_the_record_names_the_lock_and_each_installed_version_that_differs_from_it(tmp_path: Path) -> None:
