@@ -51,6 +51,7 @@ def files_of(project: Path) -> set[str]:
 PROJECT_FILES = [".gitignore", "AGENTS.md", "CLAUDE.md", "LICENSE", "Makefile", "README.md", "pyproject.toml"]
 PROJECT_FILES += [".github/workflows/ci.yml", ".pre-commit-config.yaml"]
 PROJECT_FILES += ["scripts/agent_guides.py", "scripts/serve_load.py", "scripts/update_template.py"]
+PROJECT_FILES += ["scripts/check_lock.py"]
 # The reusable core and the CLI: in every bake, whatever the task.
 PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py", "export.py", "predict.py", "serve.py"]
 PACKAGE_FILES += ["sweep.py", "prepare.py"]
