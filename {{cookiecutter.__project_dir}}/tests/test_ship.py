@@ -654,6 +654,35 @@ def test_server_answers_batches_refuses_bad_requests_and_stops_on_sigterm(server
         again.listen()
 
 
+def slow_client(port: int, body_start: bytes) -> socket.socket:
+    """A connection that sends its headers and the start of a 1,000-byte body, then nothing more."""
+    connection = socket.create_connection(("127.0.0.1", port))
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    connection.sendall(head + body_start)
+    return connection
+
+
+@pytest.mark.slow
+def test_slow_bodies_are_dropped_and_good_requests_answered_meanwhile(shipped, tmp_path: Path) -> None:
+    trained, _, _ = shipped
+    good = json.dumps({"inputs": example_inputs(trained, 1)}).encode()
+    with serving(trained.checkpoint, tmp_path, "--body_timeout", "2") as (port, process, log):
+        start = time.monotonic()
+        slow = [slow_client(port, b'{"inputs": [') for _ in range(200)]
+        for _ in range(5):  # answered while 200 bodies are held open
+            assert post(port, good)[0] == 200
+        for connection in slow:  # each dropped with a 408 at its deadline, and its connection closed
+            connection.settimeout(30)
+            answer = b""
+            while chunk := connection.recv(4096):
+                answer += chunk
+            connection.close()
+            assert answer.startswith(b"HTTP/1.1 408 ") and b"within 2 s (the server's --body_timeout)" in answer
+        assert time.monotonic() - start < 20
+        assert post(port, good)[0] == 200 and process.poll() is None
+        assert "Traceback" not in log.read_text()
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_the_server_without_a_traceback(server) -> None:
     _, port, process, log = server

@@ -29,12 +29,14 @@ The checks come from the DataModule's ``request_schema()`` (see :func:`check_inp
 processes read it from an environment variable, as they do not load the model.
 """
 
+import asyncio
 import base64
 import json
 import logging
 import math
 import os
 import signal
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,18 +203,27 @@ class JSONBodyMiddleware:
 
     A plain ASGI middleware: it rewrites the request before FastAPI parses the body. A body over
     ``max_body_bytes`` gets 413 naming the limit (LitServe's ``MaxSizeMiddleware`` says only "Payload
-    too large"). An upload is read whole here and parsed by Starlette's form parser.
+    too large"); a body not complete ``body_timeout`` seconds after its headers gets 408 and its
+    connection is closed (uvicorn bounds neither: a client trickling a body a byte at a time would
+    hold its connection, and a file descriptor, for as long as it likes). An upload is read whole
+    here and parsed by Starlette's form parser.
     """
 
-    def __init__(self, app, max_body_bytes: int = 1 << 20, max_files: int = 256) -> None:
+    def __init__(self, app, max_body_bytes: int = 1 << 20, max_files: int = 256, body_timeout: float = 10.0) -> None:
         self.app, self.max_body_bytes, self.max_files = app, max_body_bytes, max_files
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope.get("method") == "POST":
             headers = [(name, value) for name, value in scope["headers"] if name.lower() != b"content-type"]
+            receive = self.timed(receive)
             if dict(scope["headers"]).get(b"content-type", b"").startswith(b"multipart/form-data"):
                 try:
                     body = await self.upload_as_json(scope, receive)
+                except HTTPException as error:  # the body's deadline passed
+                    late = JSONResponse({"detail": error.detail}, status_code=error.status_code, headers=error.headers)
+                    await late(scope, receive, send)
+                    return
                 # No boundary, too many parts, not multipart at all (Starlette raises its 400 as an exception here).
                 except (MultiPartException, StarletteHTTPException) as error:
                     reason = getattr(error, "detail", None) or getattr(error, "message", None) or str(error)
@@ -233,6 +244,24 @@ class JSONBodyMiddleware:
     @property
     def too_large(self) -> str:
         return f"the request body is over {self.max_body_bytes} bytes, the server's --max_body_bytes"
+
+    def timed(self, receive):
+        """``receive`` that raises 408 (inside FastAPI, which answers it) once the body is ``body_timeout`` late."""
+        deadline, complete = time.monotonic() + self.body_timeout, False
+
+        async def receive_in_time() -> dict[str, Any]:
+            nonlocal complete
+            if complete:  # after the body: waiting for a disconnect while the model works is not bounded here
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                late = f"the request body did not arrive within {self.body_timeout:g} s (the server's --body_timeout)"
+                raise HTTPException(408, late, headers={"Connection": "close"}) from None  # the socket goes too
+            complete = message.get("type") != "http.request" or not message.get("more_body", False)
+            return message
+
+        return receive_in_time
 
     def limited(self, receive):
         """``receive`` that raises 413 (inside FastAPI, which answers it) once the body passes the limit."""
@@ -411,6 +440,7 @@ def build_server(
     max_body_bytes: int = 1 << 20,
     max_image_pixels: int = 4096 * 4096,
     max_request_pixels: int = 4 * 4096 * 4096,
+    body_timeout: float = 10.0,
     accelerator: str = "auto",
     workers_per_device: int = 1,
     timeout: float = 30.0,
@@ -425,6 +455,7 @@ def build_server(
         max_image_pixels: most pixels of an image file in a request, read from its header (more: 422).
         max_request_pixels: most pixels of all the image files of one request together (more: 422):
             bounds the decoding one request costs the worker, however small its body.
+        body_timeout: seconds a request body may take to arrive after its headers (then 408).
         accelerator: "auto", "cpu" or "cuda"; ``workers_per_device`` model copies per device.
         timeout: seconds a request may wait for its answer (then 504).
         trust: modules besides the project's that the checkpoint may name (engine.inference).
@@ -439,7 +470,12 @@ def build_server(
         accelerator=accelerator,
         workers_per_device=workers_per_device,
         timeout=timeout,
-        middlewares=[(JSONBodyMiddleware, {"max_body_bytes": max_body_bytes, "max_files": max_inputs})],
+        middlewares=[
+            (
+                JSONBodyMiddleware,
+                {"max_body_bytes": max_body_bytes, "max_files": max_inputs, "body_timeout": body_timeout},
+            )
+        ],
     )
     server.app.add_exception_handler(RequestValidationError, refuse_request)
     return server
