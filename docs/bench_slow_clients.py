@@ -14,6 +14,8 @@ Prints one Markdown table row per K.
 """
 
 import argparse
+import contextlib
+import functools
 import json
 import resource
 import signal
@@ -65,20 +67,21 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     body = json.dumps({"inputs": [[[0.0] * 8] * 8]}).encode()  # a digits example (1, 8, 8) as JSON
     body = json.dumps({"inputs": [json.loads(body)["inputs"]]}).encode()
-    print(f"| slow connections (server ulimit -n {args.nofile}, --body_timeout {args.body_timeout:g}) "
-          "| good answered while held | p50 | slow ones answered 408 | good answered after the timeout |")
+    print(
+        f"| slow connections (server ulimit -n {args.nofile}, --body_timeout {args.body_timeout:g}) "
+        "| good answered while held | p50 | slow ones answered 408 | good answered after the timeout |"
+    )
     print("|---|---|---|---|---|")
     for count in args.counts:
         port = free_port()
         command = [sys.executable, "-m", f"{args.package}.serve", "--ckpt", args.ckpt, "--port", str(port)]
         command += ["--body_timeout", str(args.body_timeout)]
-        limit = args.nofile
         server = subprocess.Popen(
             command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)),
+            preexec_fn=functools.partial(resource.setrlimit, resource.RLIMIT_NOFILE, (args.nofile, args.nofile)),
         )
         try:
             deadline = time.monotonic() + 120
@@ -98,10 +101,8 @@ def main() -> None:
             timed_out = 0
             for connection in slow:
                 connection.settimeout(args.body_timeout + 30)
-                try:
+                with contextlib.suppress(OSError):
                     timed_out += connection.recv(64).startswith(b"HTTP/1.1 408")
-                except OSError:
-                    pass
                 connection.close()
             after = good_round(port, body, args.good)
             print(
