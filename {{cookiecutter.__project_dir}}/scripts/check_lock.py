@@ -32,7 +32,8 @@ except ModuleNotFoundError:  # Python 3.10: pip's own copy of tomli (every venv 
     from pip._vendor import tomli as tomllib
 
 PYPI = "https://pypi.org/simple"
-FILE_HOSTS = {"pypi.org": {"pypi.org", "files.pythonhosted.org"}}  # an index whose files live elsewhere
+PYPI_HOSTS = {"pypi.org", "files.pythonhosted.org"}
+FILE_HOSTS = {"pypi.org": PYPI_HOSTS}  # an index whose files live elsewhere
 INDEX_VARIABLES = ("UV_DEFAULT_INDEX", "UV_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL")
 OWN_SOURCES = ("editable", "virtual")
 
