@@ -19,7 +19,7 @@ from conftest import (
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import TabularDataModule
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
-from {{ cookiecutter.package_name }}.models import TabularModel
+from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 
 EXPERIMENT = CONFIGS / "experiments" / "tabular-csv.yaml"
@@ -96,8 +96,9 @@ def test_own_csv_trains_to_85_percent_and_a_raw_row_is_predicted_from_the_checkp
 
     # Later, with only the checkpoint: the preprocessing and the class names travel in it.
     best = summary["checkpoint"]
-    data = TabularDataModule.from_checkpoint(best)
-    model = TabularModel.load_from_checkpoint(best, map_location="cpu", weights_only=True).eval()
+    trained = load_trained(best)  # as the README shows
+    data, model = trained.datamodule, trained.model
+    assert TabularDataModule.from_checkpoint(best).state_dict()["preprocessing"] == data.state_dict()["preprocessing"]
     rows = pd.DataFrame({"x1": [3.0, -3.0], "x2": [0.0, 0.0], "colour": ["red", "never-seen"]})
     with torch.no_grad():
         probabilities = model.predict_step((data.encode(rows),), 0)

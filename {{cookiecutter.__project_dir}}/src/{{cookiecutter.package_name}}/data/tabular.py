@@ -26,6 +26,7 @@ A table encoded once (``make prepare``: :meth:`TabularDataModule.write_prepared`
 table's size (prepare itself reads the table with pandas once: it must fit in memory then).
 """
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +43,7 @@ from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.prepared import ArrayRecords, PreparedWriter, fingerprint, open_prepared
+from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint
 
 TargetType = Literal["auto", "classification", "regression"]
 # An integer target with at most this many distinct values is a class label (target_type "auto").
@@ -503,13 +505,15 @@ class TabularDataModule(ResumableDataModule):
         self.preprocessing = state_dict["preprocessing"]
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path) -> "TabularDataModule":
+    def from_checkpoint(cls, path: str | Path, trust: Sequence[str] = ()) -> "TabularDataModule":
         """The DataModule of a training run, with its preprocessing, to encode new raw rows.
 
         Raises:
-            engine.checkpoints.CheckpointError: the file is missing, broken or holds no table preprocessing.
+            engine.checkpoints.CheckpointError: the file is missing, broken or holds no table preprocessing,
+                or names code outside the trusted modules (``engine/trust.py``, ``trust``).
         """
         checkpoint = read_checkpoint(path)
+        check_checkpoint(checkpoint, path, trust)  # the one check every load goes through
         hparams = checkpoint.get("datamodule_hyper_parameters", {})
         datamodule = cls(**{key: value for key, value in hparams.items() if not key.startswith("_")})
         datamodule.load_state_dict(checkpoint[cls.__qualname__])
