@@ -232,8 +232,8 @@ class Prepared:
             raise DataError(f"data.prepared={self.path}/{MANIFEST}: state gives {limit!r} as {what}, not a count")
         for split in self.manifest["splits"]:
             array = self.split(split).get(field)
-            if array is None:
-                continue
+            if array is None or (array.dtype.kind == "u" and np.iinfo(array.dtype).max < limit):
+                continue  # absent, or no value of its type can reach the limit (bytes below 256): nothing to read
             step = max(1, (16 << 20) // max(1, array.record_bytes))
             for start in range(0, len(array), step):
                 block = array.read(start, min(len(array), start + step))
