@@ -261,6 +261,9 @@ def test_a_checkpoint_may_name_classes_of_torch_optim_and_nn_not_their_functions
     checkpoint["hyper_parameters"]["lr_scheduler"] = schedule
     with pytest.raises(UntrustedCheckpointError, match=rf"lr_lambda names {name}, .*{refusal}.*--trust"):
         check_checkpoint(checkpoint, "x.ckpt")
+    checkpoint["hyper_parameters"]["lr_scheduler"] = {"class_path": "LambdaLR"}  # not a path: refused in one line
+    with pytest.raises(UntrustedCheckpointError, match=r"lr_scheduler.class_path is 'LambdaLR', not a full class path"):
+        check_checkpoint(checkpoint, "x.ckpt")
     # Strings that name nothing importable are data: a file name, a metric, a prompt.
     checkpoint["hyper_parameters"]["lr_scheduler"] = None
     checkpoint["datamodule_hyper_parameters"]["notes"] = ["best.ckpt", "val/loss", "e.g. this: {a: b}"]

@@ -75,6 +75,8 @@ def check_checkpoint(checkpoint: dict[str, Any], path: str | Path, trust: Sequen
     classes = []
     for key in ARGUMENT_KEYS:
         for where, name, is_class_path in _names(checkpoint.get(key), key, 0, path):
+            if is_class_path and not DOTTED_NAME.fullmatch(name):  # make train saves full paths: pkg.module.Class
+                raise UntrustedCheckpointError(f"{path}: {where} is {name!r}, not a full class path: refused")
             _check_name(name, where, path, trust)
             if is_class_path:
                 classes.append((where, name))
