@@ -163,6 +163,39 @@ def test_drop_columns_keeps_a_column_from_the_model_and_every_column_is_reported
             TabularDataModule(path=str(table), target="label", drop_columns=wrong).setup("fit")
 
 
+def test_a_csv_is_read_as_written_never_with_data_turned_into_an_index(
+    table: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # scikit-learn's wine_data.csv shape: a metadata line (rows, features, class names), no header, then
+    # rows of 13 features and the class. pandas made 9 features the index and trained on 4, silently.
+    rng = np.random.default_rng(0)
+    features, classes = rng.normal(size=(90, 13)).round(3), rng.integers(0, 3, size=90)
+    rows = [",".join([*map(str, row), str(c)]) for row, c in zip(features, classes, strict=True)]
+    lines = ["90,13,class_0,class_1,class_2", *rows]
+    wine = tmp_path / "wine_data.csv"
+    wine.write_text("\n".join(lines) + "\n")
+    metadata = r"line 1, the header, has 5 fields .* the rows below it have 14: .*skip_rows=1"
+    with pytest.raises(ValueError, match=metadata):
+        _ = TabularDataModule(path=str(wine), target="column_13").num_features
+    data = TabularDataModule(path=str(wine), target="column_13", skip_rows=1, header=False)
+    assert data.num_features == 13 and data.num_outputs == 3  # every feature, no index built from data
+
+    # A ';' file: the separator is sniffed (it was read as one column named "x1;x2;colour;label").
+    semicolons = tmp_path / "semicolons.csv"
+    pd.read_csv(table).to_csv(semicolons, sep=";", index=False)
+    assert TabularDataModule(path=str(semicolons), target="label").num_features == 2 + 1 + 3
+
+    # A column with a distinct value on every row (an id, a date) is named, with the option that drops it.
+    frame = pd.read_csv(table)
+    frame.insert(0, "date", [f"2026-01-{i % 28 + 1:02d}T{i % 24:02d}:{i % 60:02d}" for i in range(len(frame))])
+    frame.to_csv(table, index=False)
+    with caplog.at_level(logging.INFO):
+        TabularDataModule(path=str(table), target="label").setup("fit")
+    assert "column 'date' has a distinct value on" in caplog.text
+    assert "looks like an identifier (an id, a date), not a feature; leave it out with" in caplog.text
+    assert "data.init_args.drop_columns=[date]" in caplog.text
+
+
 def test_missing_file_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"data.path=.*nothing.csv: no such file"):
         _ = TabularDataModule(path=str(tmp_path / "nothing.csv")).num_features

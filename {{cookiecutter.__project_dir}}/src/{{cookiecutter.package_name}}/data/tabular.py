@@ -26,6 +26,7 @@ A table encoded once (``make prepare``: :meth:`TabularDataModule.write_prepared`
 table's size (prepare itself reads the table with pandas once: it must fit in memory then).
 """
 
+import csv
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -74,6 +75,84 @@ def _numeric_column(column: pd.Series, name: str) -> np.ndarray:
     return values
 
 
+SEPARATORS = ",;\t|"
+SAMPLE_BYTES = 1 << 16  # what the separator and the field counts are read from
+
+
+def read_table(
+    path: str | Path,
+    key: str,
+    separator: str | None = None,
+    skip_rows: int = 0,
+    header: bool = True,
+    encoding: str = "utf-8",
+) -> pd.DataFrame:
+    """A CSV file as written: every field a column, never an index pandas builds out of data.
+
+    pandas makes the first columns of every row the index when the header has fewer fields than the
+    rows (a metadata line above the data, as in scikit-learn's ``wine_data.csv``), and a model then
+    trains on the remaining columns without a word. Here the header's field count must equal the
+    rows' (read from the first ``SAMPLE_BYTES``), else one line names both lines and the fix.
+
+    Args:
+        path: the CSV file; ``key`` names it in errors (``data.path``, ``INPUTS``).
+        separator: one character; None sniffs it among ``, ; tab |`` (csv.Sniffer).
+        skip_rows: lines above the header (or above the data, without a header) to leave out.
+        header: whether the first line after ``skip_rows`` names the columns; without one they are
+            named ``column_0``, ``column_1``, ...
+        encoding: of the file ("utf-8" also reads a byte-order mark; "latin-1", "cp1252", ...).
+
+    Raises:
+        ValueError: unreadable (encoding, no rows), or a header and rows of different field counts.
+    """
+    try:
+        with open(path, encoding=encoding, newline="") as file:
+            sample = file.read(SAMPLE_BYTES)
+    except (UnicodeDecodeError, LookupError) as error:
+        raise DataError(
+            f"{key}={path}: not readable as {encoding} text ({error}); set data.init_args.encoding"
+        ) from None
+    lines = sample.lstrip("\ufeff").splitlines()[skip_rows:]
+    if len(sample) == SAMPLE_BYTES:
+        lines = lines[:-1]  # the sample may end inside a line
+    if separator is None:
+        try:
+            separator = csv.Sniffer().sniff("\n".join(lines[:50]), delimiters=SEPARATORS).delimiter
+        except csv.Error:
+            separator = ","
+    rows = list(csv.reader(lines[:50], delimiter=separator))
+    counts = [len(row) for row in rows if row]
+    if header and len(counts) > 1 and counts[0] != max(counts[1:]) and len(set(counts[1:])) == 1:
+        first = skip_rows + 1
+        raise DataError(
+            f"{key}={path}: line {first}, the header, has {counts[0]} fields (separator {separator!r}) but the rows "
+            f"below it have {counts[1]}: it is not the header of these rows (metadata above the data?). Leave it "
+            f"out with data.init_args.skip_rows={skip_rows + 1}, and if the file has no header row at all, add "
+            "data.init_args.header=false (columns are then named column_0, column_1, ...)"
+        )
+    options = {"sep": separator, "skiprows": skip_rows, "encoding": encoding, "index_col": False}
+    if not header:
+        options.update(header=None, names=[f"column_{i}" for i in range(max(counts, default=0))])
+    try:
+        return pd.read_csv(path, **options)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise DataError(f"{key}={path}: not a readable CSV table ({error}); save it as UTF-8 CSV") from None
+
+
+def identifier_columns(frame: pd.DataFrame, ignore: list[str]) -> list[str]:
+    """Text or integer columns with a distinct value on (nearly) every row: ids and dates, not features."""
+    if len(frame) < 20:
+        return []
+    found = []
+    for name in frame.columns:
+        column = frame[name]
+        if name in ignore or pd.api.types.is_float_dtype(column) or pd.api.types.is_bool_dtype(column):
+            continue
+        if column.nunique(dropna=True) >= 0.95 * len(frame):
+            found.append(str(name))
+    return found
+
+
 def _column_report(prep: dict[str, Any], dropped: list[str], source: str) -> str:
     """How each column of the table is used, in a few lines: numeric, categorical with its count of values, dropped."""
     numeric = [name + (" (+ missing indicator)" if c["indicator"] else "") for name, c in prep["numeric"].items()]
@@ -97,7 +176,10 @@ class TabularDataModule(ResumableDataModule):
     ``target_scale`` are known as soon as the module exists: the CLI links them to the model.
 
     Args:
-        path: a CSV file with a header row; None for the ``bundled`` table.
+        path: a CSV file; None for the ``bundled`` table. Read by :func:`read_table`: the header's
+            field count must match the rows' (a metadata line above it is named, with the fix).
+        separator, skip_rows, header, encoding: how to read ``path`` (:func:`read_table`): the
+            separator is sniffed among ``, ; tab |`` unless given.
         target: the column to predict (the bundled tables' is "target").
         drop_columns: columns the model must not see: row ids, leaks of the target, free text.
         bundled: the scikit-learn table served when ``path`` is None.
@@ -128,6 +210,10 @@ class TabularDataModule(ResumableDataModule):
         test_fraction: float = 0.15,
         split_seed: int = 0,
         prepared: str | None = None,
+        separator: str | None = None,
+        skip_rows: int = 0,
+        header: bool = True,
+        encoding: str = "utf-8",
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
@@ -185,10 +271,8 @@ class TabularDataModule(ResumableDataModule):
             return frame
         if not Path(path).is_file():
             raise DataError(f"data.path={path}: no such file; give a CSV file with a header row")
-        try:
-            frame = pd.read_csv(path)
-        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
-            raise DataError(f"data.path={path}: not a readable CSV table ({error}); save it as UTF-8 CSV") from None
+        hp = self.hparams
+        frame = read_table(path, "data.path", hp.separator, hp.skip_rows, hp.header, hp.encoding)
         if frame.empty:
             raise DataError(f"data.path={path}: the table has no rows; give a CSV file with data below its header")
         return frame
@@ -274,6 +358,12 @@ class TabularDataModule(ResumableDataModule):
             else:
                 prep["categorical"][str(name)] = sorted(column.dropna().astype(str).unique().tolist())
         rank_zero_info(_column_report(prep, dropped, source))
+        for name in identifier_columns(features, []):
+            rank_zero_info(
+                f"data: column {name!r} has a distinct value on {features[name].nunique()} of {len(features)} rows: "
+                f"it looks like an identifier (an id, a date), not a feature; leave it out with "
+                f"data.init_args.drop_columns=[{name}]"
+            )
         if task == "regression":
             values = train[target].astype(float)
             prep["target_mean"], prep["target_std"] = float(values.mean()), float(values.std() or 1.0)
@@ -387,10 +477,7 @@ class TabularDataModule(ResumableDataModule):
         """
         if not Path(path).is_file():
             raise MissingFileError(f"INPUTS={path}: no such file; give a CSV file with the training columns")
-        try:
-            frame = pd.read_csv(path)
-        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
-            raise DataError(f"INPUTS={path}: not a readable CSV table ({error})") from None
+        frame = read_table(path, "INPUTS", self.hparams.separator, encoding=self.hparams.encoding)
         if frame.empty:
             raise DataError(f"INPUTS={path}: no rows below the header; add the rows to predict")
         try:
