@@ -523,6 +523,7 @@ class TabularDataModule(ResumableDataModule):
     def _prepared_settings(self) -> dict[str, Any]:
         hp = self.hparams
         keys = ("target", "drop_columns", "bundled", "target_type", "val_fraction", "test_fraction", "split_seed")
+        keys += ("separator", "skip_rows", "header", "encoding")  # how the CSV was read
         return {key: hp[key] for key in keys}
 
     def _open_prepared(self):
