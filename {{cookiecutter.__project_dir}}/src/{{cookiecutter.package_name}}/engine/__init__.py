@@ -10,7 +10,8 @@
   errors), ``launch.py`` (srun/torchrun checks), ``precision.py``, ``optim.py``, ``config.py``
   (fix-ups before anything is built) and ``callbacks/`` (pre-emption, RNG state, NaN stop, plots,
   the predictions writer).
-- ``inference.py`` (a checkpoint alone -> model, DataModule and a raw-input ``Predictor``),
+- ``trust.py`` (which names a checkpoint may make the program import: checked before every load),
+  ``inference.py`` (a checkpoint alone -> model, DataModule and a raw-input ``Predictor``),
   ``export.py`` (ONNX, torch.export, AOTInductor, int8, each checked against eager PyTorch) and
   ``serving.py`` (the LitServe API and its request checks): ``make predict``, ``export``, ``serve``.
 """
