@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import logging
 import math
 import re
 from collections import Counter
@@ -273,6 +274,24 @@ def test_a_run_shorter_than_an_epoch_validates_and_tests_its_best_checkpoint(tmp
     assert cli.trainer.num_training_batches > interval  # the epoch was not over
     summary = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
     assert summary["checkpoint"] is not None and summary["global_step"] == interval
+
+
+def test_max_steps_ends_the_run_and_its_last_step_validates(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The shrunk run has 10 batches an epoch and max_epochs 1: max_steps=25 used to stop at step 10
+    # (max_epochs first) without a word, and a last step between validations left no best checkpoint.
+    args = [*shrunk_args(tmp_path), "--trainer.val_check_interval=20", "--trainer.max_steps=25"]
+    with caplog.at_level(logging.INFO):
+        cli = main(["fit", *args])
+    assert "trainer.max_steps=25 ends this run; trainer.max_epochs=1 is lifted" in caplog.text
+    assert cli.trainer.global_step == 25  # three epochs of 10 batches, cut at 25
+    best = Path(cli.trainer.checkpoint_callback.best_model_path)
+    assert "step000025" in best.name  # validated at step 20 and at the last step, 25
+    summary = json.loads((best.parent.parent / "test_metrics.json").read_text())
+    assert summary["checkpoint"] == str(best) and summary["global_step"] == 25
+
+    # Shorter than one validation interval: it still validates once, at its end.
+    cli = main(["fit", *shrunk_args(tmp_path / "short"), "--trainer.val_check_interval=20", "--trainer.max_steps=7"])
+    assert "step000007" in Path(cli.trainer.checkpoint_callback.best_model_path).name
 
 
 def test_generate_without_a_checkpoint_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

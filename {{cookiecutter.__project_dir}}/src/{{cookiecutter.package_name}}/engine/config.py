@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import torch
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
+from lightning.pytorch.utilities import rank_zero_info
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.precision import fall_back_to_fp16_without_bf16
@@ -28,7 +29,24 @@ def prepare(config, subcommand: str | None) -> None:
     prepare_loggers(config.trainer)
     drop_disabled_callbacks(config.trainer)
     fall_back_to_fp16_without_bf16(config.trainer)
+    if subcommand == "fit":
+        let_max_steps_decide(config.trainer)
     choose_run(config, fit=subcommand == "fit")
+
+
+def let_max_steps_decide(trainer_config) -> None:
+    """``trainer.max_steps`` given: it ends the run, and ``max_epochs`` is lifted (said in one line).
+
+    Lightning stops at whichever limit comes first, so ``--trainer.max_steps=300`` on a config with
+    ``max_epochs: 5`` of 16 batches stopped at step 80 without a word.
+    """
+    steps, epochs = trainer_config.get("max_steps"), trainer_config.get("max_epochs")
+    if steps is not None and steps > 0 and epochs is not None and epochs >= 0:
+        rank_zero_info(
+            f"trainer.max_steps={steps} ends this run; trainer.max_epochs={epochs} is lifted so that it cannot end "
+            "it sooner (give max_steps: -1 to train by epochs)"
+        )
+        trainer_config.max_epochs = -1
 
 
 def check_hardware(trainer_config) -> None:

@@ -152,6 +152,23 @@ class TrainingModule(ShippableModel, L.LightningModule):
     def on_train_epoch_end(self) -> None:
         self._log_epoch_metrics(self.train_metrics)
 
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Every run validates at its last step, so it always has a best checkpoint to test, even when
+        # that step falls between val_check_interval steps (a short try, a small data set): a stop
+        # asked for at a step makes Lightning validate there (its rule for stopping early).
+        if self._is_last_training_step(batch_idx):
+            self.trainer.should_stop = True
+
+    def _is_last_training_step(self, batch_idx: int) -> bool:
+        trainer = self.trainer
+        if trainer.fast_dev_run or trainer.limit_val_batches == 0 or trainer.val_dataloaders is None:
+            return False
+        if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
+            return True
+        epochs, batches = trainer.max_epochs, trainer.num_training_batches
+        last_epoch = epochs is not None and epochs >= 0 and trainer.current_epoch + 1 >= epochs
+        return last_epoch and batches != float("inf") and batch_idx + 1 >= batches
+
     def on_validation_epoch_end(self) -> None:
         self._log_epoch_metrics(self.val_metrics, prog_bar=True)
 

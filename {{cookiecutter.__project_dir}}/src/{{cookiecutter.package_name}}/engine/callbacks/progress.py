@@ -32,13 +32,15 @@ class ThrottledRichProgressBar(RichProgressBar):
 
     @property
     def total_train_batches(self) -> int | float:
-        total = super().total_train_batches
+        total = self.trainer.num_training_batches
         return total if self._epoch_stops_at is None else min(total, self._epoch_stops_at)
 
     def _get_train_description(self, current_epoch: int) -> str:
-        # Lightning's "Epoch 0/4" counts to max_epochs, which a step limit may never reach.
+        # Lightning's "Epoch 0/4" counts to max_epochs, which a step limit may never reach (and with
+        # max_epochs lifted to -1 by engine.config.let_max_steps_decide it would say "Epoch 0/-2").
         trainer = self.trainer
-        if self._epoch_stops_at is not None and self._epoch_stops_at < super().total_train_batches:
+        by_steps = trainer.max_epochs is None or trainer.max_epochs < 0
+        if self._epoch_stops_at is not None and (by_steps or self._epoch_stops_at < trainer.num_training_batches):
             return f"Epoch {current_epoch} (stops at step {trainer.max_steps})"
         return super()._get_train_description(current_epoch)
 
