@@ -62,11 +62,18 @@ def shrunk_args(tmp_path: Path) -> list[str]:
     ]
 
 
+def with_tests_importable() -> dict[str, str]:
+    """The environment for a fresh process that may build the tests' own callbacks (``SignalAtStep``), which
+    a run's saved config names, so a resumed run builds them again."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))}
+
+
 def fit_in_subprocess(args: list[str], timeout: int = 300) -> None:
     """Run ``fit`` with ``args`` in a fresh process, as distributed runs need; fail the test on an error."""
     done = subprocess.run(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args],
         cwd=ROOT,
+        env=with_tests_importable(),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -76,20 +83,22 @@ def fit_in_subprocess(args: list[str], timeout: int = 300) -> None:
 
 def fit_stopped_by_signal(args: list[str], step: int, name: str = "SIGTERM", timeout: int = 300) -> Path:
     """Run ``fit`` in a fresh process that gets signal ``name`` after optimizer step ``step`` (on every
-    process, as a scheduler's scancel sends it); return the interrupted-step*.ckpt it left."""
+    process, as a scheduler's scancel sends it); return the interrupted-step*.ckpt it left. What it printed
+    is kept in ``<default_root_dir>/fit.log``."""
     init_args = {"step": step, "name": name}
     signal_at_step = {"class_path": "test_preemption.SignalAtStep", "init_args": init_args}
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args]
     stopped = subprocess.run(
         [*command, f"--trainer.callbacks+={json.dumps(signal_at_step)}"],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
+        env=with_tests_importable(),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
     assert stopped.returncode == 128 + signal.Signals[name], stopped.stderr[-3000:]
     root = Path(next(arg.split("=", 1)[1] for arg in args if arg.startswith("--trainer.default_root_dir=")))
+    (root / "fit.log").write_text(stopped.stdout + stopped.stderr)
     (interrupted,) = root.rglob("interrupted-step*.ckpt")
     return interrupted
 

@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import re
+import shlex
 import shutil
 import struct
 import subprocess
@@ -25,13 +26,16 @@ from conftest import (
     ROOT,
     assert_ddp_run_resumes_exactly,
     assert_prepared_run_resumes_as_in_memory,
+    fit_stopped_by_signal,
     shrunk_args,
     user_error,
+    with_tests_importable,
 )
 from PIL import Image
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
+from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 from {{ cookiecutter.package_name }}.engine.export import export_all
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
@@ -157,6 +161,43 @@ def test_a_prepared_run_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: P
     args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
     args += ["--trainer.log_every_n_steps=3"]
     assert_ddp_run_resumes_exactly(tmp_path, lambda folder: [*shrunk_args(folder), *args], step=4)
+
+
+def test_make_resume_rebuilds_an_experiment_run_from_its_own_config(tmp_path: Path) -> None:
+    # `make resume` names the project's default config (digits: 10 classes of 8 px grey images); a
+    # run started with the image-folder experiment (3 classes, 16 px, RGB) must continue as that run.
+    root = make_folder(tmp_path / "images", per_class=12)
+    args = [*shrunk_args(tmp_path), "--test_after_fit=false"]
+    experiment = [f"--config={EXPERIMENT}", f"--data.init_args.root={root}", "--data.init_args.image_size=16"]
+    first = main(["fit", *args, *experiment, "--data.init_args.batch_size=16"])
+    steps = first.trainer.global_step
+    resumed = main(["fit", *args, "--resume=true", "--trainer.max_epochs=2"])  # what `make resume ARGS=...` runs
+    assert isinstance(resumed.datamodule, ImageFolderDataModule)
+    assert (resumed.datamodule.hparams.root, resumed.datamodule.num_classes) == (str(root), 3)
+    assert resumed.trainer.global_step == 2 * steps
+    (run,) = (tmp_path / "logs" / "test").iterdir()
+    assert sorted(path.name for path in run.glob("config*.yaml")) == ["config-resumed-1.yaml", "config.yaml"]
+
+
+@pytest.mark.slow  # a SIGTERM and a resume: two processes
+def test_an_interrupted_experiment_run_continues_with_the_command_it_printed(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "images", per_class=12)
+    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={root}"]
+    args += ["--data.init_args.image_size=16", "--data.init_args.batch_size=16", "--trainer.max_epochs=2"]
+    args += ["--test_after_fit=false"]
+    interrupted = fit_stopped_by_signal(args, step=3)
+    printed = (tmp_path / "fit.log").read_text()
+    command = re.search(r"Continue this run with `make resume` \(python (-m .*)\)", printed)
+    assert command, printed[-2000:]
+    done = subprocess.run(
+        [sys.executable, *shlex.split(command[1])], cwd=ROOT, env=with_tests_importable(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = ImageFolderDataModule(root=str(root), image_size=16, batch_size=16)
+    data.setup("fit")
+    last = read_checkpoint(interrupted.parent / "last.ckpt")
+    assert last["global_step"] == 2 * len(data.train_dataloader()) > 3  # both epochs, as if uninterrupted
+    assert last["datamodule_hyper_parameters"]["root"] == str(root)
 
 
 def wide_folder(root: Path, per_class: int = 12) -> Path:

@@ -14,6 +14,7 @@ from typing import Literal
 
 import lightning as L
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule, TrainingModule
 from {{ cookiecutter.package_name }}.engine import config as run_config
@@ -25,7 +26,7 @@ from {{ cookiecutter.package_name }}.engine.errors import (
     exit_on_user_error,
     readable_parser_message,
 )
-from {{ cookiecutter.package_name }}.engine.launch import check_world_size
+from {{ cookiecutter.package_name }}.engine.launch import check_world_size, slurm_job_id
 from {{ cookiecutter.package_name }}.engine.quiet import (
     drop_wandb_anonymous,
     replace_resume_warnings,
@@ -39,9 +40,12 @@ from {{ cookiecutter.package_name }}.engine.runs import (
     announce_run,
     evaluate_best_checkpoint,
     keep_csv_metrics,
+    own_config,
     profile_into_run_dir,
     report_profiler_files,
     run_dir,
+    run_to_resume,
+    with_own_config,
 )
 from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, trusted_by_config
 
@@ -124,6 +128,13 @@ class CLI(LightningCLI):
             raise ConfigError(
                 "--resume and --ckpt_path: give only one (--resume picks the latest run's newest checkpoint)"
             )
+        if subcommand == "fit" and self.config.fit.get("resume") and not slurm_job_id():
+            # A run continues as it was configured: rebuilt from its own saved config, the other
+            # arguments on top (a requeued SLURM job runs the very command it started with).
+            config = own_config(run_to_resume(self.config.fit.trainer))
+            if config is not None:
+                rank_zero_info(f"Resuming with the run's own config, {config}, and the other arguments given")
+                super().parse_arguments(parser, with_own_config(sys.argv[1:] if args is None else list(args), config))
         # The run's own config is the user's input: the modules it names may appear in the checkpoint too.
         self.trusted = trusted_by_config(self.config[subcommand]) if subcommand else ()
         if _is_checkpoint_file(ckpt_path):

@@ -15,12 +15,19 @@ LEAFSPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 # lightning 2.6 (trainer/connectors/logger_connector) advertises its hosted LitLogger on every run,
 # and (trainer.estimated_stepping_batches, which the learning-rate schedule reads) says it builds
 # the training loader to count its batches, and (callback_connector) that the summary the default
-# config lists replaces its own.
+# config lists replaces its own; (trainer/setup.py) on every run without a GPU or TPU, that there is
+# none ("GPU available: True, used: False" still shows).
 RANK_ZERO_NOISE = (
     "Tip: For seamless cloud logging",
     "to estimate number of stepping batches",
     "Trainer already configured with model summary callbacks",
+    "GPU available: False, used: False",
+    "TPU available: False",
 )
+# lightning 2.6 (loops/fit_loop.py) on every run of fewer training batches an epoch than
+# trainer.log_every_n_steps: training metrics are then logged every few epochs instead, as the
+# setting says; the validation metrics are logged every epoch whatever it is.
+LOGGING_INTERVAL = r"The number of training batches \(\d+\) is smaller than the logging interval"
 
 
 # lightning 2.6 when a run continues in its own folder (make resume, a requeued SLURM job): the
@@ -90,6 +97,7 @@ class _DropRankZeroNoise(logging.Filter):
 def silence_dependency_noise() -> None:
     """Filter the messages above; safe to call more than once."""
     warnings.filterwarnings("ignore", message=LEAFSPEC, category=FutureWarning)
+    warnings.filterwarnings("ignore", message=LOGGING_INTERVAL)
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(existing, _DropRankZeroNoise) for existing in logger.filters):
         logger.addFilter(_DropRankZeroNoise())

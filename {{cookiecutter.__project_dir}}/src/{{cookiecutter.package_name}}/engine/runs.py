@@ -203,7 +203,7 @@ def choose_run(config, fit: bool = True) -> None:
         name_run_after_slurm_job(trainer, job_id)
         run = Path(trainer.default_root_dir)
     elif fit and config.get("resume"):
-        run = _run_to_resume(trainer)
+        run = run_to_resume(trainer)
         set_run_version(trainer, run.name)
     else:
         explicit = fit and config.get("ckpt_path") and run_version(trainer) is None
@@ -237,7 +237,12 @@ def new_run_name(config) -> str:
     return name
 
 
-def _run_to_resume(trainer_config) -> Path:
+def run_to_resume(trainer_config) -> Path:
+    """The run ``--resume=true`` continues: the one the logger's version names, else the latest with a checkpoint.
+
+    Raises:
+        ConfigError: no such run, or it has no checkpoint; says to start one with ``make train``.
+    """
     version = run_version(trainer_config)  # a run the user named, else the latest
     if version is not None:
         run = experiment_dir(trainer_config) / (version if isinstance(version, str) else f"version_{version}")
@@ -247,6 +252,37 @@ def _run_to_resume(trainer_config) -> Path:
         where = run or experiment_dir(trainer_config)
         raise ConfigError(f"--resume: no run with a checkpoint in {where}; start one with `make train`")
     return run
+
+
+def own_config(run: Path) -> Path | None:
+    """The config a run was last started or resumed with: ``config.yaml``, or its newest ``config-resumed-<n>.yaml``
+    (:class:`SaveConfigToRunDir` writes one when a resume changes the config); None for a run without one."""
+    numbered = (re.fullmatch(r"config-resumed-(\d+)\.yaml", path.name) for path in run.iterdir())
+    resumed = [(int(match[1]), run / match[0]) for match in numbered if match]
+    if resumed:
+        return max(resumed)[1]
+    first = run / "config.yaml"
+    return first if first.is_file() else None
+
+
+def with_own_config(args: list[str], config: Path) -> list[str]:
+    """``args`` of a ``fit`` command with every ``--config`` given replaced by ``config`` (the run's own).
+
+    ``make resume`` passes the project's default config, but the run may have been started with an
+    experiment config on top (another DataModule, another net): resuming it from the default would
+    build a different model. The run's saved config holds the whole resolved config of the run; the
+    other arguments (``--trainer.max_epochs=20``) still apply on top of it.
+    """
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("--config", "-c"):
+            skip = True
+        elif not arg.startswith("--config="):
+            kept.append(arg)
+    at = kept.index("fit") + 1 if "fit" in kept else 0
+    return [*kept[:at], f"--config={config}", *kept[at:]]
 
 
 def keep_csv_metrics(trainer: L.Trainer) -> None:

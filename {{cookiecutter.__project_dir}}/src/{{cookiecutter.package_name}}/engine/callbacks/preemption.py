@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
-from {{ cookiecutter.package_name }}.engine.runs import run_dir
+from {{ cookiecutter.package_name }}.engine.runs import own_config, run_dir
 
 
 class Preempted(SystemExit):
@@ -145,7 +145,11 @@ class PreemptionCheckpoint(Checkpoint):
             if trainer.is_global_zero:
                 self._requeue(job_id)
             raise Preempted(0)
-        rank_zero_info("Continue this run with `make resume` (python -m ... fit --resume=true)")
+        own = own_config(folder) or "<your config>"  # the run's own config, saved when fit started
+        rank_zero_info(
+            "Continue this run with `make resume` "
+            f"(python -m {{ cookiecutter.package_name }} fit --config {own} --resume=true)"
+        )
         raise Preempted(128 + received)
 
     @staticmethod
