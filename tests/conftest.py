@@ -1,14 +1,16 @@
 """Shared helpers: bake with pytest-cookies, the exact expected file set, and running a bake.
 
-Every bake installs into this one environment with `pip install --no-deps`, so no test
+Most bakes install into this one environment with `pip install --no-deps`, so no test
 re-resolves dependencies; `requirements_met` then proves the environment satisfies the bake's
-own pyproject.toml.
+own pyproject.toml. Bakes whose answers change the dependencies (another logger) install as
+their users do instead, into their own environment (`install_own_environment`).
 """
 
 import contextlib
 import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +25,9 @@ PRESETS = ("ddp", "debug", "fsdp", "gpu", "profile", "trace")
 # Bakes resolve no uv.lock (6 s of package-index queries each), session and module fixtures'
 # bakes included; test_bake.py's lock tests turn it on.
 os.environ["TORCH_TEMPLATE_LOCK"] = "0"
+# The user's uv cache, read before each test gets a home of its own: installs into a bake's own
+# environment take their packages from it (about 40 s a bake) instead of downloading 1.6 GB again.
+UV_CACHE_DIR = os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv")
 
 
 @pytest.fixture(autouse=True)
@@ -168,3 +173,37 @@ def run(command: list[str], cwd: Path, timeout: int = 600) -> subprocess.Complet
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("PYTEST_ADDOPTS", None)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def local_torch_wheel() -> Path | None:
+    """The wheel of this environment's torch when pip finds it on local disk (its find-links), else None."""
+    import torch
+
+    links = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    for folder in re.findall(r"find-links='([^']+)'", links):
+        for wheel in Path(folder).glob(f"torch-{torch.__version__}-*.whl"):
+            return wheel
+    return None
+
+
+def install_own_environment(project: Path) -> Path:
+    """``make install`` in a locked bake, as its user runs it: uv installs exactly its uv.lock into
+    ``.venv`` (torch: this environment's build); return that environment's Python.
+
+    A bake tested there can only use what its own ``pyproject.toml`` installs: a test of a csv-logger
+    bake that needs wandb fails here, where this template's environment (which has every logger)
+    would hide it.
+    """
+    import torch
+
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent))
+    assert uv is not None, "uv (a dev dependency of the template) is not beside this Python"
+    assert (project / "uv.lock").is_file(), "bake with TORCH_TEMPLATE_LOCK=1: the hook locks the bake"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}  # a user's shell
+    env |= {"PATH": f"{Path(uv).parent}{os.pathsep}/usr/bin{os.pathsep}/bin", "UV_CACHE_DIR": UV_CACHE_DIR}
+    torch_spec = local_torch_wheel() or f"torch=={torch.__version__}"
+    done = subprocess.run(
+        ["make", "install", f"TORCH={torch_spec}"], cwd=project, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return project / ".venv" / "bin" / "python"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, bake, expected_files, files_of, leftover_template_syntax
+from conftest import ROOT, UV_CACHE_DIR, bake, expected_files, files_of, leftover_template_syntax, local_torch_wheel
 
 QUESTIONS = json.loads((ROOT / "cookiecutter.json").read_text())
 LOGGERS, PRECISIONS = QUESTIONS["logger"], QUESTIONS["precision"]
@@ -101,17 +101,6 @@ def test_make_help_lists_targets_without_colour_codes_off_a_terminal(cookies) ->
     assert [line.split()[0] for line in shown.splitlines()] == targets
 
 
-def local_torch_wheel() -> Path | None:
-    """The wheel of this environment's torch when pip finds it on local disk (its find-links), else None."""
-    import torch
-
-    links = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-    for folder in re.findall(r"find-links='([^']+)'", links):
-        for wheel in Path(folder).glob(f"torch-{torch.__version__}-*.whl"):
-            return wheel
-    return None
-
-
 def test_make_install_uses_uv_when_it_is_on_the_path_else_pip_and_says_so(cookies) -> None:
     project = bake(cookies)
     env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
@@ -146,6 +135,7 @@ def test_a_bake_is_locked_and_make_install_installs_exactly_its_lock(cookies, mo
 
     env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
     env["PATH"] = f"{Path(uv).parent}:/usr/bin:/bin"  # a real install with uv, torch from its local wheel
+    env["UV_CACHE_DIR"] = UV_CACHE_DIR  # the packages the user's uv already has
     # An older rich than the newest (15 here), locked through `make lock`: the install must follow the lock.
     relock = ["make", "lock", "ARGS=--upgrade-package rich==13.9.4"]
     subprocess.run(relock, cwd=project, env=env, capture_output=True, text=True, check=True)

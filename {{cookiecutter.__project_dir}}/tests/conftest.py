@@ -65,7 +65,8 @@ def shrunk_args(tmp_path: Path) -> list[str]:
 def with_tests_importable() -> dict[str, str]:
     """The environment for a fresh process that may build the tests' own callbacks (``SignalAtStep``), which
     a run's saved config names, so a resumed run builds them again."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))}
+    paths = [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in paths if path)}
 
 
 def fit_in_subprocess(args: list[str], timeout: int = 300) -> None:

@@ -78,12 +78,14 @@ ALLOWED_LINES = (
 
 @pytest.mark.slow
 def test_a_default_run_prints_only_lines_a_person_needs(tmp_path: Path) -> None:
-    # A fresh process, as `make train` runs, with the default logger (wandb, offline here) and the
-    # model summary; its output is not a terminal, so no colour codes either.
+    # A fresh process, as `make train` runs, with the project's own logger (wandb logs offline here;
+    # a project baked with another logger does not install wandb) and the model summary; its output
+    # is not a terminal, so no colour codes either.
+    logger = yaml.safe_load((CONFIGS / "default.yaml").read_text())["trainer"]["logger"]["class_path"]
     overrides = [
-        "--trainer.logger=lightning.pytorch.loggers.WandbLogger",
+        f"--trainer.logger={logger}",
         f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
-        "--trainer.logger.init_args.project=test",
+        f"--trainer.logger.init_args.{'project' if logger.endswith('WandbLogger') else 'name'}=test",
         "--trainer.enable_model_summary=true",
     ]
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *shrunk_args(tmp_path), *overrides]

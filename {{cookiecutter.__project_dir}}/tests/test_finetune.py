@@ -32,7 +32,7 @@ from {{ cookiecutter.package_name }}.data import PromptCompletionDataModule
 from {{ cookiecutter.package_name }}.data.prompts import IGNORE
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
-from {{ cookiecutter.package_name }}.engine.runs import run_dir
+from {{ cookiecutter.package_name }}.engine.runs import own_config, run_dir
 from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.nets import HFCausalLM, LoRA
 from {{ cookiecutter.package_name }}.predict import main as predict_main
@@ -178,7 +178,8 @@ def test_lora_resumes_exactly_after_sigterm_mid_epoch(tiny: Path, tmp_path: Path
     interrupted.trainer.callbacks.append(SignalAtStep(step=14, name="SIGTERM"))  # 10 steps an epoch: mid epoch 2
     with pytest.raises(Preempted):
         interrupted.trainer.fit(interrupted.model, datamodule=interrupted.datamodule)
-    resumed = main(["fit", *args, "--resume=true"])
+    # As the interrupt says: the run's own config (finetune.yaml's net is in it), nothing else.
+    resumed = main(["fit", f"--config={own_config(run_dir(interrupted.trainer))}", "--resume=true"])
     assert_same_end_state(reference, resumed)
     # The frozen base is rebuilt from its folder on resume: equal to the uninterrupted run's too.
     for (name, expected), (_, actual) in zip(

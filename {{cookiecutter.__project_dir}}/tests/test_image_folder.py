@@ -40,9 +40,11 @@ from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 from {{ cookiecutter.package_name }}.engine.export import export_all
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.engine.prepared import file_sha256, sampled_sha256
+from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.predict import main as predict_main
 from {{ cookiecutter.package_name }}.predict import predict
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
+from {{ cookiecutter.package_name }}.prepare import train_command
 
 EXPERIMENT = CONFIGS / "experiments" / "image-folder.yaml"
 CLASSES = ("blobs", "horizontal", "vertical")  # tell-apart patterns that survive a flip and a crop
@@ -189,9 +191,8 @@ def test_an_interrupted_experiment_run_continues_with_the_command_it_printed(tmp
     printed = (tmp_path / "fit.log").read_text()
     command = re.search(r"Continue this run with `make resume` \(python (-m .*)\)", printed)
     assert command, printed[-2000:]
-    done = subprocess.run(
-        [sys.executable, *shlex.split(command[1])], cwd=ROOT, env=with_tests_importable(), capture_output=True, text=True
-    )
+    continued = [sys.executable, *shlex.split(command[1])]
+    done = subprocess.run(continued, cwd=ROOT, env=with_tests_importable(), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     data = ImageFolderDataModule(root=str(root), image_size=16, batch_size=16)
     data.setup("fit")
@@ -287,6 +288,37 @@ def test_prepare_names_a_corrupt_image_or_counts_what_it_skipped(tmp_path: Path)
     prepared = prepare_folder(tmp_path, root, "--data.init_args.skip_unreadable=true")
     manifest = json.loads((prepared / "manifest.json").read_text())
     assert manifest["state"]["skipped"] == 1 and sum(s["count"] for s in manifest["splits"].values()) == 30
+
+
+def test_export_needs_no_training_folder_and_checks_on_inputs_given(tmp_path: Path, capsys) -> None:
+    root = make_folder(tmp_path / "images", per_class=12)
+    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={root}"]
+    cli = main(["fit", *args, "--data.init_args.image_size=16", "--data.init_args.batch_size=8"])
+    checkpoint = Path(cli.trainer.checkpoint_callback.best_model_path)
+    samples = shutil.copytree(root / "vertical", tmp_path / "samples")
+    root.rename(tmp_path / "moved")  # the training folder is gone: predict works, and so must export
+    onnx = importlib.util.find_spec("onnxruntime") is not None
+    record = export_all(load_trained(checkpoint), tmp_path / "export", onnx=onnx)
+    assert record["checked_on"].startswith("64 random inputs of the checkpoint's shape [3, 16, 16]")
+    assert record["test_scores"] == {} and set(record["max_abs_diff"]) == ({"onnx", "pt2"} if onnx else {"pt2"})
+    export_main(["--ckpt", str(checkpoint), "--output", str(tmp_path / "given"), "--inputs", str(samples)])
+    printed = capsys.readouterr().out
+    assert f"checked on INPUTS={samples}" in printed and "; test {" not in printed
+    assert json.loads((tmp_path / "given" / "export.json").read_text())["checked_on"] == f"INPUTS={samples}"
+
+
+def test_prepare_prints_the_command_that_trains_on_what_it_wrote(tmp_path: Path, capsys) -> None:
+    root = make_folder(tmp_path / "images")
+    prepared = prepare_folder(tmp_path, root)
+    printed = capsys.readouterr().out
+    command = re.search(r"^train on it: python -m \w+ (fit .*)$", printed, re.MULTILINE)
+    assert command, printed
+    quick = [arg for arg in shrunk_args(tmp_path) if not arg.startswith("--config")]  # files land in tmp_path
+    cli = main([*shlex.split(command[1]), *quick, "--test_after_fit=false"])
+    assert (cli.datamodule.hparams.prepared, cli.datamodule.num_classes) == (str(prepared), 3)
+    # `make prepare` passes the project's default config first: the printed command is make's own.
+    made = train_command(["--config", "configs/default.yaml", "--config", "configs/experiments/image-folder.yaml"], "p")
+    assert made == "make train ARGS='--config configs/experiments/image-folder.yaml --data.init_args.prepared=p'"
 
 
 def test_prepare_of_the_bundled_digits_says_which_data_has_a_prepared_form(tmp_path: Path) -> None:

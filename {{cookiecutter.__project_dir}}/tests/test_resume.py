@@ -11,7 +11,7 @@ from test_preemption import SignalAtStep
 from {{ cookiecutter.package_name }}.cli import CLI, main
 from {{ cookiecutter.package_name }}.engine.callbacks import RunPlots
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
-from {{ cookiecutter.package_name }}.engine.runs import run_dir
+from {{ cookiecutter.package_name }}.engine.runs import own_config, run_dir
 
 # Three epochs, deterministic algorithms; the test after fit is not part of the comparison.
 EXACT = ["--trainer.max_epochs=3", "--trainer.deterministic=true", "--test_after_fit=false"]
@@ -106,5 +106,6 @@ def test_a_users_own_datamodule_resumes_exactly_mid_epoch(tmp_path: Path) -> Non
     interrupted.trainer.callbacks.append(SignalAtStep(step=17))  # 210 training rows, 7 steps an epoch: mid epoch 2 of 3
     with pytest.raises(Preempted):
         interrupted.trainer.fit(interrupted.model, datamodule=interrupted.datamodule)
-    resumed = main(["fit", *args, "--resume=true"])
+    # As the interrupt says: the run's own config (the class switch is in it), nothing else.
+    resumed = main(["fit", f"--config={own_config(run_dir(interrupted.trainer))}", "--resume=true"])
     assert_same_end_state(reference, resumed)

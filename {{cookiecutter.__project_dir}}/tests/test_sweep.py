@@ -123,8 +123,7 @@ def test_a_continued_sweep_draws_new_points(tmp_path: Path) -> None:
     assert continued != first
 
 
-def test_each_trial_is_its_own_wandb_run_and_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("wandb")
+{% if cookiecutter.logger == "wandb" %}def test_each_trial_is_its_own_wandb_run_and_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     wandb_logger = [
@@ -142,7 +141,7 @@ def test_each_trial_is_its_own_wandb_run_and_folder(tmp_path: Path, monkeypatch:
     assert runs == {"tiny-trial0", "tiny-trial1"}
 
 
-@pytest.mark.parametrize(
+{% endif %}@pytest.mark.parametrize(
     ("params", "message"),
     [
         (

@@ -30,6 +30,7 @@ def export(
     int8: bool = False,
     tolerance: float = 1e-4,
     trust: str | None = None,
+    inputs: str | None = None,
 ) -> Path:
     """Export checkpoint ``ckpt``; print the checks and return the folder.
 
@@ -43,6 +44,9 @@ def export(
         tolerance: largest absolute difference from eager PyTorch that an export may show.
         trust: modules besides this project's package whose classes the checkpoint may name,
             comma-separated (an own DataModule or net kept elsewhere); only for checkpoints you trust.
+        inputs: a file or folder of your inputs (as ``make predict`` reads them) to trace and check
+            the export on; default the test split, or, when the training data is not at hand,
+            random inputs of the checkpoint's shape (see ``engine.export.check_inputs``).
 
     Raises:
         FileNotFoundError: no checkpoint found or given.
@@ -51,10 +55,12 @@ def export(
     path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
     trained = load_trained(path, trust=trusted_modules(trust))
     folder = Path(output) if output is not None else default_folder(path)
-    record = export_all(trained, folder, onnx=onnx, aoti=aoti, int8=int8, tolerance=tolerance)
+    record = export_all(trained, folder, onnx=onnx, aoti=aoti, int8=int8, tolerance=tolerance, inputs=inputs)
+    print(f"checked on {record['checked_on']}")
     for kind, filename in record["files"].items():
         diffs = ", ".join(f"{batch} {value:.2e}" for batch, value in record["max_abs_diff"][kind].items())
-        print(f"{folder / filename}: max abs diff from PyTorch {diffs}; test {json.dumps(record['test_scores'][kind])}")
+        scores = f"; test {json.dumps(record['test_scores'][kind])}" if kind in record["test_scores"] else ""
+        print(f"{folder / filename}: max abs diff from PyTorch {diffs}{scores}")
     if "int8" in record["test_scores"]:
         print(
             f"int8 weight-only: test {json.dumps(record['test_scores']['int8'])} "

@@ -1,20 +1,25 @@
 """``make prepare``: the configured data source, decoded, tokenized or encoded once into a prepared data set.
 
-    python -m {{ cookiecutter.package_name }}.prepare --out data/prepared --config configs/default.yaml [--data.init_args.root=...]
-    python -m {{ cookiecutter.package_name }} fit --config configs/default.yaml --data.init_args.prepared=data/prepared
+    make prepare OUT=data/prepared ARGS="--config configs/experiments/<name>.yaml [...]"
+    make train ARGS="--config configs/experiments/<name>.yaml [...] --data.init_args.prepared=data/prepared"
     python -m {{ cookiecutter.package_name }}.prepare --verify data/prepared   # hash every shard in full
 
 Every argument besides ``--out`` and ``--workers`` is the training CLI's: the same configs and
 overrides choose the DataModule and its source, so the prepared data set is made with exactly the
-settings training will check it against. The DataModule does the work (``write_prepared``), the
-core writes the folder atomically and checks it before training (:mod:`engine.prepared`).
+settings training will check it against; it ends by printing the training command, those arguments
+and ``--data.init_args.prepared``. The bundled example data sets are small enough for memory and have
+no prepared form: prepare is for the experiment configs (your own data). The DataModule does the
+work (``write_prepared``), the core writes the folder atomically and checks it before training
+(:mod:`engine.prepared`).
 """
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 import time
+from unittest import mock
 
 from {{ cookiecutter.package_name }}.cli import main as cli_main
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, exit_on_user_error
@@ -31,7 +36,8 @@ def prepare(args: list[str], out: str, workers: int | None = None) -> dict:
         ValueError: the DataModule has no prepared form, or already reads one (``data.prepared``).
     """
     # The CLI builds a Trainer too: keep it out of logs/. The DataModule reads nothing until write_prepared.
-    with tempfile.TemporaryDirectory() as folder, preparing():
+    # The arguments are given as a list: LightningCLI warns when the command line has some too.
+    with tempfile.TemporaryDirectory() as folder, preparing(), mock.patch.object(sys, "argv", sys.argv[:1]):
         cli = cli_main([*args, "--trainer.logger=false", f"--trainer.default_root_dir={folder}"], run=False)
     data = cli.datamodule
     name = type(data).__name__
@@ -46,6 +52,16 @@ def prepare(args: list[str], out: str, workers: int | None = None) -> dict:
             "data.prepared out of the arguments of make prepare"
         )
     return data.write_prepared(out, workers=workers)
+
+
+def train_command(args: list[str], out: str) -> str:
+    """The command that trains on the prepared data set ``out`` written with the training ``args``: the
+    same configs and overrides, and ``data.prepared``. ``make train`` when ``args`` start as ``make
+    prepare`` starts them (its ``--config configs/default.yaml``), else ``python -m ... fit``."""
+    prepared = [*args, f"--data.init_args.prepared={out}"]
+    if prepared[:2] == ["--config", "configs/default.yaml"]:
+        return f"make train ARGS={shlex.quote(shlex.join(prepared[2:]))}"
+    return shlex.join(["python", "-m", "{{ cookiecutter.package_name }}", "fit", *prepared])
 
 
 def main(args: list[str] | None = None) -> None:
@@ -72,7 +88,7 @@ def main(args: list[str] | None = None) -> None:
         seconds = time.perf_counter() - start
         summary = ", ".join(f"{key}={value}" for key, value in counts.items())
         print(f"prepared {known.out}: {summary} in {seconds:.1f} s")
-        print(f'train on it: make train ARGS="--data.init_args.prepared={known.out}"')
+        print(f"train on it: {train_command(rest, known.out)}")
 
 
 if __name__ == "__main__":

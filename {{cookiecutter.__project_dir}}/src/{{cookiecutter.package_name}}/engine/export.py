@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from {{ cookiecutter.package_name }}.engine.errors import UserError
+from {{ cookiecutter.package_name }}.engine.errors import DataError, UserError
 from {{ cookiecutter.package_name }}.engine.inference import Trained
 from {{ cookiecutter.package_name }}.engine.quiet import silence_export_noise
 
@@ -169,12 +169,16 @@ def export_all(
     aoti: bool = False,
     int8: bool = False,
     tolerance: float = 1e-4,
+    inputs: str | None = None,
 ) -> dict[str, Any]:
     """Write the exports of ``trained`` into ``folder``, check each, and return what ``export.json`` records.
+
+    The files are traced and checked on the raw inputs :func:`check_inputs` gives for ``inputs``.
 
     Raises:
         ExportError: an export differs from eager beyond ``tolerance``, a package is missing, or
             ``folder`` holds files that are not an export's.
+        DataError: no inputs to check on (see :func:`check_inputs`).
     """
     silence_export_noise()
     folder = folder.resolve()
@@ -192,7 +196,7 @@ def export_all(
     shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
     partial.mkdir(parents=True)
     try:
-        record = _export_into(partial, folder, trained, onnx, aoti, int8, tolerance)
+        record = _export_into(partial, folder, trained, onnx, aoti, int8, tolerance, inputs)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)  # the previous export, if any, stays as it was
         raise
@@ -210,13 +214,55 @@ def replace_folder(new: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def check_inputs(data: Any, inputs: str | None = None, count: int = 64) -> tuple[torch.Tensor, Any, str]:
+    """Raw inputs (N, ...) to trace and check an export on, their targets (None when unknown), and their source.
+
+    - ``inputs`` (``make export INPUTS=...``): the user's files, read as ``make predict`` reads them.
+    - else the test split, which scores each file too;
+    - else, when the training data is not at hand (moved or deleted after training), ``count`` random
+      inputs of the shape and value range the checkpoint's DataModule gives (``request_schema``): an
+      export of a trained model never needs its training data.
+
+    Raises:
+        DataError: the training data is not at hand and the inputs are not arrays the schema
+            describes (a table's rows, text): give ``INPUTS=``.
+    """
+    if inputs is not None:
+        _, raw = data.read_inputs(inputs)
+        if not isinstance(raw, torch.Tensor):
+            raise DataError(f"INPUTS={inputs}: an export is checked on inputs of one shape; leave INPUTS= out")
+        return raw, None, f"INPUTS={inputs}"
+    try:
+        data.setup("test")
+        raw, targets = data.raw_inputs("test")
+        return raw, targets, "the test split"
+    except UserError as error:
+        missing = str(error)
+    schema = data.request_schema()
+    if schema.get("kind") != "array":
+        raise DataError(
+            f"the training data is not at hand ({missing}): give INPUTS=<your inputs> to check the export on"
+        )
+    low, high = float(schema.get("min", 0.0)), float(schema.get("max", 1.0))
+    raw = low + (high - low) * torch.rand((count, *schema["shape"]), generator=torch.Generator().manual_seed(0))
+    shape = schema["shape"]
+    return raw, None, f"{count} random inputs of the checkpoint's shape {shape} (the training data is not at hand)"
+
+
 def _export_into(
-    work: Path, folder: Path, trained: Trained, onnx: bool, aoti: bool, int8: bool, tolerance: float
+    work: Path,
+    folder: Path,
+    trained: Trained,
+    onnx: bool,
+    aoti: bool,
+    int8: bool,
+    tolerance: float,
+    inputs: str | None = None,
 ) -> dict[str, Any]:
     """The body of :func:`export_all`: files into ``work``, messages naming their place in ``folder``."""
     data, predictor = trained.datamodule, trained.predictor.cpu()
-    data.setup("test")
-    raw, targets = data.raw_inputs("test")
+    raw, targets, checked_on = check_inputs(data, inputs)
+    score = (lambda outputs: trained.model.score(outputs, targets)) if targets is not None else None
     example = raw[:3]  # an odd batch: a batch of 1 would be specialised to a constant
     dynamic = data.dynamic_dims()
     batches = parity_batches(raw, dynamic)
@@ -232,9 +278,10 @@ def _export_into(
         **data.inference_metadata(),
         "trained_with": {"model": _class_path(trained.model), "datamodule": _class_path(data)},
         "tolerance": tolerance,
+        "checked_on": checked_on,
         "files": {},
         "max_abs_diff": {},
-        "test_scores": {"eager": trained.model.score(batched(predictor, raw), targets)},
+        "test_scores": {"eager": score(batched(predictor, raw))} if score else {},
         "seconds": {},
     }
 
@@ -246,7 +293,8 @@ def _export_into(
         record["files"][kind] = filename
         record["max_abs_diff"][kind] = max_abs_diff(runner, predictor, batches)
         check_parity(f"{kind} ({folder / filename})", record["max_abs_diff"][kind], tolerance)
-        record["test_scores"][kind] = trained.model.score(batched(runner, raw), targets)
+        if score:
+            record["test_scores"][kind] = score(batched(runner, raw))
         return result
 
     if onnx:
@@ -259,7 +307,8 @@ def _export_into(
         add("hf", "hf", lambda path: _outputs_of(head, trained.model.net.save_merged(path)))
     if int8:
         quantized = quantize_int8(predictor)
-        record["test_scores"]["int8"] = trained.model.score(batched(quantized, raw), targets)
+        if score:
+            record["test_scores"]["int8"] = score(batched(quantized, raw))
         record["max_abs_diff"]["int8"] = max_abs_diff(quantized, predictor, batches)  # quantisation error, not a bug
     for name, text in data.inference_files().items():  # what building an input needs (a trained tokenizer)
         (work / name).write_text(text, encoding="utf-8")
@@ -330,7 +379,7 @@ Made and checked with {made_with}.
 ## Use
 {usage(record)}
 
-## Checks (test split)
+## Checks (on {record["checked_on"]})
 | export | max abs diff from eager PyTorch (tolerance {record["tolerance"]:g}) |
 |---|---|
 {diffs}

@@ -146,10 +146,8 @@ class PreemptionCheckpoint(Checkpoint):
                 self._requeue(job_id)
             raise Preempted(0)
         own = own_config(folder) or "<your config>"  # the run's own config, saved when fit started
-        rank_zero_info(
-            "Continue this run with `make resume` "
-            f"(python -m {{ cookiecutter.package_name }} fit --config {own} --resume=true)"
-        )
+        command = f"python -m {{ cookiecutter.package_name }} fit --config {own} --resume=true"
+        rank_zero_info(f"Continue this run with `make resume` ({command})")
         raise Preempted(128 + received)
 
     @staticmethod
