@@ -517,7 +517,7 @@ def write_bad(kind: str, root: Path) -> Path:
         ("missing", "data.root=.*nowhere: no such folder"),
         ("one-class", "1 class folder"),
         ("no-images", "no images"),
-        ("corrupt", r"broken.png: not a readable image \(.*\); remove or replace the file, or set data.skip_unre"),
+        ("corrupt", r"broken.png: not a readable image \(.*\); remove or replace the file, or set data.init_args.skip"),
     ],
 )
 def test_bad_folders_fail_before_training_and_write_nothing(tmp_path: Path, kind: str, message: str) -> None:
@@ -534,7 +534,7 @@ def test_skip_unreadable_leaves_out_broken_files_and_names_them(tmp_path: Path, 
     (root / "vertical" / "truncated.png").write_bytes(whole[: len(whole) // 2])  # fails when decoded
     args = ["fit", *shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={root}"]
     args += ["--data.init_args.batch_size=8", "--trainer.log_every_n_steps=1"]
-    with user_error(r"broken.png: not a readable image \(.*\); remove or replace the file, or set data.skip_unread"):
+    with user_error(r"broken.png: not a readable image \(.*\); remove or replace the file, or set data.init_args"):
         main([*args, "--test_after_fit=false"])
 
     with caplog.at_level(logging.INFO):
@@ -559,8 +559,8 @@ def test_a_decompression_bomb_is_named_in_training_and_in_inputs(tmp_path: Path,
     bomb = root / "blobs" / "bomb.png"
     Image.new("L", (64, 64)).save(bomb)
     message = rf"^{bomb}: Image size \(4096 pixels\) exceeds limit of 2000 pixels, Pillow's guard against decompression"
-    message += r" bombs; remove the file \(or set data.skip_unreadable=true\), or raise PIL.Image.MAX_IMAGE_PIXELS"
-    with user_error(message + " if you trust it$"):
+    message += r" bombs; remove or replace the file, or set data.init_args.skip_unreadable=true \(or raise PIL.Image"
+    with user_error(message + r".MAX_IMAGE_PIXELS if you trust it\)$"):
         main(["fit", *shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={root}"])
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))
 
@@ -570,5 +570,10 @@ def test_a_decompression_bomb_is_named_in_training_and_in_inputs(tmp_path: Path,
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     Image.new("L", (64, 64)).save(inputs / "bomb.png")
-    with pytest.raises(ValueError, match=rf"^{inputs / 'bomb.png'}: Image size \(4096 pixels\) exceeds"):
+    # The advice is one make predict can follow: a training setting is not among its options.
+    advice = rf"; remove or replace the file in INPUTS={inputs} \(or raise PIL.Image.MAX_IMAGE_PIXELS if you"
+    with pytest.raises(ValueError, match=rf"^{inputs / 'bomb.png'}: Image size \(4096 pixels\) exceeds.*{advice}"):
+        data.read_inputs(str(inputs))
+    (inputs / "bomb.png").write_bytes(b"not an image")
+    with pytest.raises(ValueError, match=r"bomb.png: not a readable image \(.*\); remove or replace the file in INP"):
         data.read_inputs(str(inputs))

@@ -747,7 +747,8 @@ def test_request_checks_name_the_input_and_the_problem() -> None:
             check_inputs(inputs, schema)
     rows = {"kind": "row", "columns": ["a", "b"], "numeric": ["a"], "max_inputs": 4}
     check_inputs([{"a": 1, "b": None}, {"a": None, "b": "x"}, {"a": -3.5e38 / 1.1, "b": 2}], rows)
-    with pytest.raises(ValueError, match=r"missing columns \['b'\], unknown columns \['c'\]"):
+    check_inputs([{"a": 1, "b": None, "batch_id": "x"}], rows)  # other keys are left out, as a file's other columns
+    with pytest.raises(ValueError, match=r"missing columns \['b'\] \(null is a missing value, and is accepted\)"):
         check_inputs([{"a": 1, "c": 2}], rows)
     numeric = {
         r"inputs\[0\]\['a'\] \(a numeric column; null for a missing value\) must be a number, got str": "tall",

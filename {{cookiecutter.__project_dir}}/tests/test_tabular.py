@@ -20,6 +20,8 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import TabularDataModule
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
+from {{ cookiecutter.package_name }}.engine.serving import check_inputs
+from {{ cookiecutter.package_name }}.predict import predict
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 
 EXPERIMENT = CONFIGS / "experiments" / "tabular-csv.yaml"
@@ -194,6 +196,38 @@ def test_a_csv_is_read_as_written_never_with_data_turned_into_an_index(
     assert "column 'date' has a distinct value on" in caplog.text
     assert "looks like an identifier (an id, a date), not a feature; leave it out with" in caplog.text
     assert "data.init_args.drop_columns=[date]" in caplog.text
+
+
+def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_files_and_requests(
+    table: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    frame = pd.read_csv(table)
+    frame.insert(0, "batch_id", [f"b{i:04d}" for i in range(len(frame))])
+    frame.to_csv(table, index=False)
+    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.path={table}"]
+    cli = main(["fit", *args, "--data.init_args.target=label", "--data.init_args.id_column=batch_id"])
+    assert cli.datamodule.num_features == 2 + 1 + 3  # the id is not a feature
+    best = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
+    tested = predict(ckpt=best["checkpoint"], output=tmp_path / "test.csv", accelerator="cpu")
+    test_rows = cli.datamodule.split_rows["test"]
+    assert pd.read_csv(tested)["id"].tolist() == frame["batch_id"].iloc[test_rows].tolist()
+
+    # New rows with the id, a column the model never saw, and no label: one rule for files and requests.
+    new = frame.drop(columns=["label"]).head(5).assign(note="checked")
+    new.to_csv(tmp_path / "new.csv", index=False)
+    with caplog.at_level(logging.INFO):
+        written = predict(ckpt=best["checkpoint"], inputs=str(tmp_path / "new.csv"), output=tmp_path / "new-p.csv")
+    assert f"INPUTS={tmp_path / 'new.csv'}: columns the model was not trained on, left out: ['note']" in caplog.text
+    predicted = pd.read_csv(written)
+    assert predicted["id"].tolist() == ["b0000", "b0001", "b0002", "b0003", "b0004"]
+    trained = load_trained(best["checkpoint"])
+    records = json.loads(new.to_json(orient="records"))  # as a client sends them: the id and the note too
+    check_inputs(records, {**trained.datamodule.request_schema(), "max_inputs": 5})
+    from_file = trained.datamodule.read_inputs(str(tmp_path / "new.csv"))[1]
+    torch.testing.assert_close(trained.datamodule.inputs_from_json(records), from_file, rtol=0, atol=0, equal_nan=True)
+    gap = "an empty cell is a missing value, and is accepted: keep the column"
+    with pytest.raises(ValueError, match=rf"lack the column\(s\) \['x1'\] the model was trained with \({gap}\)"):
+        trained.datamodule.inputs_from_json([{"x2": 0.0, "colour": "red"}])
 
 
 def test_missing_file_names_the_field(tmp_path: Path) -> None:

@@ -60,6 +60,10 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 SPLITS = ("train", "val", "test")
 
 
+# What to do about an unreadable file in the training data (training, prepare): a setting they take.
+TRAINING_FIX = "remove or replace the file, or set data.init_args.skip_unreadable=true"
+
+
 class ImageFolderDataModule(ResumableDataModule):
     """Images from class subfolders, cached decoded, served as (B, C, H, W) batches (see the module docstring).
 
@@ -362,8 +366,11 @@ class ImageFolderDataModule(ResumableDataModule):
             self._report_skipped(f"data.root={self.hparams.root}")
         return {split: writer.manifest["splits"][split]["count"] for split in SPLITS} | {"skipped": skipped}
 
-    def _decode(self, items: Sequence[tuple[Path, int]]) -> tuple[torch.Tensor, torch.Tensor, list[tuple[Path, int]]]:
-        """(images (N, C, H, W) uint8, labels (N,), the N items decoded); with skip_unreadable N may be fewer."""
+    def _decode(
+        self, items: Sequence[tuple[Path, int]], fix: str = TRAINING_FIX
+    ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[Path, int]]]:
+        """(images (N, C, H, W) uint8, labels (N,), the N items decoded); with skip_unreadable N may be fewer.
+        An unreadable file stops it with ``fix``, the advice that fits the command that reads it."""
         size = self.hparams.image_size
         images = torch.empty(len(items), self.num_channels, size, size, dtype=torch.uint8)
         kept: list[tuple[Path, int]] = []
@@ -373,7 +380,7 @@ class ImageFolderDataModule(ResumableDataModule):
                     images[len(kept)] = self._pixels(image)
             except UNREADABLE as error:
                 if not self.hparams.skip_unreadable:
-                    raise unreadable(path, error) from None
+                    raise unreadable(path, error, fix) from None
                 self.skipped.append(path)
                 continue
             kept.append((path, label))
@@ -485,7 +492,8 @@ class ImageFolderDataModule(ResumableDataModule):
         files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             raise DataError(f"INPUTS={path}: no images ({', '.join(IMAGE_SUFFIXES)})")
-        images, _, kept = self._decode([(file, 0) for file in files])
+        fix = f"remove or replace the file in INPUTS={path}"  # predict takes no data settings
+        images, _, kept = self._decode([(file, 0) for file in files], fix=fix)
         self._report_skipped(f"INPUTS={path}")
         if not kept:
             raise DataError(f"INPUTS={path}: no readable images")
@@ -588,13 +596,11 @@ def _image_mode(path: Path) -> str:
 UNREADABLE = (OSError, UnidentifiedImageError, Image.DecompressionBombError)
 
 
-def unreadable(path: Path, error: Exception) -> DataError:
-    """The one-line error naming ``path`` for an ``UNREADABLE`` error of Pillow, and the fix."""
+def unreadable(path: Path, error: Exception, fix: str = TRAINING_FIX) -> DataError:
+    """The one-line error naming ``path`` for an ``UNREADABLE`` error of Pillow, and ``fix``."""
     if isinstance(error, Image.DecompressionBombError):  # a few KB of PNG can claim billions of pixels
         return DataError(
-            f"{path}: {error.args[0].split(',')[0]}, Pillow's guard against decompression bombs; remove the file "
-            "(or set data.skip_unreadable=true), or raise PIL.Image.MAX_IMAGE_PIXELS if you trust it"
+            f"{path}: {error.args[0].split(',')[0]}, Pillow's guard against decompression bombs; {fix} "
+            "(or raise PIL.Image.MAX_IMAGE_PIXELS if you trust it)"
         )
-    return DataError(
-        f"{path}: not a readable image ({error}); remove or replace the file, or set data.skip_unreadable=true"
-    )
+    return DataError(f"{path}: not a readable image ({error}); {fix}")

@@ -181,7 +181,10 @@ class TabularDataModule(ResumableDataModule):
         separator, skip_rows, header, encoding: how to read ``path`` (:func:`read_table`): the
             separator is sniffed among ``, ; tab |`` unless given.
         target: the column to predict (the bundled tables' is "target").
-        drop_columns: columns the model must not see: row ids, leaks of the target, free text.
+        drop_columns: columns the model must not see: leaks of the target, free text.
+        id_column: a column that names each row (an id, a file name): the model does not see it, and
+            predictions name their rows by it (the test split's, and an ``INPUTS=`` file's when it has
+            the column; else row numbers). A prepared table names its test rows by row number.
         bundled: the scikit-learn table served when ``path`` is None.
         target_type: "classification", "regression", or "auto": strings, booleans and integers
             with at most 50 distinct values are classes, anything else numeric is regression.
@@ -203,6 +206,7 @@ class TabularDataModule(ResumableDataModule):
         path: str | None = None,
         target: str = "target",
         drop_columns: list[str] | None = None,
+        id_column: str | None = None,
         bundled: Literal["breast_cancer", "diabetes"] = "breast_cancer",
         target_type: TargetType = "auto",
         batch_size: int = 64,
@@ -315,7 +319,12 @@ class TabularDataModule(ResumableDataModule):
                 f"data.drop_columns: {unknown} are not feature columns of {source} (the target cannot be dropped); "
                 f"its columns are {list(frame.columns)}"
             )
-        features = frame.drop(columns=[target, *dropped])
+        if hp.id_column is not None and (hp.id_column not in frame.columns or hp.id_column == target):
+            raise DataError(
+                f"data.id_column={hp.id_column!r} is not a column of {source} besides the target; "
+                f"its columns are {list(frame.columns)}"
+            )
+        features = frame.drop(columns=[target, *{*dropped, *([hp.id_column] if hp.id_column else [])}])
         empty = [name for name in features.columns if features[name].isna().all()]
         if empty:
             raise DataError(f"{source}: column(s) {empty} are empty in every row; drop them from the file")
@@ -362,7 +371,7 @@ class TabularDataModule(ResumableDataModule):
             rank_zero_info(
                 f"data: column {name!r} has a distinct value on {features[name].nunique()} of {len(features)} rows: "
                 f"it looks like an identifier (an id, a date), not a feature; leave it out with "
-                f"data.init_args.drop_columns=[{name}]"
+                f"data.init_args.drop_columns=[{name}], or name the rows by it with data.init_args.id_column={name}"
             )
         if task == "regression":
             values = train[target].astype(float)
@@ -408,7 +417,10 @@ class TabularDataModule(ResumableDataModule):
         prep = self._preprocessing()
         missing = [name for name in [*prep["numeric"], *prep["categorical"]] if name not in frame.columns]
         if missing:
-            raise DataError(f"rows to encode lack the column(s) {missing} the model was trained with")
+            raise DataError(
+                f"rows to encode lack the column(s) {missing} the model was trained with (an empty cell is a "
+                "missing value, and is accepted: keep the column)"
+            )
         parts = [_numeric_column(frame[name], name) for name in prep["numeric"]]
         for name, categories in prep["categorical"].items():
             index = {category: i for i, category in enumerate(categories)}
@@ -462,14 +474,19 @@ class TabularDataModule(ResumableDataModule):
         prep = self._preprocessing()
         return {"numeric_columns": list(prep["numeric"]), "categories": prep["categorical"], "task": prep["task"]}
 
-    def test_ids(self) -> list[int]:
-        """Row numbers (0-based, header not counted) of the test rows in the table."""
+    def test_ids(self) -> list[Any]:
+        """The ``id_column`` values of the test rows, else their row numbers (0-based, header not counted)."""
         if self.hparams.prepared is not None:
             return self._open_prepared().split("test")["row"][:].tolist()
+        if self.hparams.id_column is not None:
+            return self._frame()[self.hparams.id_column].iloc[self.split_rows["test"]].astype(str).tolist()
         return self.split_rows["test"].tolist()
 
     def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
-        """Rows of a CSV file with the training columns (the target column may be absent); ids are row numbers.
+        """Rows of a CSV file with the training columns; ids are the ``id_column`` values, else row numbers.
+
+        Other columns (the target, notes, ids) are left out, as the server leaves out other keys of a
+        request's rows; one log line names them.
 
         Raises:
             FileNotFoundError: no such file.
@@ -481,9 +498,16 @@ class TabularDataModule(ResumableDataModule):
         if frame.empty:
             raise DataError(f"INPUTS={path}: no rows below the header; add the rows to predict")
         try:
-            return [str(i) for i in range(len(frame))], self.raw_rows(frame)
+            rows = self.raw_rows(frame)
         except DataError as error:
             raise DataError(f"INPUTS={path}: {error}") from None
+        prep, id_column = self._preprocessing(), self.hparams.id_column
+        ignored = [name for name in frame.columns if name not in (*prep["numeric"], *prep["categorical"], id_column)]
+        if ignored:
+            rank_zero_info(f"INPUTS={path}: columns the model was not trained on, left out: {ignored}")
+        if id_column is not None and id_column in frame.columns:
+            return frame[id_column].astype(str).tolist(), rows
+        return [str(i) for i in range(len(frame))], rows
 
     def request_schema(self) -> dict[str, Any]:
         prep = self._preprocessing()
@@ -522,7 +546,8 @@ class TabularDataModule(ResumableDataModule):
     # ---- a prepared table: encoded once, read from disk --------------------------------------------
     def _prepared_settings(self) -> dict[str, Any]:
         hp = self.hparams
-        keys = ("target", "drop_columns", "bundled", "target_type", "val_fraction", "test_fraction", "split_seed")
+        keys = ("target", "drop_columns", "id_column", "bundled", "target_type", "val_fraction", "test_fraction")
+        keys += ("split_seed",)
         keys += ("separator", "skip_rows", "header", "encoding")  # how the CSV was read
         return {key: hp[key] for key in keys}
 

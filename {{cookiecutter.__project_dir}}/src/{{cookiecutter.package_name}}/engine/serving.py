@@ -68,9 +68,10 @@ def check_inputs(inputs: list[Any], schema: dict[str, Any]) -> None:
     """Raise ValueError naming the first input that does not fit ``schema``.
 
     ``schema`` kinds: ``{"kind": "array", "shape": [...], "min": a, "max": b}`` (nested lists of
-    finite numbers), ``{"kind": "row", "columns": [...], "numeric": [...]}`` (objects with exactly
-    these keys; values numbers, strings, booleans or null, and in a ``numeric`` column a finite
-    number within float32 or null), ``{"kind": "text", "max_bytes": n}`` (non-empty strings).
+    finite numbers), ``{"kind": "row", "columns": [...], "numeric": [...]}`` (objects with at least
+    these keys, others left out as ``make predict`` leaves out a file's other columns; values
+    numbers, strings, booleans or null, and in a ``numeric`` column a finite number within float32
+    or null), ``{"kind": "text", "max_bytes": n}`` (non-empty strings).
     Every kind also has ``max_inputs``. An array schema with ``"image_files": true`` also takes an
     image file as base64 text in place of an array; its header is read here (never the pixels) and
     more than ``max_image_pixels`` pixels in one image, or ``max_request_pixels`` in all the images of
@@ -154,10 +155,11 @@ def _check_array(value: Any, shape: list[int], low: float | None, high: float | 
 def _check_row(value: Any, columns: list[str], numeric: Sequence[str], where: str) -> None:
     if not isinstance(value, dict):
         raise ValueError(f"{where} must be an object with the columns {columns}")
-    missing, unknown = [c for c in columns if c not in value], [k for k in value if k not in columns]
-    if missing or unknown:
-        raise ValueError(f"{where}: missing columns {missing}, unknown columns {unknown} (null for a missing value)")
-    for column, item in value.items():
+    missing = [c for c in columns if c not in value]
+    if missing:
+        raise ValueError(f"{where}: missing columns {missing} (null is a missing value, and is accepted)")
+    for column in columns:
+        item = value[column]
         if item is None:
             continue
         if column in numeric:
