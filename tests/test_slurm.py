@@ -236,3 +236,40 @@ def test_task_count_that_disagrees_with_devices_is_refused(cluster: Cluster, pro
         done.stderr + done.stdout
     )
     assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_a_sweep_array_shares_one_study_created_once(cluster: Cluster, project: Path) -> None:
+    # sweep.sbatch as its header says for a CPU-only cluster, as a 2-task array whose tasks start
+    # together on the 2 CPUs: both create-or-open the study at the same instant. Without the study
+    # lock one task died in 3 of 5 such arrays (UNIQUE constraint failed: alembic_version).
+    tiny = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2"]
+    tiny += ["--test_after_fit=false", "--trainer.enable_progress_bar=false"]
+    tiny += ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.init_args.save_dir=logs"]
+    args = ["--n_trials=2", "--study_name=race", "--args+=--trainer.accelerator=cpu"]
+    args += [f"--args+={arg}" for arg in tiny]
+    job_id = cluster.sbatch(
+        "--gpus-per-node=0",
+        "--array=0-1",
+        "--cpus-per-task=1",
+        "--mem=2G",
+        "scripts/slurm/sweep.sbatch",
+        *args,
+        cwd=project,
+        env={"PYTHON": sys.executable, "PRESETS": ""},
+    )
+    final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
+    deadline, states = time.monotonic() + 300, {}
+    while time.monotonic() < deadline:
+        shown = cluster.command("scontrol", "show", "job", "-o", str(job_id)).stdout.splitlines()
+        states = dict(re.findall(r"ArrayTaskId=(\d+) .*?JobState=(\w+)", "\n".join(shown)))
+        if len(states) == 2 and set(states.values()) <= final:
+            break
+        time.sleep(1)
+    logs = "\n".join(path.read_text() for path in (project / "logs" / "slurm").glob(f"*-sweep-{job_id}_*.out"))
+    assert states == {"0": "COMPLETED", "1": "COMPLETED"}, f"{states}\n{logs[-4000:]}"
+    import optuna
+
+    study = optuna.load_study(
+        study_name="race", storage=f"sqlite:///{project / 'logs' / 'sweeps' / 'race' / 'study.db'}"
+    )
+    assert len([trial for trial in study.trials if trial.state.is_finished()]) >= 2

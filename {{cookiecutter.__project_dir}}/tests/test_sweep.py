@@ -108,6 +108,37 @@ UNIFORM = {"type": "uniform", "low": 0, "high": 1}  # not an Optuna distribution
 BACKWARDS = {"type": "float", "low": 0.1, "high": 0.01}
 
 
+# A worker as a SLURM array task starts one: it opens the study of each round's folder at that round's instant.
+WORKER = """
+import sys, time
+from pathlib import Path
+from {{ cookiecutter.package_name }}.sweep import open_study
+root, start, rounds = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+for round in range(rounds):
+    folder = root / f"round{round}"
+    folder.mkdir(exist_ok=True)
+    while time.time() < start + round:
+        pass
+    open_study(folder, "race", f"sqlite:///{folder / 'study.db'}", heartbeat_interval=1, grace_period=2)
+"""
+
+
+@pytest.mark.slow  # starts 3 processes
+def test_workers_that_start_at_the_same_instant_all_open_one_study(tmp_path: Path) -> None:
+    # Without the lock 10 of 10 rounds of 3 workers lost one: UNIQUE constraint failed: alembic_version.
+    rounds, start = 6, time.time() + 15  # after every worker has imported the package
+    workers = [
+        subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), str(start), str(rounds)], stderr=subprocess.PIPE)
+        for _ in range(3)
+    ]
+    errors = [worker.communicate(timeout=120)[1].decode() for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0, 0], "\n".join(errors)[-3000:]
+    assert time.time() > start + rounds - 1  # every round ran at its instant, none before
+    for round in range(rounds):
+        storage = f"sqlite:///{tmp_path / f'round{round}' / 'study.db'}"
+        assert [summary.study_name for summary in optuna.get_all_study_summaries(storage)] == ["race"]
+
+
 def tiny_sweep(tmp_path: Path, n_trials: int, extra: list[str] = (), params: dict | None = None) -> optuna.Study:
     """The tiny study of :func:`write_sweep`, run in this process."""
     spec = yaml.safe_load(write_sweep(tmp_path, n_trials).read_text())

@@ -25,6 +25,7 @@ A trial stopped by a non-finite loss (StopOnNonFinite) counts as failed and the 
 
 import contextlib
 import datetime
+import fcntl
 import io
 import os
 import shutil
@@ -121,23 +122,15 @@ def sweep(
         raise ConfigError(f"n_trials must be at least 1, got {n_trials}")
     sweep_dir = Path(folder) / study_name
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        # optuna marks heartbeat_interval experimental (ExperimentalWarning) since 2.9; it is what
-        # lets a killed trial be found and retried.
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        database = RDBStorage(
-            storage or f"sqlite:///{sweep_dir / 'study.db'}",
-            heartbeat_interval=heartbeat_interval,
-            grace_period=grace_period,
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
-        )
-    study = optuna.create_study(
-        study_name=study_name,
-        storage=database,
-        load_if_exists=True,
+    database, study = open_study(
+        sweep_dir,
+        study_name,
+        storage or f"sqlite:///{sweep_dir / 'study.db'}",
         direction=direction,
         sampler=sampler or optuna.samplers.TPESampler(seed=0),
         pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
+        heartbeat_interval=heartbeat_interval,
+        grace_period=grace_period,
     )
 
     def objective(trial: optuna.Trial) -> float:
@@ -171,6 +164,36 @@ def sweep(
         study.optimize(objective, callbacks=[MaxTrialsCallback(n_trials, states=FINISHED)], catch=(NonFiniteError,))
     write_best(study, sweep_dir)
     return study
+
+
+def open_study(
+    sweep_dir: Path, study_name: str, url: str, heartbeat_interval: int, grace_period: int, **study: Any
+) -> tuple[RDBStorage, optuna.Study]:
+    """The storage at ``url`` and its study ``study_name``, created by the first of the workers that start together.
+
+    Workers of a SLURM job array start at the same instant, and Optuna's RDBStorage creates its
+    tables (and alembic's version row) without a lock of its own: with SQLite two workers both
+    tried, and one died on ``UNIQUE constraint failed: alembic_version.version_num`` (optuna issues
+    #1092, #4621). Each worker takes an exclusive ``flock`` on ``<sweep_dir>/.study.lock`` (on the
+    shared file system) while it creates or opens the storage and the study, so one creates them and
+    the others open what it made. SQLite then waits up to 60 s for another worker's write instead of
+    failing with "database is locked". Optuna's JournalStorage, its other choice for several
+    processes, has no heartbeats, so a killed trial could not be retried.
+    """
+    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
+    with open(sweep_dir / ".study.lock", "w") as lock, warnings.catch_warnings():
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        # optuna marks heartbeat_interval experimental (ExperimentalWarning) since 2.9; it is what
+        # lets a killed trial be found and retried.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        database = RDBStorage(
+            url,
+            engine_kwargs=engine,
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period,
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
+        )
+        return database, optuna.create_study(study_name=study_name, storage=database, load_if_exists=True, **study)
 
 
 def build_trial(args: list[str], name: str):
