@@ -112,6 +112,45 @@ def test_make_install_uses_uv_when_it_is_on_the_path_else_pip_and_says_so(cookie
     assert lock.returncode == 2 and "make lock: needs uv (https://docs.astral.sh/uv" in lock.stderr
 
 
+def test_the_documented_torch_choices_reach_pip_and_uv_as_written(cookies, tmp_path: Path) -> None:
+    # uv reads no pip configuration: the CPU build comes only from the index TORCH names (a bare
+    # torch==2.13.0 gave uv the 5 GB CUDA build). The README's command, dry-run with pip and with uv.
+    project = bake(cookies)
+    cpu = "torch --index-url https://download.pytorch.org/whl/cpu"
+    readme = (project / "README.md").read_text()
+    assert f'make install TORCH="{cpu}"' in readme and "uv does not read pip's configuration" in readme
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
+    fake_uv = tmp_path / "bin" / "uv"  # the dry run only prints the commands
+    fake_uv.parent.mkdir()
+    fake_uv.write_text("#!/bin/sh\n")
+    fake_uv.chmod(0o755)
+    for path, installer in (
+        (f"{fake_uv.parent}:/usr/bin:/bin", "uv pip install --compile-bytecode --no-config"),
+        ("/usr/bin:/bin", ".venv/bin/python -m pip install"),
+    ):
+        dry = subprocess.run(
+            ["make", "-n", "install", f"TORCH={cpu}"],
+            cwd=project,
+            env={**env, "PATH": path},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        (line,) = [line for line in dry.splitlines() if installer in line and "torch" in line and "-e" not in line]
+        assert line.endswith(cpu), line
+    # torchvision: the release built for the installed torch, which the same command pins.
+    dry = subprocess.run(
+        ["make", "-n", "torchvision"],
+        cwd=project,
+        env={**env, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert 'pip install torchvision "torch==$torch"' in dry
+    assert "vision" not in tomllib.loads((project / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
 def locked_versions(lock: Path) -> dict[str, set[str]]:
     versions: dict[str, set[str]] = {}
     for package in tomllib.loads(lock.read_text())["package"]:

@@ -1,7 +1,7 @@
 """A torchvision classification backbone with a new head, for transfer learning.
 
-torchvision is an optional extra (``pip install -e ".[vision]"``): its wheels are built against one
-torch release each, so install the pair that matches your torch. Weights are read from torch's
+torchvision is optional: its wheels are built against one torch release each, so install the one
+that matches your torch (``make torchvision`` does, without moving torch). Weights are read from torch's
 local hub cache only (``torch.hub.get_dir()/checkpoints``), never downloaded during a run: fetch
 them once on a machine with internet (``torchvision.models.get_model(name, weights="DEFAULT")``
 stores them there) or pass ``weights=None`` for random initialisation.
@@ -50,7 +50,7 @@ class PretrainedNet(nn.Module):
         except (ImportError, RuntimeError) as error:
             raise ImportError(
                 f"PretrainedNet needs torchvision built for torch {torch.__version__} ({error}); "
-                'install it with: pip install -e ".[vision]"'
+                "install the one built for your torch with: make torchvision"
             ) from None
         if in_channels not in (1, 3):
             raise ConfigError(f"PretrainedNet.in_channels must be 1 or 3, got {in_channels}")
