@@ -295,14 +295,23 @@ def test_agent_guides_fall_back_to_the_required_range_without_torch(cookies, tmp
     import torch
 
     project = tmp_path / "digits-classifier"
-    subprocess.run([sys.executable, "scripts/agent_guides.py"], cwd=project, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "scripts/agent_guides.py", "--keep-known"], cwd=project, check=True, capture_output=True
+    )
     agents = (project / "AGENTS.md").read_text()
     assert f"**PyTorch version:** {torch.__version__} (Lightning " in agents
     assert "**CUDA available:** unknown" not in agents
     claude = (project / ".claude" / "agents" / "digits-classifier.md").read_text()
     assert f"- PyTorch: {torch.__version__} (Lightning " in claude
     assert f"; CUDA available: {'yes' if torch.cuda.is_available() else 'no'}" in claude
-    assert "$(VENV)/bin/python scripts/agent_guides.py" in (project / "Makefile").read_text()
+    assert "$(VENV)/bin/python scripts/agent_guides.py --keep-known" in (project / "Makefile").read_text()
+    # make install's run: known facts stay as committed (another machine's stack is said, not written).
+    moved = agents.replace(f"**PyTorch version:** {torch.__version__}", "**PyTorch version:** 2.99.0+cu999")
+    (project / "AGENTS.md").write_text(moved)
+    keep = [sys.executable, "scripts/agent_guides.py", "--keep-known"]
+    said = subprocess.run(keep, cwd=project, check=True, capture_output=True, text=True).stdout
+    assert (project / "AGENTS.md").read_text() == moved
+    assert "AGENTS.md names another stack than this machine's" in said
 
 
 def test_first_commit_holds_every_file(cookies) -> None:

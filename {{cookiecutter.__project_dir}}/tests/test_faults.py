@@ -219,6 +219,7 @@ def test_bad_input_fails_before_training(tmp_path: Path, args: list[str], messag
     with user_error(message):
         main(["fit", *shrunk_args(tmp_path), *args])
     assert not list(tmp_path.rglob("*.ckpt"))
+    assert not list((tmp_path / "logs").rglob("*"))  # no empty run folder either
 
 
 @pytest.mark.slow

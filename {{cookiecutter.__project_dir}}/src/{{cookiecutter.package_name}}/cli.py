@@ -42,6 +42,7 @@ from {{ cookiecutter.package_name }}.engine.runs import (
     keep_csv_metrics,
     own_config,
     profile_into_run_dir,
+    remove_empty_run_dir,
     report_profiler_files,
     run_dir,
     run_to_resume,
@@ -151,6 +152,16 @@ class CLI(LightningCLI):
             if cause is None or cause is error:
                 raise
             raise cause from error
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except UserError:
+            # A data mistake found once fit started (a DataModule's setup): the run folder made for
+            # it holds nothing yet, and is not left behind empty.
+            if subcommand == "fit" and self.trainer.is_global_zero:
+                remove_empty_run_dir(self.trainer)
+            raise
 
     def before_instantiate_classes(self) -> None:
         run_config.prepare(self.config.get(self.subcommand, self.config), self.subcommand)

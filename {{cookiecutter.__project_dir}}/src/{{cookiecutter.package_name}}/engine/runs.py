@@ -13,6 +13,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -44,6 +45,15 @@ def run_dir(trainer: L.Trainer) -> Path:
         logger.experiment  # noqa: B018 - wandb knows its run id only once the run has started
     version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
     return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version)
+
+
+def remove_empty_run_dir(trainer: L.Trainer) -> None:
+    """Remove this run's folder, and its experiment folder, when they hold no file (a run stopped before
+    it wrote anything: a data mistake found in ``setup``)."""
+    folder = run_dir(trainer)
+    for candidate in (folder, folder.parent):
+        if candidate.is_dir() and not any(path.is_file() for path in candidate.rglob("*")):
+            shutil.rmtree(candidate)
 
 
 def announce_run(trainer: L.Trainer) -> None:
