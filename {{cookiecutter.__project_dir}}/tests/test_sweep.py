@@ -97,7 +97,12 @@ def test_a_killed_sweep_continues_to_its_trial_count(tmp_path: Path) -> None:
         config["model"]["init_args"]["optimizer"]["init_args"]["lr"]
         == study_best.params["model.init_args.optimizer.init_args.lr"]
     )
-    assert main([f"--config={best}"], run=False).trainer.max_epochs == 2
+    # The sweep's shortened trials (2 epochs of 4 batches, no test) give way to the train config's own length.
+    rebuilt = main([f"--config={best}"], run=False)
+    base = main([f"--config={ROOT / 'configs' / 'default.yaml'}"], run=False)
+    assert (rebuilt.trainer.max_epochs, rebuilt.trainer.limit_train_batches) == (base.trainer.max_epochs, 1.0)
+    assert base.trainer.max_epochs != 2 and config["test_after_fit"] is True
+    assert config["trainer"]["logger"]["init_args"]["save_dir"] == str(tmp_path / "logs")  # other args stay
     # ... as a new run: its own run folder, not the trial's (whose logger run has ended).
     again = main(["fit", f"--config={best}", "--trainer.max_epochs=1"])
     assert str(run_dir(again.trainer)) not in run_dirs and run_dir(again.trainer).name.startswith("best-")

@@ -28,7 +28,6 @@ import datetime
 import fcntl
 import io
 import os
-import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any, Literal
 from unittest import mock
 
 import lightning as L
+import yaml
 
 from {{ cookiecutter.package_name }}.cli import main as cli_main
 from {{ cookiecutter.package_name }}.engine.callbacks import NonFiniteError
@@ -151,6 +151,7 @@ def sweep(
         return score(cli.trainer, metric, direction)
 
     check_search_space(params, [f"--config={train_config}", *(args or [])])
+    kept_for_best = full_length_values(train_config, args or [])
     fail_trials_killed_before_their_first_heartbeat(study, database, grace_period)
     array_task = os.environ.get("SLURM_ARRAY_TASK_ID", "")
     if study.get_trials(deepcopy=False) or array_task not in ("", os.environ.get("SLURM_ARRAY_TASK_MIN")):
@@ -162,7 +163,7 @@ def sweep(
     if finished < n_trials:
         print(f"sweep: study {study_name!r} has {finished} of {n_trials} finished trials; storage {database.url}")
         study.optimize(objective, callbacks=[MaxTrialsCallback(n_trials, states=FINISHED)], catch=(NonFiniteError,))
-    write_best(study, sweep_dir)
+    write_best(study, sweep_dir, kept_for_best)
     return study
 
 
@@ -277,8 +278,32 @@ def score(trainer: L.Trainer, metric: str, direction: str) -> float:
     return float(value)
 
 
-def write_best(study: optuna.Study, sweep_dir: Path) -> None:
-    """Copy the best trial's config to ``best.yaml`` and print it; say so if no trial has completed."""
+# What a sweep's `args` shorten for its trials; best.yaml takes these back from the train config.
+TRAINING_LENGTH = (
+    "trainer.max_epochs",
+    "trainer.max_steps",
+    "trainer.max_time",
+    "trainer.limit_train_batches",
+    "trainer.limit_val_batches",
+    "test_after_fit",
+)
+
+
+def full_length_values(train_config: str, args: list[str]) -> dict[str, Any]:
+    """The train config's own values (with the ``--config`` files of ``args`` stacked on it) of the
+    :data:`TRAINING_LENGTH` keys that ``args`` sets: what the sweep shortened for its trials."""
+    configs = [arg for arg in args if arg.startswith("--config")]
+    keys = [key for arg in args if (key := arg[2:].split("=", 1)[0]) in TRAINING_LENGTH]
+    if not keys:
+        return {}
+    base = build_trial([f"--config={train_config}", *configs], "train_config").config
+    finish_logger_runs()
+    return {key: base.get(key) for key in keys if key in base}
+
+
+def write_best(study: optuna.Study, sweep_dir: Path, full_length: dict[str, Any] | None = None) -> None:
+    """Write the best trial's config to ``best.yaml``, with ``full_length`` values (the train config's own, for
+    the keys the sweep's ``args`` shortened), and print it; say so if no trial has completed."""
     completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if not completed:
         print("sweep: no trial has completed yet; run the same command again to continue")
@@ -286,7 +311,14 @@ def write_best(study: optuna.Study, sweep_dir: Path) -> None:
     best = study.best_trial
     source = Path(best.user_attrs["run_dir"]) / "config.yaml"
     target = sweep_dir / "best.yaml"
-    shutil.copyfile(source, target)
+    config = yaml.safe_load(source.read_text())
+    for key, value in (full_length or {}).items():
+        *parents, last = key.split(".")
+        section = config
+        for name in parents:
+            section = section.setdefault(name, {})
+        section[last] = value
+    target.write_text(yaml.safe_dump(config, sort_keys=False))
     states = [trial.state.name.lower() for trial in study.get_trials(deepcopy=False)]
     counts = ", ".join(f"{states.count(state)} {state}" for state in sorted(set(states)))
     print(f"sweep: {len(states)} trials ({counts}); best is trial {best.number}: value {best.value:.6g}")
