@@ -181,7 +181,8 @@ def open_study(
     failing with "database is locked". Optuna's JournalStorage, its other choice for several
     processes, has no heartbeats, so a killed trial could not be retried.
     """
-    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
+    wait = {"timeout": 60}  # seconds SQLite waits for another worker's write
+    engine = {"connect_args": wait} if url.startswith("sqlite") else None
     with open(sweep_dir / ".study.lock", "w") as lock, warnings.catch_warnings():
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         # optuna marks heartbeat_interval experimental (ExperimentalWarning) since 2.9; it is what
