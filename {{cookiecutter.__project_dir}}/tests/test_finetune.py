@@ -329,6 +329,21 @@ def test_a_bfloat16_base_trains_float32_adapters_and_full_finetuning_refuses_it(
         HFCausalLM(str(tiny), lora=None, base_dtype="bfloat16")
 
 
+def test_lora_on_a_gpt2_folder_adapts_its_conv1d_layers_without_a_warning(tmp_path: Path) -> None:
+    # GPT-2 keeps its projections in Conv1D layers (weight (in, out)); peft warned about
+    # fan_in_fan_out on every fine-tune command (an error under this suite's filterwarnings).
+    config = transformers.GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    save_tiny_llama(tmp_path / "tokenizer").joinpath("config.json").unlink()  # the tokenizer files only
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tmp_path / "tokenizer" / name).is_file():
+            (tmp_path / "gpt2" / name).write_bytes((tmp_path / "tokenizer" / name).read_bytes())
+    net = HFCausalLM(str(tmp_path / "gpt2"), lora=LoRA(r=4, dropout=0.0, target_modules=["c_attn"]))
+    assert net.model.peft_config["default"].fan_in_fan_out
+    loss, gradients = adapter_gradients(net, torch.randint(0, 290, (2, 17)))
+    assert torch.isfinite(loss) and len(gradients) == 4  # A and B of c_attn in 2 layers
+
+
 def test_lora_target_modules_the_model_lacks_are_listed(tiny: Path) -> None:
     listed = "no layer named qkv; its layers with a weight matrix are: down_proj, embed_tokens, gate_proj, k_proj"
     with pytest.raises(ValueError, match=listed):

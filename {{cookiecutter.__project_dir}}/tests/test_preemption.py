@@ -1,6 +1,7 @@
 """Pre-emption: SIGUSR1 saves a full checkpoint at the next step, stops the run, and the run resumes from it."""
 
 import csv
+import logging
 import os
 import signal
 from pathlib import Path
@@ -31,15 +32,19 @@ class SignalAtStep(L.Callback):
 @pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
 # Lightning's ModelCheckpoint warns about any non-empty folder, resumed runs included.
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
-def test_sigusr1_saves_at_the_next_step_stops_and_resumes(cli_args: list[str]) -> None:
+def test_sigusr1_saves_at_the_next_step_stops_and_resumes(cli_args: list[str], caplog) -> None:
     args = [*cli_args, "--trainer.max_epochs=3"]
     cli = main(args, run=False)
     cli.trainer.callbacks.append(SignalAtStep(step=15))  # mid-epoch (10 or 7 steps per epoch)
-    with pytest.raises(Preempted) as stopped:
+    with caplog.at_level(logging.INFO), pytest.raises(Preempted) as stopped:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert stopped.value.code == 128 + signal.SIGUSR1  # not requeued (no SLURM): stopped by the signal
 
     folder = run_dir(cli.trainer)
+    # What the interrupt says: a command that continues this run as printed, and nothing of Lightning's.
+    command = f"python -m {{ cookiecutter.package_name }} fit --config {folder / 'config.yaml'} --resume=true"
+    assert f"Continue this run with `make resume` ({command})" in caplog.text
+    assert "weights_only" not in caplog.text
     path = folder / "checkpoints" / "interrupted-step16.ckpt"
     saved = torch.load(path, map_location="cpu", weights_only=True)
     # The handler only records the signal; the save happens at the following batch boundary.

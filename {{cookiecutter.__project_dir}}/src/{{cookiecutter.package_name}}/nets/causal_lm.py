@@ -129,6 +129,9 @@ class HFCausalLM(nn.Module):
                 lora_alpha=lora.alpha,
                 lora_dropout=lora.dropout,
                 target_modules=lora.target_modules,
+                # GPT-2's Conv1D stores its weight (in, out): peft needs to know, and otherwise says so
+                # in a warning on every build and sets it itself.
+                fan_in_fan_out=_targets_conv1d(base, lora.target_modules),
                 task_type="CAUSAL_LM",
             )
             with warnings.catch_warnings():
@@ -225,6 +228,20 @@ def _check_targets(model: nn.Module, targets: list[str] | str | None) -> None:
             f"net.lora.target_modules: {model.config.model_type} has no layer named {', '.join(missing)}; "
             f"its layers with a weight matrix are: {', '.join(names)}"
         )
+
+
+def _targets_conv1d(model: nn.Module, targets: list[str] | str | None) -> bool:
+    """Whether the layers LoRA adapts are transformers' ``Conv1D`` (GPT-2's, weight stored (in, out)).
+
+    With peft's default or "all-linear" targets (``targets`` None or a string), any Conv1D counts.
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    return any(
+        isinstance(module, Conv1D)
+        and (targets is None or isinstance(targets, str) or name.rpartition(".")[2] in targets)
+        for name, module in model.named_modules()
+    )
 
 
 def _libraries() -> tuple[Any, Any]:

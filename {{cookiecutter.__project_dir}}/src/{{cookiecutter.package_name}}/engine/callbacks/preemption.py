@@ -132,7 +132,9 @@ class PreemptionCheckpoint(Checkpoint):
         path = folder / "checkpoints" / f"interrupted-step{trainer.global_step}.ckpt"
         for logger in trainer.loggers:
             logger.save()  # buffered metrics (CSVLogger flushes every 100 steps) would be lost
-        trainer.save_checkpoint(path)  # every process takes part (sharded strategies need it)
+        # Every process takes part (sharded strategies need it); the whole training state, said so
+        # (Lightning logs "`weights_only` was not set" when left to its default).
+        trainer.save_checkpoint(path, weights_only=False)
         self.saved_path = path
         rank_zero_info(f"{received.name} received: saved {path} at global step {trainer.global_step}")
         trainer.strategy.barrier("PreemptionCheckpoint")  # all saved before the requeue stops the job
