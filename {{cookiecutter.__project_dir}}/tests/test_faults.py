@@ -210,10 +210,15 @@ def test_a_missing_checkpoint_is_named(tmp_path: Path) -> None:
             ["--data.init_args.batch_size=5000"],
             r"data\.batch_size=5000 is larger than the training split \(1257 samples\)",
         ),
+        (
+            ["--trainer.val_check_interval=500"],
+            r"trainer\.val_check_interval=500 steps is more than an epoch of \d+ training batches: .*"
+            r"trainer\.check_val_every_n_epoch=null to validate every 500 steps across epochs",
+        ),
         (["--resume=true"], "--resume: no run with a checkpoint in"),
         (["--resume=true", "--ckpt_path=x.ckpt"], "--resume and --ckpt_path: give only one"),
     ],
-    ids=["batch-larger-than-data", "nothing-to-resume", "resume-and-ckpt-path"],
+    ids=["batch-larger-than-data", "validation-interval-beyond-an-epoch", "nothing-to-resume", "resume-and-ckpt-path"],
 )
 def test_bad_input_fails_before_training(tmp_path: Path, args: list[str], message: str) -> None:
     with user_error(message):

@@ -13,7 +13,7 @@ import torch
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.callbacks import PreemptionCheckpoint
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
-from {{ cookiecutter.package_name }}.engine.runs import latest_checkpoint, run_dir
+from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint, latest_checkpoint, run_dir
 
 
 class SignalAtStep(L.Callback):
@@ -82,6 +82,18 @@ def test_latest_checkpoint_prefers_the_newest_file(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) == last
     last.write_bytes(b"PK\x03\x04 cut short")  # a save that failed: the newest whole one instead
     assert latest_checkpoint(tmp_path) == second
+
+
+def test_a_command_falling_back_from_the_best_checkpoint_to_the_latest_says_so(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "logs" / "test" / "default-run"
+    (run / "checkpoints").mkdir(parents=True)
+    torch.save({"state_dict": {}, "optimizer_states": []}, run / "checkpoints" / "last.ckpt")
+    assert best_checkpoint(tmp_path / "logs") == run / "checkpoints" / "last.ckpt"  # the run never validated
+    said = f"no best checkpoint in {run} (the run never validated): using its latest, last.ckpt\n"
+    assert capsys.readouterr().err == said
+    best = run / "checkpoints" / "epoch000-val_loss1.0000.ckpt"
+    torch.save({"state_dict": {}, "optimizer_states": []}, best)
+    assert best_checkpoint(tmp_path / "logs") == best and capsys.readouterr().err == ""
 
 
 def test_signal_name_is_checked() -> None:

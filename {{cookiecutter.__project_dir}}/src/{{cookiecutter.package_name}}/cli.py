@@ -24,6 +24,7 @@ from {{ cookiecutter.package_name }}.engine.errors import (
     UserError,
     check_config_files,
     exit_on_user_error,
+    lightning_config_error,
     readable_parser_message,
 )
 from {{ cookiecutter.package_name }}.engine.launch import check_world_size, slurm_job_id
@@ -42,7 +43,7 @@ from {{ cookiecutter.package_name }}.engine.runs import (
     keep_csv_metrics,
     own_config,
     profile_into_run_dir,
-    remove_empty_run_dir,
+    remove_unstarted_run_dir,
     report_profiler_files,
     run_dir,
     run_to_resume,
@@ -156,12 +157,17 @@ class CLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         try:
             super()._run_subcommand(subcommand)
-        except UserError:
-            # A data mistake found once fit started (a DataModule's setup): the run folder made for
-            # it holds nothing yet, and is not left behind empty.
+        except (UserError, ValueError) as error:
+            # A data or config mistake found once fit started (a DataModule's setup, Lightning's own
+            # checks of the loaders): one line, and the run folder made for it is not left behind.
+            user = error if isinstance(error, UserError) else lightning_config_error(error)
+            if user is None:
+                raise
             if subcommand == "fit" and self.trainer.is_global_zero:
-                remove_empty_run_dir(self.trainer)
-            raise
+                remove_unstarted_run_dir(self.trainer)
+            if user is error:
+                raise
+            raise user from error
 
     def before_instantiate_classes(self) -> None:
         run_config.prepare(self.config.get(self.subcommand, self.config), self.subcommand)

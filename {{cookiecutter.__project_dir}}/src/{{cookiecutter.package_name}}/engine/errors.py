@@ -86,6 +86,29 @@ _UNRECOGNIZED = re.compile(r"^unrecognized arguments: (?P<args>.+)$")
 _NOT_ACCEPTED = re.compile(r"^Subcommand '[^']+' does not accept option '(?P<key>[^']+)'")
 
 
+# Lightning's own checks of a config, raised only once fit has built the training loader.
+VAL_CHECK_TOO_LONG = re.compile(
+    r"`?val_check_interval`? \((\d+)\) must be less than or equal to the number of the training batches \((\d+)\)"
+)
+
+
+def lightning_config_error(error: Exception) -> ConfigError | None:
+    """The one-line :class:`ConfigError` for a config mistake Lightning finds only when fit starts, or None.
+
+    ``trainer.val_check_interval`` in steps longer than an epoch: Lightning 2.6 raises a ValueError
+    naming the one setting, where the fix is in another (``check_val_every_n_epoch: null`` counts
+    steps across epochs).
+    """
+    if match := VAL_CHECK_TOO_LONG.search(str(error)):
+        steps, batches = match.groups()
+        return ConfigError(
+            f"trainer.val_check_interval={steps} steps is more than an epoch of {batches} training batches: give at "
+            f"most {batches}, a fraction of an epoch (0.5), or trainer.check_val_every_n_epoch=null to validate every "
+            f"{steps} steps across epochs"
+        )
+    return None
+
+
 def readable_parser_message(message: str, known_keys: Iterable[str] = ()) -> str:
     """jsonargparse's error for a refused config value as one line: the full key, the problem, the fix.
 

@@ -47,13 +47,19 @@ def run_dir(trainer: L.Trainer) -> Path:
     return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version)
 
 
-def remove_empty_run_dir(trainer: L.Trainer) -> None:
-    """Remove this run's folder, and its experiment folder, when they hold no file (a run stopped before
-    it wrote anything: a data mistake found in ``setup``)."""
+def remove_unstarted_run_dir(trainer: L.Trainer) -> None:
+    """Remove the folder of a run that stopped before its first training step and holds no checkpoint (a
+    data or config mistake found once fit started), then its experiment folder if that is left empty.
+
+    Such a folder holds at most what a run writes as it starts (its config, its environment); a
+    resumed run's folder has checkpoints, and is kept.
+    """
     folder = run_dir(trainer)
-    for candidate in (folder, folder.parent):
-        if candidate.is_dir() and not any(path.is_file() for path in candidate.rglob("*")):
-            shutil.rmtree(candidate)
+    if trainer.global_step > 0 or not folder.is_dir() or any(folder.rglob("*.ckpt")):
+        return
+    shutil.rmtree(folder)
+    if folder.parent.is_dir() and not any(folder.parent.iterdir()):
+        folder.parent.rmdir()
 
 
 def announce_run(trainer: L.Trainer) -> None:
@@ -101,7 +107,7 @@ def best_checkpoint(root: str | Path = "logs") -> Path:
     The latest run is the run folder (``<run>/checkpoints/``) holding the newest ``.ckpt`` file.
     Its best checkpoint is the one its ``test_metrics.json`` names (the first ModelCheckpoint's
     best), else its newest checkpoint that is not ``last.ckpt`` or an interrupted one, else its
-    newest resumable one (:func:`latest_checkpoint`).
+    newest resumable one (:func:`latest_checkpoint`), said in one line on standard error.
 
     Raises:
         FileNotFoundError: no checkpoint under ``root``; says to train first or pass a path.
@@ -122,7 +128,9 @@ def best_checkpoint(root: str | Path = "logs") -> Path:
     ]
     if best:
         return max(best, key=lambda path: path.stat().st_mtime)
-    return latest_checkpoint(run) or max(run.glob("checkpoints/*.ckpt"), key=lambda path: path.stat().st_mtime)
+    fallback = latest_checkpoint(run) or max(run.glob("checkpoints/*.ckpt"), key=lambda path: path.stat().st_mtime)
+    print(f"no best checkpoint in {run} (the run never validated): using its latest, {fallback.name}", file=sys.stderr)
+    return fallback
 
 
 def _first_logger(trainer_config):
