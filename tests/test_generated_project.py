@@ -47,7 +47,7 @@ def test_default_bake_passes_its_own_tests_and_trains(cookies) -> None:
         runs = [step["run"] for step in workflow["jobs"]["test"]["steps"] if "run" in step]
         # (The lock check and the install from the lock: test_bake.py's lock test, on a locked bake.)
         assert runs[0] == "uv lock --check" and runs[1].startswith("make install TORCH=")
-        assert runs[2:] == ["make lint", "make test"]
+        assert runs[2:] == ["make lint", "make test", "make test-slow"]  # the last on a schedule and on demand
         make(project, "lint")
         # The quick tests (make test): the bake's slow ones (make test-slow: real training, DDP, signals,
         # sweeps) run in CI's .ci/slow and .ci/floors, which keeps this template suite within its budget.

@@ -267,6 +267,7 @@ def test_a_sweep_array_shares_one_study_created_once(cluster: Cluster, project: 
         time.sleep(1)
     logs = "\n".join(path.read_text() for path in (project / "logs" / "slurm").glob(f"*-sweep-{job_id}_*.out"))
     assert states == {"0": "COMPLETED", "1": "COMPLETED"}, f"{states}\n{logs[-4000:]}"
+    assert "bfloat16" not in logs  # PRESETS="" left the gpu preset out: CPU runs in 32-true
     import optuna
 
     study = optuna.load_study(

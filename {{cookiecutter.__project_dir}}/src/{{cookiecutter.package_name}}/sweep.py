@@ -291,13 +291,13 @@ TRAINING_LENGTH = (
 
 
 def full_length_values(train_config: str, args: list[str]) -> dict[str, Any]:
-    """The train config's own values (with the ``--config`` files of ``args`` stacked on it) of the
-    :data:`TRAINING_LENGTH` keys that ``args`` sets: what the sweep shortened for its trials."""
-    configs = [arg for arg in args if arg.startswith("--config")]
+    """The values the train config and ``args`` give the :data:`TRAINING_LENGTH` keys when ``args``'s own
+    settings of those keys are left out: what the sweep shortened for its trials."""
     keys = [key for arg in args if (key := arg[2:].split("=", 1)[0]) in TRAINING_LENGTH]
     if not keys:
         return {}
-    base = build_trial([f"--config={train_config}", *configs], "train_config").config
+    others = [arg for arg in args if arg[2:].split("=", 1)[0] not in TRAINING_LENGTH]
+    base = build_trial([f"--config={train_config}", *others], "train_config").config
     finish_logger_runs()
     return {key: base.get(key) for key in keys if key in base}
 
