@@ -282,7 +282,7 @@ def test_prepare_names_a_corrupt_image_or_counts_what_it_skipped(tmp_path: Path)
     root = make_folder(tmp_path / "images", per_class=10)
     whole = (root / "vertical" / "0.png").read_bytes()
     (root / "vertical" / "truncated.png").write_bytes(whole[: len(whole) // 2])  # the header reads, the pixels do not
-    with user_error(r"truncated.png: not a readable image \(.*\); remove or replace the file, or set data.skip_unr"):
+    with user_error(r"truncated.png: not a readable image \(.*\); remove or replace the file, or set data.init_args"):
         prepare_folder(tmp_path, root)
     assert not (tmp_path / "prepared").exists() and not list(tmp_path.glob(".prepared.partial-*"))
     prepared = prepare_folder(tmp_path, root, "--data.init_args.skip_unreadable=true")
