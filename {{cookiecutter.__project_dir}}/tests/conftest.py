@@ -104,6 +104,13 @@ def fit_stopped_by_signal(args: list[str], step: int, name: str = "SIGTERM", tim
     return interrupted
 
 
+def resume_as_printed(interrupted: Path) -> list[str]:
+    """The ``fit`` arguments an interrupted run prints to continue it: its own config and ``--resume=true``."""
+    from {{ cookiecutter.package_name }}.engine.runs import own_config
+
+    return [f"--config={own_config(interrupted.parent.parent)}", "--resume=true"]
+
+
 def assert_same_training_state(expected_path: Path, actual_path: Path) -> None:
     """Every tensor of the training state of two checkpoints is equal: weights (and a module's extra
     state), optimizer moments; RNG states are left out (they are per process)."""
@@ -139,7 +146,7 @@ def assert_ddp_run_resumes_exactly(tmp_path: Path, args_for: Callable[[Path], li
     args = [*args_for(tmp_path / "stopped"), *DDP_ON_CPU]
     interrupted = fit_stopped_by_signal(args, step=step)
     assert read_checkpoint(interrupted)["global_step"] == step
-    fit_in_subprocess([*args, "--resume=true"])
+    fit_in_subprocess(resume_as_printed(interrupted))
     assert_same_training_state(reference, interrupted.parent / "last.ckpt")
     return interrupted
 
@@ -160,7 +167,7 @@ def assert_prepared_run_resumes_as_in_memory(
     interrupted = fit_stopped_by_signal(args, step=step)
     assert read_checkpoint(interrupted)["global_step"] == step
     source.rename(source.with_name(source.name + ".moved"))
-    main(["fit", *args, "--resume=true"])
+    main(["fit", *resume_as_printed(interrupted)])
     assert_same_training_state(reference, interrupted.parent / "last.ckpt")
 
 
