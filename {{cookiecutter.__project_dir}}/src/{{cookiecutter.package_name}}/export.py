@@ -46,7 +46,7 @@ def export(
             comma-separated (an own DataModule or net kept elsewhere); only for checkpoints you trust.
         inputs: a file or folder of your inputs (as ``make predict`` reads them) to trace and check
             the export on; default the test split, or, when the training data is not at hand,
-            random inputs of the checkpoint's shape (see ``engine.export.check_inputs``).
+            random inputs of the checkpoint's shape (see ``engine.export.export_inputs``).
 
     Raises:
         FileNotFoundError: no checkpoint found or given.

@@ -173,12 +173,12 @@ def export_all(
 ) -> dict[str, Any]:
     """Write the exports of ``trained`` into ``folder``, check each, and return what ``export.json`` records.
 
-    The files are traced and checked on the raw inputs :func:`check_inputs` gives for ``inputs``.
+    The files are traced and checked on the raw inputs :func:`export_inputs` gives for ``inputs``.
 
     Raises:
         ExportError: an export differs from eager beyond ``tolerance``, a package is missing, or
             ``folder`` holds files that are not an export's.
-        DataError: no inputs to check on (see :func:`check_inputs`).
+        DataError: no inputs to check on (see :func:`export_inputs`).
     """
     silence_export_noise()
     folder = folder.resolve()
@@ -214,7 +214,7 @@ def replace_folder(new: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def check_inputs(data: Any, inputs: str | None = None, count: int = 64) -> tuple[torch.Tensor, Any, str]:
+def export_inputs(data: Any, inputs: str | None = None, count: int = 64) -> tuple[torch.Tensor, Any, str]:
     """Raw inputs (N, ...) to trace and check an export on, their targets (None when unknown), and their source.
 
     - ``inputs`` (``make export INPUTS=...``): the user's files, read as ``make predict`` reads them.
@@ -261,7 +261,7 @@ def _export_into(
 ) -> dict[str, Any]:
     """The body of :func:`export_all`: files into ``work``, messages naming their place in ``folder``."""
     data, predictor = trained.datamodule, trained.predictor.cpu()
-    raw, targets, checked_on = check_inputs(data, inputs)
+    raw, targets, checked_on = export_inputs(data, inputs)
     score = (lambda outputs: trained.model.score(outputs, targets)) if targets is not None else None
     example = raw[:3]  # an odd batch: a batch of 1 would be specialised to a constant
     dynamic = data.dynamic_dims()
