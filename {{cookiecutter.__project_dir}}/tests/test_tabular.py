@@ -20,6 +20,7 @@ from conftest import (
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import TabularDataModule
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
+from {{ cookiecutter.package_name }}.engine.export import export_all
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.predict import predict
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
@@ -231,6 +232,14 @@ def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_files_
     gap = "an empty cell is a missing value, and is accepted: keep the column"
     with pytest.raises(ValueError, match=rf"lack the column\(s\) \['x1'\] the model was trained with \({gap}\)"):
         trained.datamodule.inputs_from_json([{"x2": 0.0, "colour": "red"}])
+
+    # With the table moved away, an export checks itself on the rows given, or asks for them in one line.
+    table.rename(tmp_path / "moved.csv")
+    with pytest.raises(ValueError, match=r"the training data is not at hand \(.*\): give INPUTS=<your inputs>"):
+        export_all(load_trained(best["checkpoint"]), tmp_path / "export", onnx=False)
+    given = str(tmp_path / "new.csv")
+    record = export_all(load_trained(best["checkpoint"]), tmp_path / "export", onnx=False, inputs=given)
+    assert record["checked_on"] == f"INPUTS={tmp_path / 'new.csv'}" and record["test_scores"] == {}
 
 
 def test_missing_file_names_the_field(tmp_path: Path) -> None:
