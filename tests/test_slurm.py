@@ -176,7 +176,7 @@ def test_preempted_job_saves_requeues_and_resumes(cluster: Cluster, project: Pat
     job = cluster.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, timeout=300)
     log = output(project, job_id)
     assert job["JobState"] == "COMPLETED", f"{job}\n{log[-4000:]}"
-    assert job["Restarts"] == "1"
+    assert job["Restarts"] == "1", f"{job}\n{log[-4000:]}\n{cluster.logs()}"
 
     # Saved at a step boundary, on the signal, in the run folder.
     (saved_path,) = (run / "checkpoints").glob("interrupted-step*.ckpt")

@@ -1,9 +1,11 @@
 """Pre-emption: SIGUSR1 saves a full checkpoint at the next step, stops the run, and the run resumes from it."""
 
+import contextlib
 import csv
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 import lightning as L
@@ -67,6 +69,43 @@ def test_sigusr1_saves_at_the_next_step_stops_and_resumes(cli_args: list[str], c
         with (folder / name).open() as file:
             steps[name] = [int(row["step"]) for row in csv.DictReader(file)]
     assert max(steps["metrics-1.csv"]) < 16 <= min(steps["metrics.csv"])
+
+
+FAKE_SCONTROL = """#!/bin/sh
+# Records each call; fails the first FAILS calls (a controller that timed out), then succeeds.
+echo "$@" >> "$CALLS"
+[ "$(wc -l < "$CALLS")" -gt "$FAILS" ] || { echo "Socket timed out on send/recv operation" >&2; exit 1; }
+"""
+
+
+@pytest.mark.parametrize(("fails", "code"), [(1, 0), (3, 128 + signal.SIGUSR1)], ids=["retried", "never-requeued"])
+def test_a_job_ends_as_requeued_only_when_scontrol_requeued_it(
+    cli_args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog, fails: int, code: int
+) -> None:
+    # A job that exits 0 is COMPLETED to SLURM: after a failed requeue it must stop as pre-empted.
+    from {{ cookiecutter.package_name }}.engine.callbacks import preemption
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.setenv("FAILS", str(fails))
+    monkeypatch.setattr(preemption, "slurm_job_id", lambda: "4242")
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # the retries wait 1 s, then 2 s
+    cli = main([*cli_args, "--trainer.max_epochs=2"], run=False)
+    cli.trainer.callbacks.append(SignalAtStep(step=3))
+    failed = "scontrol requeue 4242 failed [(]1, 3 tries[)]: Socket timed out"
+    warns = pytest.warns(UserWarning, match=failed) if code else contextlib.nullcontext()
+    with caplog.at_level(logging.INFO), pytest.raises(Preempted) as stopped, warns:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert stopped.value.code == code
+    assert calls.read_text().splitlines() == ["requeue 4242"] * min(fails + 1, 3)
+    if code:
+        assert "Continue this run with `make resume`" in caplog.text
+    else:
+        assert "Requeued SLURM job 4242" in caplog.text
 
 
 def test_latest_checkpoint_prefers_the_newest_file(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ requeue, which this replaces.
 
 import signal
 import subprocess
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -144,18 +145,28 @@ class PreemptionCheckpoint(Checkpoint):
             # The requeue stops this job with SIGTERM right away; the processes exit through
             # Preempted instead of being stopped halfway through their teardown.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            if trainer.is_global_zero:
-                self._requeue(job_id)
-            raise Preempted(0)
+            requeued = self._requeue(job_id) if trainer.is_global_zero else False
+            if trainer.strategy.broadcast(requeued):
+                raise Preempted(0)
+            # Not requeued: the job must not end as if it had (exit 0 reads COMPLETED to SLURM).
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         own = own_config(folder) or "<your config>"  # the run's own config, saved when fit started
         command = f"python -m {{ cookiecutter.package_name }} fit --config {own} --resume=true"
         rank_zero_info(f"Continue this run with `make resume` ({command})")
         raise Preempted(128 + received)
 
     @staticmethod
-    def _requeue(job_id: str) -> None:
-        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
-        if done.returncode == 0:
-            rank_zero_info(f"Requeued SLURM job {job_id}; it resumes from this checkpoint")
-        else:
-            rank_zero_warn(f"scontrol requeue {job_id} failed ({done.returncode}): {done.stderr.strip()}")
+    def _requeue(job_id: str, attempts: int = 3) -> bool:
+        """``scontrol requeue`` the job; retried, since a busy controller can time out. True when done."""
+        for attempt in range(attempts):
+            done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
+            if done.returncode == 0:
+                rank_zero_info(f"Requeued SLURM job {job_id}; it resumes from this checkpoint")
+                return True
+            if attempt < attempts - 1:
+                time.sleep(2**attempt)
+        rank_zero_warn(
+            f"scontrol requeue {job_id} failed ({done.returncode}, {attempts} tries): {done.stderr.strip()}; "
+            "the job stops here without being requeued"
+        )
+        return False
