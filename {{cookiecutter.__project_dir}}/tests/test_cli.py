@@ -351,3 +351,22 @@ def test_the_private_lightning_hook_the_training_module_reads_exists() -> None:
     from {{ cookiecutter.package_name }}.engine import module
 
     assert module._given_hyperparameters is not None, "lightning.pytorch.core.mixins.hparams_mixin lost it"
+
+
+@pytest.mark.slow
+def test_make_bench_times_both_paths_of_the_default_config_and_ends_with_the_overhead_ratio() -> None:
+    # As `make bench` runs it, shortened: every path (the project's, the plain loop, the loader) in
+    # its own process, on this task's default model and data.
+    done = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}.bench", "--steps=3", "--repeats=1", "--no-gpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    *report, last = done.stdout.strip().splitlines()
+    ratio = float(last.removeprefix("overhead_ratio="))
+    figures = json.loads("\n".join(report[: report.index("}") + 1]))
+    assert figures["overhead_ratio"] == pytest.approx(ratio, abs=1e-3) and ratio > 0
+    assert figures["project_step_ms"] > 0 and figures["plain_step_ms"] > 0

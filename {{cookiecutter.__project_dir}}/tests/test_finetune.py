@@ -156,6 +156,21 @@ def test_lora_trains_only_the_adapters_and_its_checkpoint_holds_only_them(
     assert "sea" in completion or "ship" in completion or "whale" in completion  # it learnt the text's words
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the gpu preset)")
+def test_gpu_preset_fine_tunes_with_lora_in_mixed_precision(tiny: Path, tmp_path: Path) -> None:
+    # bf16-mixed (16-mixed without bfloat16): the base runs in half precision, the adapters train in float32.
+    gpu = [f"--config={CONFIGS / 'presets' / 'gpu.yaml'}", "--trainer.accelerator=gpu"]
+    args = finetune_args(tmp_path, tiny)
+    cli = main(["fit", *args, *gpu, "--trainer.max_epochs=5", "--model.init_args.optimizer.init_args.lr=0.05"])
+    summary = json.loads((run_dir(cli.trainer) / "test_metrics.json").read_text())
+    assert summary["metrics"]["test/loss"] < 0.5 * math.log(300)  # as on the CPU, in float32
+    assert {p.dtype for p in cli.model.net.parameters() if p.requires_grad} == {torch.float32}
+    # The checkpoint holds the adapters alone and loads on a machine without a GPU.
+    trained = load_trained(summary["checkpoint"], map_location="cpu")
+    (completion,) = trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(["The whale"]))
+    assert isinstance(completion, str) and completion
+
+
 def test_full_finetuning_trains_and_saves_every_weight(tiny: Path, tmp_path: Path) -> None:
     full = tmp_path / "full.yaml"  # as a user writes it: lora: null in their config
     full.write_text("model:\n  init_args:\n    net:\n      init_args:\n        lora: null\n")

@@ -110,6 +110,27 @@ def test_own_csv_trains_to_85_percent_and_a_raw_row_is_predicted_from_the_checkp
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the gpu preset)")
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_gpu_preset_trains_a_table_to_85_percent(table: Path, tmp_path: Path, precision: str, compile: bool) -> None:
+    if precision == "bf16-mixed" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        pytest.skip(f"{torch.cuda.get_device_name()} has no bfloat16")
+    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.path={table}"]
+    gpu = [f"--config={CONFIGS / 'presets' / 'gpu.yaml'}", "--trainer.accelerator=gpu"]
+    options = [f"--trainer.precision={precision}", f"--model.init_args.compile={str(compile).lower()}"]
+    cli = main(["fit", *args, *gpu, *options, "--data.init_args.target=label", "--trainer.max_epochs=25"])
+    summary = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
+    assert summary["metrics"]["test/acc"] >= 0.85  # as on the CPU in float32
+    # The checkpoint loads on a machine without a GPU and predicts there.
+    trained = load_trained(summary["checkpoint"], map_location="cpu")
+    rows = pd.DataFrame({"x1": [3.0, -3.0], "x2": [0.0, 0.0], "colour": ["red", "blue"]})
+    with torch.no_grad():
+        probabilities = trained.model.predict_step((trained.datamodule.encode(rows),), 0)
+    assert [trained.model.hparams.class_names[i] for i in probabilities.argmax(dim=-1)] == ["yes", "no"]
+
+
+@pytest.mark.slow
 def test_regression_on_the_bundled_diabetes_table_beats_the_mean(tmp_path: Path) -> None:
     regression = CONFIGS / "experiments" / "tabular-regression.yaml"
     cli = main(["fit", *shrunk_args(tmp_path), f"--config={regression}", "--trainer.max_epochs=30"])

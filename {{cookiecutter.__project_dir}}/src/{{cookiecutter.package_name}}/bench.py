@@ -318,6 +318,7 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
     config = [path.resolve() for path in configs]
     os.environ.setdefault("WANDB_MODE", "offline")
     if args.worker:
+        sys.argv = sys.argv[:1]  # the CLI gets its arguments as args= (else LightningCLI warns of both)
         worker(config, args.worker, args.steps, extra)
         return {}
     project, plain = [], []

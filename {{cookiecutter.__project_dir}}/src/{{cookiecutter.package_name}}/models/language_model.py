@@ -100,7 +100,8 @@ class LanguageModel(TrainingModule):
     # A trained BPE is the DataModule's; the model keeps a copy in each checkpoint to decode with.
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        datamodule = getattr(self.trainer, "datamodule", None)
+        # No Trainer when `make bench` runs its plain loop: that loop calls setup itself.
+        datamodule = getattr(self._trainer, "datamodule", None)
         if self.hparams.tokenizer == BPE and datamodule is not None:
             self._tokenizer = datamodule.tokenizer
 
