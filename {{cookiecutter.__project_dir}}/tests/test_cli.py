@@ -159,6 +159,14 @@ def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> No
     assert not any(isinstance(c, LightningModelSummary) for c in quiet.callbacks)
 
 
+def test_logger_false_is_a_switch_that_trains_without_any_logger(tmp_path: Path) -> None:
+    # The default config's LearningRateMonitor, which Lightning refuses without a logger, goes with it.
+    short = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--test_after_fit=false"]
+    cli = main(["fit", *shrunk_args(tmp_path), "--trainer.logger=false", *short])
+    assert cli.trainer.loggers == [] and cli.trainer.global_step == 2
+    assert not any(isinstance(c, LearningRateMonitor) for c in cli.trainer.callbacks)
+
+
 def test_the_model_summary_shows_flops_only_when_lightning_counted_them(capsys: pytest.CaptureFixture) -> None:
     net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     for example, flops_shown in ((None, False), (torch.zeros(3, 8), True)):

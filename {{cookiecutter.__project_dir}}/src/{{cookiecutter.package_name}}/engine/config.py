@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import torch
-from lightning.pytorch.callbacks import ModelSummary, ProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
@@ -116,16 +116,19 @@ def drop_disabled_callbacks(trainer_config) -> None:
     of zero FLOPs). Lightning refuses a progress bar callback together with
     ``enable_progress_bar=False`` and prints a listed model summary whatever
     ``enable_model_summary`` says: this keeps ``--trainer.enable_progress_bar=false`` and
-    ``--trainer.enable_model_summary=false`` working as the switches.
+    ``--trainer.enable_model_summary=false`` working as the switches. Likewise
+    ``--trainer.logger=false`` drops ``LearningRateMonitor``, which Lightning refuses without a
+    logger (it has nowhere to write).
     """
     callbacks = trainer_config.get("callbacks")
     if not isinstance(callbacks, list):
         return
-    disabled = tuple(
-        kind
-        for kind, switch in ((ProgressBar, "enable_progress_bar"), (ModelSummary, "enable_model_summary"))
-        if trainer_config.get(switch) is False
+    switches = (
+        (ProgressBar, "enable_progress_bar"),
+        (ModelSummary, "enable_model_summary"),
+        (LearningRateMonitor, "logger"),
     )
+    disabled = tuple(kind for kind, switch in switches if trainer_config.get(switch) is False)
     if disabled:
         trainer_config.callbacks = [c for c in callbacks if not _is_a(getattr(c, "class_path", ""), disabled)]
 
