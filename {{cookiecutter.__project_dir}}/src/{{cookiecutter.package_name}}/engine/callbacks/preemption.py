@@ -13,6 +13,7 @@ requeue, which this replaces.
 
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -41,6 +42,20 @@ def _signal(name: str, field: str) -> signal.Signals:
     if not name.startswith("SIG") or not hasattr(signal, name):
         raise ConfigError(f"PreemptionCheckpoint.{field}: {name!r} is not a signal name; use e.g. SIGUSR1 or SIGTERM")
     return signal.Signals[name]
+
+
+def _quiet_about_the_stopped_wandb_service(unraisable: Any, default: Any = sys.__unraisablehook__) -> None:
+    """``sys.unraisablehook`` for a requeued job's exit: drop wandb's failure to reach its stopped service.
+
+    The requeue stops every process of the job, wandb's service process too; wandb's exit hook
+    (atexit) then fails with ``ConnectionResetError`` and Python prints its traceback (wandb 0.2x,
+    0.31). Nothing is lost: the run's files are on disk, and the requeued job continues the same
+    wandb run. Anything else goes to Python's own hook.
+    """
+    module = getattr(unraisable.object, "__module__", None) or ""
+    if isinstance(unraisable.exc_value, ConnectionError) and module.split(".")[0] == "wandb":
+        return
+    default(unraisable)
 
 
 class PreemptionCheckpoint(Checkpoint):
@@ -147,6 +162,7 @@ class PreemptionCheckpoint(Checkpoint):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             requeued = self._requeue(job_id) if trainer.is_global_zero else False
             if trainer.strategy.broadcast(requeued):
+                sys.unraisablehook = _quiet_about_the_stopped_wandb_service
                 raise Preempted(0)
             # Not requeued: the job must not end as if it had (exit 0 reads COMPLETED to SLURM).
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
