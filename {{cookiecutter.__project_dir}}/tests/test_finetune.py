@@ -24,6 +24,7 @@ from conftest import (
     shrunk_args,
     user_error,
 )
+from test_language_model import assert_cached_decoding_equals_uncached
 from test_preemption import SignalAtStep
 from test_resume import EXACT, assert_same_end_state
 
@@ -169,6 +170,14 @@ def test_gpu_preset_fine_tunes_with_lora_in_mixed_precision(tiny: Path, tmp_path
     trained = load_trained(summary["checkpoint"], map_location="cpu")
     (completion,) = trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(["The whale"]))
     assert isinstance(completion, str) and completion
+
+
+def test_cached_generation_of_a_pretrained_model_equals_uncached(tiny: Path) -> None:
+    # transformers' own key/value cache (use_cache=True), past the model's 64-position context too.
+    net = HFCausalLM(model=str(tiny), lora=None, block_size=24).eval()
+    prompt = torch.randint(0, 250, (2, 5), generator=torch.Generator().manual_seed(0))  # (B, T0) token ids
+    with torch.no_grad():
+        assert_cached_decoding_equals_uncached(net, prompt, new_tokens=30)
 
 
 def test_full_finetuning_trains_and_saves_every_weight(tiny: Path, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from {{ cookiecutter.package_name }}.data.text import TokenWindows, checked_text
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.models import LanguageModel
+from {{ cookiecutter.package_name }}.models.language_model import decode, greedy
 from {{ cookiecutter.package_name }}.nets import GPT
 from {{ cookiecutter.package_name }}.predict import main as predict_main
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
@@ -63,6 +64,42 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients() -> None:
     (loss_a, grads_a), (loss_b, grads_b) = results
     assert torch.allclose(loss_a, loss_b)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads_a, grads_b, strict=True))
+
+
+def fed_lengths(net: torch.nn.Module) -> list[int]:
+    """The number of tokens (T of (B, T)) of each call of ``net``, recorded from now on."""
+    lengths: list[int] = []
+    net.register_forward_pre_hook(lambda module, args: lengths.append(args[0].shape[1]))
+    return lengths
+
+
+def assert_cached_decoding_equals_uncached(net: torch.nn.Module, prompt: torch.Tensor, new_tokens: int) -> None:
+    """Greedy decoding with the key/value cache picks the same tokens as without, feeding one token a step
+    until the sequence outgrows the context, then the whole window (the positions shift)."""
+    block_size, prompt_length = net.block_size, prompt.shape[1]
+    lengths = fed_lengths(net)
+    uncached = decode(net, prompt, new_tokens, greedy, use_cache=False)
+    assert set(lengths) == {min(prompt_length + step, block_size) for step in range(new_tokens)}
+    lengths.clear()
+    cached = decode(net, prompt, new_tokens, greedy)
+    assert torch.equal(cached, uncached) and cached.shape == (prompt.shape[0], new_tokens)
+    fits = block_size - prompt_length + 1  # steps whose sequence fits the context: the cache grows
+    assert lengths == [prompt_length] + [1] * (fits - 1) + [block_size] * (new_tokens - fits)
+
+
+def test_cached_generation_equals_uncached_and_feeds_one_token_a_step() -> None:
+    torch.manual_seed(0)
+    net = small_gpt(n_embd=32, block_size=24).eval()
+    with torch.no_grad():
+        net.token_embedding.weight.mul_(20)  # spread the logits: no near-ties for rounding to flip
+        assert_cached_decoding_equals_uncached(net, torch.randint(0, 256, (2, 5)), new_tokens=30)  # past the context
+        # The cached logits are the full forward pass's, position for position.
+        sequence = torch.randint(0, 256, (2, 24))
+        cache = net.new_cache(2)
+        chunks = [net(sequence[:, :7], cache), *(net(sequence[:, t : t + 1], cache) for t in range(7, 24))]
+        torch.testing.assert_close(torch.cat(chunks, dim=1), net(sequence), rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="a sequence of 25 tokens is longer than the model's block_size 24"):
+            net(sequence[:, :1], cache)
 
 
 def test_gpt_refuses_bad_sizes_and_long_sequences() -> None:

@@ -6,6 +6,7 @@ per token.
 """
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -145,8 +146,7 @@ class LanguageModel(TrainingModule):
         """A prompt ``(tokens (1, T0),)`` -> its greedy continuation (1, N) token ids, N <= served_new_tokens;
         test windows ``(inputs, targets[, bytes])`` (B, T) -> bits per byte of each window (B,)."""
         if len(batch) == 1:
-            completion = self.continue_greedily(lambda tokens: self.output_head()(self(tokens)), batch[0][0])
-            return completion.unsqueeze(0)
+            return decode(self.net, batch[0][:1], self.served_new_tokens, greedy, stop_id=self.tokenizer.eos_id)
         inputs, targets = batch[0], batch[1]
         nats = F.cross_entropy(self(inputs).transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")  # (B, T)
         text_bytes = batch[2] if len(batch) > 2 else (targets != IGNORE)  # (B, T)
@@ -157,8 +157,9 @@ class LanguageModel(TrainingModule):
         """Up to ``served_new_tokens`` likeliest next tokens (N,) after ``tokens`` (T0,), one at a time,
         ending early at the tokenizer's end-of-text token (kept out of the result).
 
-        ``next_token_probabilities`` maps (1, T) token ids to (1, V) probabilities (the Predictor,
-        or an export of it); the context is the last ``block_size`` tokens.
+        ``next_token_probabilities`` maps (1, T) token ids to (1, V) probabilities: an export of the
+        Predictor, which has no cache, so each step feeds the whole context (the last ``block_size``
+        tokens). The Predictor itself decodes with its cache (:meth:`infer`).
         """
         block_size = self.net.block_size
         sequence = tokens
@@ -171,9 +172,21 @@ class LanguageModel(TrainingModule):
         return sequence[len(tokens) :]
 
     def infer(self, predictor: nn.Module, inputs: list[torch.Tensor]) -> list[str]:
-        """Greedy continuations (text) of prompts given as token ids, one (T0,) tensor each."""
+        """Greedy continuations (text) of prompts given as token ids, one (T0,) tensor each.
+
+        The Predictor decodes with its net's key/value cache; an export (no cache) through
+        :meth:`continue_greedily`.
+        """
+        net = getattr(predictor, "net", None)
+        if net is None:
+            return [self.tokenizer.decode(self.continue_greedily(predictor, ids).tolist()) for ids in inputs]
         device = next(predictor.parameters()).device
-        return [self.tokenizer.decode(self.continue_greedily(predictor, ids.to(device)).tolist()) for ids in inputs]
+        eos = self.tokenizer.eos_id
+        completions = [
+            decode(net, predictor.transform(ids.to(device).unsqueeze(0)), self.served_new_tokens, greedy, eos)
+            for ids in inputs
+        ]
+        return [self.tokenizer.decode(completion[0].tolist()) for completion in completions]
 
     def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
         if outputs.dtype == torch.long:  # continuations of prompts
@@ -193,14 +206,19 @@ class LanguageModel(TrainingModule):
 
     @torch.no_grad()
     def generate(
-        self, tokens: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None
+        self,
+        tokens: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_cache: bool = True,
     ) -> torch.Tensor:
         """Continue ``tokens`` (B, T0) by sampling ``max_new_tokens`` tokens: (B, T0 + max_new_tokens).
 
-        Each step feeds the last ``block_size`` tokens, divides the logits by ``temperature`` and,
-        with ``top_k``, samples among the k likeliest tokens only (Fan et al., "Hierarchical Neural
-        Story Generation", ACL 2018). Sampling draws from torch's global generator: seed it for a
-        repeatable text.
+        Each step (:meth:`decode`: with the key/value cache unless ``use_cache`` is false) divides the
+        logits by ``temperature`` and, with ``top_k``, samples among the k likeliest tokens only (Fan
+        et al., "Hierarchical Neural Story Generation", ACL 2018). Sampling draws from torch's global
+        generator: seed it for a repeatable text.
 
         Raises:
             ValueError: ``temperature`` not above 0, ``top_k`` below 1, or a prompt longer than the
@@ -217,17 +235,60 @@ class LanguageModel(TrainingModule):
                 f"the prompt has {tokens.shape[1]} {unit}; it must have 1 to {block_size} "
                 "(the model's block_size): shorten it"
             )
-        was_training = self.training
-        self.eval()
-        for _ in range(max_new_tokens):
-            logits = self(tokens[:, -block_size:])[:, -1, :] / temperature  # (B, V), the last position's
+
+        def sample(logits: torch.Tensor) -> torch.Tensor:  # (B, V) -> (B, 1)
+            logits = logits / temperature
             if top_k is not None:
                 kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]  # (B, 1)
                 logits = logits.masked_fill(logits < kth, float("-inf"))
-            next_token = torch.multinomial(logits.softmax(dim=-1), num_samples=1)  # (B, 1)
-            tokens = torch.cat([tokens, next_token], dim=1)
+            return torch.multinomial(logits.softmax(dim=-1), num_samples=1)
+
+        was_training = self.training
+        self.eval()
+        new = decode(self.net, tokens, max_new_tokens, sample, use_cache=use_cache)  # (B, max_new_tokens)
         self.train(was_training)
-        return tokens
+        return torch.cat([tokens, new], dim=1)
+
+
+@torch.no_grad()
+def decode(
+    net: nn.Module,
+    tokens: torch.Tensor,
+    max_new_tokens: int,
+    choose: Callable[[torch.Tensor], torch.Tensor],
+    stop_id: int | None = None,
+    use_cache: bool = True,
+) -> torch.Tensor:
+    """The ``max_new_tokens`` tokens (B, N) that ``choose`` picks after ``tokens`` (B, T0), one at a time.
+
+    ``choose`` maps the last position's logits (B, V) to the next tokens (B, 1). Decoding stops
+    early when every sequence's newest token is ``stop_id`` (then left out, B = 1 only).
+    With ``use_cache`` (the net's ``new_cache``), each step feeds only the new token; once the
+    sequence is longer than ``block_size``, the context window slides by a token each step
+    and shifts every position in it, so the cache is rebuilt from the last ``block_size``
+    tokens, the work of an uncached step. Cached and uncached decoding choose the same tokens.
+    """
+    block_size, batch = net.block_size, tokens.shape[0]
+    use_cache = use_cache and hasattr(net, "new_cache")
+    cache, sequence = None, tokens
+    for _ in range(max_new_tokens):
+        if not use_cache:
+            logits = net(sequence[:, -block_size:])
+        elif cache is None or sequence.shape[1] > block_size:
+            cache = net.new_cache(batch)
+            logits = net(sequence[:, -block_size:], cache)
+        else:
+            logits = net(sequence[:, cache.length :], cache)
+        next_tokens = choose(logits[:, -1, :].float())  # (B, 1)
+        if stop_id is not None and batch == 1 and next_tokens.item() == stop_id:
+            break
+        sequence = torch.cat([sequence, next_tokens], dim=1)
+    return sequence[:, tokens.shape[1] :]
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The likeliest next tokens (B, 1) for the last position's logits (B, V)."""
+    return logits.argmax(dim=-1, keepdim=True)
 
 
 class NextTokenProbabilities(nn.Module):

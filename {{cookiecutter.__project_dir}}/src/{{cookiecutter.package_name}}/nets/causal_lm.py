@@ -12,6 +12,8 @@ Shapes: B batch, T sequence length (<= block_size), V vocabulary (the model's em
 """
 
 import copy
+import functools
+import inspect
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -42,6 +44,14 @@ class LoRA:
     alpha: int = 16
     dropout: float = 0.05
     target_modules: list[str] | str | None = None
+
+
+@dataclass
+class HFCache:
+    """A Hugging Face model's key/value cache (``past_key_values``) and the ``length`` of tokens it holds."""
+
+    past: Any = None
+    length: int = 0
 
 
 class HFCausalLM(nn.Module):
@@ -152,9 +162,28 @@ class HFCausalLM(nn.Module):
         self.register_load_state_dict_post_hook(_base_keys_are_not_missing)
         self.train()  # from_pretrained returns the model in eval mode; a new nn.Module is in training mode
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) int64 -> next-token logits (B, T, V), float32."""
-        return self.model(input_ids=tokens, use_cache=False).logits.float()
+    def new_cache(self, batch_size: int) -> "HFCache":
+        """An empty :class:`HFCache`: transformers' own key/value cache, made by the first call that uses it."""
+        return HFCache()
+
+    def forward(self, tokens: torch.Tensor, cache: "HFCache | None" = None) -> torch.Tensor:
+        """Token ids (B, T) int64 -> next-token logits (B, T, V), float32.
+
+        With a ``cache``, the tokens continue those it holds (``use_cache=True``, transformers'
+        ``past_key_values``), which it then holds too.
+        """
+        if cache is None:
+            return self.model(input_ids=tokens, use_cache=False).logits.float()
+        # transformers 5.0 calls the cache past_key_values; later 5.x releases call it cache (and warn of the old name).
+        name = "cache" if "cache" in self._forward_parameters else "past_key_values"
+        output = self.model(input_ids=tokens, use_cache=True, **{name: cache.past})
+        cache.past, cache.length = getattr(output, name), cache.length + tokens.shape[1]
+        return output.logits.float()
+
+    @functools.cached_property
+    def _forward_parameters(self) -> frozenset[str]:
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # under peft
+        return frozenset(inspect.signature(base.forward).parameters)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The module's state without the frozen base (LoRA): the adapters and ``_extra_state`` (the base's record)."""

@@ -7,7 +7,10 @@ through ``torch.nn.functional.scaled_dot_product_attention``, which picks a fuse
 (FlashAttention on recent GPUs: Dao et al., 2022). Learned position embeddings; the output layer
 shares its weight with the token embedding (Press & Wolf, "Using the Output Embedding to Improve
 Language Models", EACL 2017). Activation checkpointing per block (Chen et al., "Training Deep Nets
-with Sublinear Memory Cost", 2016) trades a second forward pass for activation memory.
+with Sublinear Memory Cost", 2016) trades a second forward pass for activation memory. Generation
+keeps each block's keys and values in a :class:`KVCache`, so a new token costs one position's
+work instead of the whole context's (the key/value cache of Pope et al., "Efficiently Scaling
+Transformer Inference", MLSys 2023).
 
 Shapes: B batch, T sequence length (<= block_size), C width (n_embd), H heads, V vocabulary.
 """
@@ -22,6 +25,19 @@ from torch.utils.checkpoint import checkpoint
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 
 
+class KVCache:
+    """Keys and values of the tokens decoded so far, for every block: ``length`` positions filled.
+
+    Preallocated to the context, (L, B, H, block_size, C / H) each (L blocks), in the weights'
+    dtype and device: appending a token writes one position instead of copying the cache.
+    """
+
+    def __init__(self, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> None:
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, H, block_size, C / H)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0  # positions filled, the next token's position
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention in which position t attends to positions <= t only."""
 
@@ -33,14 +49,23 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
         self.proj_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         b, t, c = x.shape  # B, T, C
         q, k, v = self.qkv(x).split(c, dim=2)  # 3 x (B, T, C)
         # (B, T, C) -> (B, H, T, C / H): the heads attend independently
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )  # (B, H, T, C / H)
+        if cache is None:
+            y = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            )  # (B, H, T, C / H)
+        else:
+            # The T new positions follow the cache's `start`: they attend to every cached position
+            # and causally among themselves.
+            start, end = cache.length, cache.length + t
+            cache.keys[layer, :, :, start:end], cache.values[layer, :, :, start:end] = k, v
+            k, v = cache.keys[layer, :, :, :end], cache.values[layer, :, :, :end]  # (B, H, start + T, C / H)
+            mask = None if t == 1 else torch.ones(t, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, C / H)
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # heads side by side again
         return self.proj_dropout(self.proj(y))
 
@@ -60,8 +85,8 @@ class Block(nn.Module):
             nn.Dropout(dropout),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.norm1(x))  # (B, T, C)
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x), cache, layer)  # (B, T, C)
         return x + self.mlp(self.norm2(x))  # (B, T, C)
 
 
@@ -128,20 +153,36 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def new_cache(self, batch_size: int) -> KVCache:
+        """An empty :class:`KVCache` for ``batch_size`` sequences of up to ``block_size`` tokens."""
+        attention = self.blocks[0].attention
+        head_dim = self.norm.normalized_shape[0] // attention.n_head
+        shape = (len(self.blocks), batch_size, attention.n_head, self.block_size, head_dim)
+        weight = self.head.weight
+        return KVCache(shape, weight.device, weight.dtype)
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Next-token logits (B, T, V) for token ids (B, T), T <= block_size.
 
+        With a ``cache``, the tokens continue the ``cache.length`` tokens it holds (their positions
+        follow), and their keys and values are added to it.
+
         Raises:
-            ValueError: the sequence is longer than ``block_size``.
+            ValueError: the sequence (with the cached tokens) is longer than ``block_size``.
         """
+        start = 0 if cache is None else cache.length
         length = tokens.shape[1]  # T
-        if length > self.block_size:
-            raise ValueError(f"a sequence of {length} tokens is longer than the model's block_size {self.block_size}")
-        positions = torch.arange(length, device=tokens.device)  # (T,)
+        if start + length > self.block_size:
+            raise ValueError(
+                f"a sequence of {start + length} tokens is longer than the model's block_size {self.block_size}"
+            )
+        positions = torch.arange(start, start + length, device=tokens.device)  # (T,)
         x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))  # (B, T, C)
-        for block in self.blocks:
-            if self.activation_checkpointing and self.training:
+        for layer, block in enumerate(self.blocks):
+            if self.activation_checkpointing and self.training and cache is None:
                 x = checkpoint(block, x, use_reentrant=False)  # (B, T, C), activations recomputed
             else:
-                x = block(x)  # (B, T, C)
+                x = block(x, cache, layer)  # (B, T, C)
+        if cache is not None:
+            cache.length += length
         return self.head(self.norm(x))  # (B, T, V)
