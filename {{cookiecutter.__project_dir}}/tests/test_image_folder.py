@@ -181,6 +181,20 @@ def test_make_resume_rebuilds_an_experiment_run_from_its_own_config(tmp_path: Pa
     assert sorted(path.name for path in run.glob("config*.yaml")) == ["config-resumed-1.yaml", "config.yaml"]
 
 
+def test_make_resume_refuses_in_one_line_an_argument_that_changes_the_runs_model(tmp_path: Path) -> None:
+    args = [*shrunk_args(tmp_path), "--test_after_fit=false", "--trainer.limit_train_batches=2"]
+    main(["fit", *args, "--trainer.limit_val_batches=1"])
+    (run,) = (tmp_path / "logs" / "test").iterdir()
+    other_net = "--model.init_args.net={{ cookiecutter.package_name }}.nets.MLP"
+    with user_error(
+        rf"--resume=true continues the run with its own config \({re.escape(str(run / 'config.yaml'))}\); the "
+        rf"arguments given on top of it \(--model.init_args.compile=false {re.escape(other_net)}\) change the model "
+        r"it trained: leave them out, or start a new run \(no --resume\)"
+    ):
+        main(["fit", *args, "--resume=true", "--trainer.max_epochs=2", other_net])
+    assert sorted(path.name for path in run.glob("config*.yaml")) == ["config.yaml"]  # nothing written for it
+
+
 @pytest.mark.slow  # a SIGTERM and a resume: two processes
 def test_an_interrupted_experiment_run_continues_with_the_command_it_printed(tmp_path: Path) -> None:
     root = make_folder(tmp_path / "images", per_class=12)

@@ -18,7 +18,12 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule, TrainingModule
 from {{ cookiecutter.package_name }}.engine import config as run_config
-from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, check_optimizer_continues, read_checkpoint
+from {{ cookiecutter.package_name }}.engine.checkpoints import (
+    FITS_FIX,
+    check_fits,
+    check_optimizer_continues,
+    read_checkpoint,
+)
 from {{ cookiecutter.package_name }}.engine.errors import (
     ConfigError,
     UserError,
@@ -73,6 +78,9 @@ class Parser(LightningArgumentParser):
 
 class CLI(LightningCLI):
     """LightningCLI with the project's links, switches and after-fit test."""
+
+    # fit --resume=true: the run's own config, and the arguments given on top of it that may change its model.
+    resumed_with: tuple[Path, list[str]] | None = None
 
     def add_arguments_to_parser(self, parser) -> None:
 {%- if cookiecutter.task == "tabular" %}
@@ -136,7 +144,11 @@ class CLI(LightningCLI):
             config = own_config(run_to_resume(self.config.fit.trainer))
             if config is not None:
                 rank_zero_info(f"Resuming with the run's own config, {config}, and the other arguments given")
-                super().parse_arguments(parser, with_own_config(sys.argv[1:] if args is None else list(args), config))
+                given = sys.argv[1:] if args is None else list(args)
+                super().parse_arguments(parser, with_own_config(given, config))
+                others = [arg for arg in given if arg != "fit" and not arg.startswith(("--config", "--resume"))]
+                # The --model ones change a model most directly; else any (a --data one changes the classes).
+                self.resumed_with = (config, [arg for arg in others if arg.startswith("--model")] or others)
         # The run's own config is the user's input: the modules it names may appear in the checkpoint too.
         self.trusted = trusted_by_config(self.config[subcommand]) if subcommand else ()
         if _is_checkpoint_file(ckpt_path):
@@ -189,7 +201,17 @@ class CLI(LightningCLI):
             state = checkpoint.get(type(self.datamodule).__qualname__)  # where Lightning saves the DataModule's
             if state is not None and isinstance(self.datamodule, ResumableDataModule):
                 self.datamodule.check_checkpoint_state(state)
-            check_fits(checkpoint, self.model, ckpt_path)
+            check_fits(checkpoint, self.model, ckpt_path, self._fits_fix())
+
+    def _fits_fix(self) -> str:
+        if self.resumed_with is None:
+            return FITS_FIX
+        config, model_args = self.resumed_with
+        return (
+            f"--resume=true continues the run with its own config ({config}); the arguments given on top of it "
+            f"({' '.join(model_args)}) change the model it trained: leave them out, or start "
+            "a new run (no --resume)"
+        )
 
     def before_validate(self) -> None:
         self._check_ckpt_path()

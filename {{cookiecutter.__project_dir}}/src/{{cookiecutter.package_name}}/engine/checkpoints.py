@@ -123,8 +123,11 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
     return checkpoint
 
 
-def check_fits(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH) -> None:
-    """Compare a checkpoint's ``state_dict`` with ``model``'s: same keys, same shapes.
+FITS_FIX = "Use the config the checkpoint was trained with (config.yaml in its run folder: --config <run>/config.yaml)."
+
+
+def check_fits(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH, fix: str = FITS_FIX) -> None:
+    """Compare a checkpoint's ``state_dict`` with ``model``'s: same keys, same shapes; ``fix`` ends the message.
 
     Raises:
         CheckpointError: naming the missing and unexpected keys and the shape mismatches (first
@@ -145,10 +148,7 @@ def check_fits(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH) 
         if items
     ]
     if problems:
-        raise CheckpointError(
-            f"{path} does not fit the configured model: " + "; ".join(problems) + ". Use the config the checkpoint "
-            "was trained with (config.yaml in its run folder: --config <run>/config.yaml)."
-        )
+        raise CheckpointError(f"{path} does not fit the configured model: " + "; ".join(problems) + ". " + fix)
 
 
 def check_optimizer_continues(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH) -> None:
