@@ -310,10 +310,16 @@ class LanguageDataModule(ResumableDataModule):
 
     # ---- inference: text in, token ids to the model --------------------------------------------
     def dynamic_dims(self) -> dict[int, Any]:
-        """Batch and sequence length (1 to ``block_size`` tokens) stay free in an export."""
+        """Batch and sequence length (1 to ``block_size`` tokens) stay free in an export.
+
+        The length is ``Dim.DYNAMIC``, not a named ``Dim``: tracing a Hugging Face Llama on torch 2.11
+        emits a guard (``min(8*T, 16*T) == 8*T``) true for every length but not provable over a named
+        Dim's range, which torch.export then refuses (ConstraintViolationError); DYNAMIC keeps the axis
+        free and accepts such guards (https://docs.pytorch.org/docs/stable/export.html, "Dynamic Shapes").
+        """
         return {
             0: torch.export.Dim("batch", min=1, max=1 << 20),
-            1: torch.export.Dim("tokens", min=1, max=self.hparams.block_size),
+            1: torch.export.Dim.DYNAMIC(min=1, max=self.hparams.block_size),
         }
 
     def raw_description(self) -> str:
