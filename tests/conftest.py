@@ -171,7 +171,8 @@ def installed(project: Path, slug: str) -> Iterator[None]:
 def run(command: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run a command in a bake as a user would, with this environment's Python first on PATH."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("PYTEST_ADDOPTS", None)
+    for name in [name for name in env if name == "PYTEST_ADDOPTS" or name.startswith("PYTEST_XDIST_")]:
+        del env[name]  # this suite's own pytest settings, not the user's shell's
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -207,3 +208,14 @@ def install_own_environment(project: Path) -> Path:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return project / ".venv" / "bin" / "python"
+
+
+def make(project: Path, *targets: str, args: str = "", stderr: bool = False, python: Path | None = None) -> str:
+    """Run make targets in the bake with ``python`` (default: this environment's); return their standard
+    output (and error, with ``stderr``)."""
+    # --no-print-directory: under a parent make (CI runs `make test`) make would add its own lines.
+    command = ["make", "--no-print-directory", *targets, f"PYTHON={python or sys.executable}"]
+    command += [f"ARGS={args}"] if args else []
+    done = run(command, cwd=project, timeout=900)
+    assert done.returncode == 0, f"make {' '.join(targets)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done.stdout + (done.stderr if stderr else "")

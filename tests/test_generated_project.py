@@ -1,4 +1,4 @@
-"""Run what a bake ships, as its README tells a user to: make test, make lint, make train."""
+"""The default bake run as its README tells a user to: make lint, make test, and every README command."""
 
 import json
 import os
@@ -13,28 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import bake, install_own_environment, installed, requirements_met, run
-
-SECOND = {
-    "task": "tabular",
-    "project_name": "Second Bake",
-    "logger": "tensorboard",
-    "precision": "16-mixed",
-    "compile": "yes",
-    "include_slurm": "no",
-    "license": "Apache-2.0",
-}
-
-
-def make(project: Path, *targets: str, args: str = "", stderr: bool = False, python: Path | None = None) -> str:
-    """Run make targets in the bake with ``python`` (default: this environment's); return their standard
-    output (and error, with ``stderr``)."""
-    # --no-print-directory: under a parent make (CI runs `make test`) make would add its own lines.
-    command = ["make", "--no-print-directory", *targets, f"PYTHON={python or sys.executable}"]
-    command += [f"ARGS={args}"] if args else []
-    done = run(command, cwd=project, timeout=900)
-    assert done.returncode == 0, f"make {' '.join(targets)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    return done.stdout + (done.stderr if stderr else "")
+from conftest import bake, installed, make, requirements_met, run
 
 
 @pytest.mark.slow
@@ -62,17 +41,7 @@ def test_default_bake_passes_its_own_tests_and_trains(cookies) -> None:
 
         # Every command of the README's quick start, "Ship a trained model" and sweeps, as written.
         run_the_readme(project)
-
-        # `make bench` (shortened): a JSON summary, the spread of the pair ratios, then
-        # overhead_ratio=<float> as its last line.
-        output = make(project, "bench", args="--steps 40 --repeats 1").strip().splitlines()
-        assert re.fullmatch(r"overhead_ratio=\d+\.\d{3}", output[-1]), output[-1]
-        assert output[-2].startswith("pair ratios: min ")
-        summary = json.loads("\n".join(output[output.index("{") : output.index("}") + 1]))
-        assert summary["steps"] == 40 and summary["repeats"] == 1 and len(summary["pair_ratios"]) == 1
-        assert summary["project_step_ms"] > 0 and summary["plain_step_ms"] > 0 and summary["first_step_s"] > 0
-        assert summary["loader_samples_per_s"] > summary["train_samples_per_s"] > 0  # in-memory digits
-        assert abs(summary["overhead_ratio"] - summary["project_step_ms"] / summary["plain_step_ms"]) < 1e-9
+        # (`make bench`: the bake's own slow test, tests/test_cli.py, in CI's .ci/slow.)
 
 
 README_SECTIONS = ("Quick start", "Ship a trained model", "Hyperparameter search")
@@ -177,61 +146,3 @@ def wait_for_health(port: int, server: subprocess.Popen, timeout: float = 180) -
         except OSError:
             time.sleep(0.5)
     raise AssertionError(f"make serve did not answer /health on port {port} within {timeout} s")
-
-
-@pytest.mark.slow
-def test_second_bake_tabular_passes_its_own_tests_and_trains_in_its_own_environment(cookies, monkeypatch) -> None:
-    # Other answers than the default's (another logger, precision, compile, no SLURM) change what the
-    # bake installs: it installs as its user does, exactly its uv.lock, and is tested there alone.
-    monkeypatch.setenv("TORCH_TEMPLATE_LOCK", "1")
-    project = bake(cookies, **SECOND)
-    python = install_own_environment(project)
-    make(project, "lint", python=python)
-    # The quick tests here, as for the default bake (slow ones: .ci/slow and .ci/floors).
-    make(project, "test", python=python)
-    # The bundled breast cancer table, the default 40 epochs (about 15 s on 2 cores).
-    make(project, "train", python=python)
-    (summary_path,) = (project / "logs").rglob("test_metrics.json")
-    assert json.loads(summary_path.read_text())["metrics"]["test/acc"] >= 0.9  # measured 0.953
-    assert list((project / "logs").rglob("events.out.tfevents.*"))  # the answer's logger wrote the run
-    # The profiler's report lands in the run folder, beside that run's config, and make says where.
-    output = make(project, "profile", args="--trainer.max_epochs=1", stderr=True, python=python)
-    (report,) = (project / "logs").rglob("fit-profile.txt")
-    assert report.parent.parent.name == "tabular"  # logs/tabular/<config>-<date>-<time>-<xxxx>/fit-profile.txt
-    assert (report.parent / "config.yaml").exists() and "Profiler Report" in report.read_text()
-    assert f"Profiler report written to {report.relative_to(project)}" in output
-
-
-THIRD = {
-    "task": "language-model",
-    "project_name": "Third Bake",
-    "logger": "csv",
-    "precision": "32-true",
-    "compile": "no",
-    "include_slurm": "yes",
-    "license": "MIT",
-}
-
-
-@pytest.mark.slow
-def test_third_bake_language_model_passes_its_own_tests_trains_and_generates(cookies, monkeypatch) -> None:
-    # As the second bake: in its own environment, which has no wandb and no tensorboard.
-    monkeypatch.setenv("TORCH_TEMPLATE_LOCK", "1")
-    project = bake(cookies, **THIRD)
-    python = install_own_environment(project)
-    assert subprocess.run([python, "-c", "import wandb"], capture_output=True).returncode != 0
-    make(project, "lint", python=python)
-    # The quick tests here, as for the default bake (slow ones: .ci/slow and .ci/floors).
-    make(project, "test", python=python)
-    # `make train` on the bundled corpus with a one-block GPT for 150 steps (29 s): it learns
-    # common letter sequences, below the corpus's unigram entropy of 4.53 bits per byte (3.76
-    # measured). The default model's full run reaches 2.26 (docs/benchmarks.md).
-    tiny = "--model.init_args.net.init_args.n_layer=1 --model.init_args.net.init_args.n_embd=64"
-    make(project, "train", args=f"--trainer.max_epochs=1 --trainer.limit_train_batches=150 {tiny}", python=python)
-    (summary_path,) = (project / "logs").rglob("test_metrics.json")
-    metrics = json.loads(summary_path.read_text())["metrics"]
-    assert metrics["test/bpb"] < 4.2
-    assert (summary_path.parent / "metrics.csv").is_file()  # the answer's logger wrote the run
-    text = make(project, "generate", args="--max_new_tokens 80 --prompt Ishmael", python=python)
-    sample = text.split("\nIshmael", 1)  # after the command line make echoes
-    assert len(sample) == 2 and len(sample[1]) > 60, text

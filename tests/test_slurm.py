@@ -6,6 +6,7 @@ CPU-only clusters. The cluster is started once for this module (see slurm_cluste
 root or apt the tests skip with the reason, and with REQUIRE_SLURM=1 (CI) they fail instead.
 """
 
+import importlib
 import json
 import math
 import os
@@ -22,7 +23,9 @@ from slurm_cluster import Cluster, ClusterUnavailable
 
 pytestmark = pytest.mark.slurm
 
-SLUG, PACKAGE = "digits-classifier", "digits_classifier"
+# Its own name: the default bake's test installs digits-classifier into this environment too, and
+# make test may run the two at once (pytest-xdist).
+NAME, SLUG, PACKAGE = "Slurm Digits", "slurm-digits", "slurm_digits"
 CPU_JOB = ["--gpus-per-node=0", "--ntasks-per-node=2", "--cpus-per-task=1", "--mem=2G"]
 CPU_ARGS = ["--trainer.accelerator=cpu"]
 # Records, per process, the global step at which training (re)started, the SLURM restart count
@@ -61,7 +64,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def project(cookies_session, cluster: Cluster) -> Iterator[Path]:
-    result = cookies_session.bake(extra_context={"project_name": "Digits Classifier"})
+    result = cookies_session.bake(extra_context={"project_name": NAME})
     assert result.exit_code == 0, result.exception
     path = Path(result.project_path)
     (path / "logs" / "slurm").mkdir(parents=True)  # what `make slurm` does before sbatch (tests call both)
@@ -102,19 +105,15 @@ def output(project: Path, job_id: int) -> str:
 
 
 def steps_per_epoch(world_size: int) -> int:
-    from digits_classifier.data import DigitsDataModule
-
-    data = DigitsDataModule()
+    data = importlib.import_module(f"{PACKAGE}.data").DigitsDataModule()
     data.setup("fit")
     return math.ceil(math.ceil(len(data.train_set) / world_size) / data.hparams.batch_size)
 
 
 def expected_batch_labels(step: int, rank: int, world_size: int = 2, seed: int = 42) -> list[int]:
     """Labels of the batch an uninterrupted run trains ``rank`` on at ``step`` (the default config's seed)."""
-    from digits_classifier.data import DigitsDataModule
-    from digits_classifier.engine.data import ResumableSampler
-
-    data = DigitsDataModule()
+    ResumableSampler = importlib.import_module(f"{PACKAGE}.engine.data").ResumableSampler
+    data = importlib.import_module(f"{PACKAGE}.data").DigitsDataModule()
     data.setup("fit")
     epoch, batch = divmod(step, steps_per_epoch(world_size))
     sampler = ResumableSampler(data.train_set, world_size, rank, seed, epoch)

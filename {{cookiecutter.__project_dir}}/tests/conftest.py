@@ -16,6 +16,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
+# make test runs one pytest-xdist worker per core: each gets its share of the cores, as do the
+# processes its tests start (they inherit OMP_NUM_THREADS), where torch's default of a thread per
+# core in every worker would run workers x cores threads on the cores and slow them all.
+if (_workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
+    _share = max(1, (os.cpu_count() or 1) // _workers)
+    torch.set_num_threads(_share)
+    os.environ["OMP_NUM_THREADS"] = str(_share)
+
 
 @contextmanager
 def user_error(match: str) -> Iterator[None]:

@@ -363,18 +363,22 @@ def test_the_private_lightning_hook_the_training_module_reads_exists() -> None:
 
 @pytest.mark.slow
 def test_make_bench_times_both_paths_of_the_default_config_and_ends_with_the_overhead_ratio() -> None:
-    # As `make bench` runs it, shortened: every path (the project's, the plain loop, the loader) in
-    # its own process, on this task's default model and data.
+    # `make bench`, shortened: every path (the project's, the plain loop, the loader) in its own
+    # process, on this task's default model and data; a JSON summary, the spread of the pair ratios,
+    # then overhead_ratio=<float> as the last line.
     done = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}.bench", "--steps=3", "--repeats=1", "--no-gpu"],
+        ["make", "--no-print-directory", "bench", f"PYTHON={sys.executable}", "ARGS=--steps=3 --repeats=1 --no-gpu"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    *report, last = done.stdout.strip().splitlines()
-    ratio = float(last.removeprefix("overhead_ratio="))
-    figures = json.loads("\n".join(report[: report.index("}") + 1]))
-    assert figures["overhead_ratio"] == pytest.approx(ratio, abs=1e-3) and ratio > 0
-    assert figures["project_step_ms"] > 0 and figures["plain_step_ms"] > 0
+    *report, pairs, last = done.stdout.strip().splitlines()
+    assert re.fullmatch(r"overhead_ratio=\d+\.\d{3}", last) and pairs.startswith("pair ratios: min "), last
+    figures = json.loads("\n".join(report[report.index("{") : report.index("}") + 1]))
+    assert figures["steps"] == 3 and figures["repeats"] == 1 and len(figures["pair_ratios"]) == 1
+    assert figures["overhead_ratio"] == pytest.approx(float(last.removeprefix("overhead_ratio=")), abs=1e-3)
+    assert figures["overhead_ratio"] == pytest.approx(figures["project_step_ms"] / figures["plain_step_ms"])
+    assert figures["project_step_ms"] > 0 and figures["plain_step_ms"] > 0 and figures["first_step_s"] > 0
+    assert figures["loader_samples_per_s"] > 0 and figures["train_samples_per_s"] > 0

@@ -481,8 +481,11 @@ def serving(checkpoint: Path, folder: Path, *args: str, env: dict[str, str] | No
     port = free_port()
     log_path = folder / f"serve-{port}.log"
     log = log_path.open("w")
+    # --timeout: correctness is tested here, on a machine that may be busy with other tests (16
+    # generations at once took over 30 s there, the default's 504); latency is measured by serve-bench.
+    command = [sys.executable, "-m", f"{PACKAGE}.serve", "--ckpt", str(checkpoint), "--port", str(port)]
     process = subprocess.Popen(
-        [sys.executable, "-m", f"{PACKAGE}.serve", "--ckpt", str(checkpoint), "--port", str(port), *args],
+        [*command, "--timeout=300", *args],
         cwd=folder,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -508,8 +511,17 @@ def serving(checkpoint: Path, folder: Path, *args: str, env: dict[str, str] | No
     finally:
         with contextlib.suppress(ProcessLookupError):  # the test may have stopped it already
             os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
+        try:
+            process.wait(timeout=60)
+            stopped = True
+        except subprocess.TimeoutExpired:  # killed, so that no server outlives the test that started it
+            stopped = False
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=60)
         log.close()
+    # Reached only when the test itself passed: a failure of its own is the one to report.
+    assert stopped, "the server ignored SIGTERM for 60 s and was killed:\n" + log_path.read_text()[-3000:]
 
 
 def bad_requests(one: list[Any]) -> dict[str, bytes]:

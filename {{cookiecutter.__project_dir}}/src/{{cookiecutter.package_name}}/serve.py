@@ -34,6 +34,7 @@ def serve(
     max_image_pixels: int = 4096 * 4096,
     max_request_pixels: int = 4 * 4096 * 4096,
     body_timeout: float = 10.0,
+    timeout: float = 30.0,
     accelerator: str = "auto",
     workers_per_device: int = 1,
     trust: str | None = None,
@@ -54,6 +55,7 @@ def serve(
             their headers (more: HTTP 422): what one request may cost the worker to decode.
         body_timeout: seconds a request's body may take to arrive after its headers (later: HTTP 408,
             connection closed), so slow clients cannot hold connections open.
+        timeout: seconds a request may wait for its answer, queueing included (later: HTTP 504).
         accelerator: "auto" (CUDA when available), "cpu" or "cuda".
         workers_per_device: model copies per device, each its own process.
         trust: modules besides this project's package whose classes the checkpoint may name,
@@ -78,6 +80,7 @@ def serve(
         max_image_pixels=max_image_pixels,
         max_request_pixels=max_request_pixels,
         body_timeout=body_timeout,
+        timeout=timeout,
         accelerator=accelerator,
         workers_per_device=workers_per_device,
         trust=trusted_modules(trust),

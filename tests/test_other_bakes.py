@@ -1,0 +1,77 @@
+"""Bakes with other answers than the default's (another task, logger, precision, compile, SLURM),
+each installed as its user installs it, from its uv.lock into its own environment, then make lint,
+make test, make train and a task's own command there."""
+
+import json
+import subprocess
+
+import pytest
+from conftest import bake, install_own_environment, make
+
+SECOND = {
+    "task": "tabular",
+    "project_name": "Second Bake",
+    "logger": "tensorboard",
+    "precision": "16-mixed",
+    "compile": "yes",
+    "include_slurm": "no",
+    "license": "Apache-2.0",
+}
+
+
+@pytest.mark.slow
+def test_second_bake_tabular_passes_its_own_tests_and_trains_in_its_own_environment(cookies, monkeypatch) -> None:
+    # Other answers than the default's (another logger, precision, compile, no SLURM) change what the
+    # bake installs: it installs as its user does, exactly its uv.lock, and is tested there alone.
+    monkeypatch.setenv("TORCH_TEMPLATE_LOCK", "1")
+    project = bake(cookies, **SECOND)
+    python = install_own_environment(project)
+    make(project, "lint", python=python)
+    # The quick tests here, as for the default bake (slow ones: .ci/slow and .ci/floors).
+    make(project, "test", python=python)
+    # The bundled breast cancer table, the default 40 epochs (about 15 s on 2 cores).
+    make(project, "train", python=python)
+    (summary_path,) = (project / "logs").rglob("test_metrics.json")
+    assert json.loads(summary_path.read_text())["metrics"]["test/acc"] >= 0.9  # measured 0.953
+    assert list((project / "logs").rglob("events.out.tfevents.*"))  # the answer's logger wrote the run
+    # The profiler's report lands in the run folder, beside that run's config, and make says where.
+    output = make(project, "profile", args="--trainer.max_epochs=1", stderr=True, python=python)
+    (report,) = (project / "logs").rglob("fit-profile.txt")
+    assert report.parent.parent.name == "tabular"  # logs/tabular/<config>-<date>-<time>-<xxxx>/fit-profile.txt
+    assert (report.parent / "config.yaml").exists() and "Profiler Report" in report.read_text()
+    assert f"Profiler report written to {report.relative_to(project)}" in output
+
+
+THIRD = {
+    "task": "language-model",
+    "project_name": "Third Bake",
+    "logger": "csv",
+    "precision": "32-true",
+    "compile": "no",
+    "include_slurm": "yes",
+    "license": "MIT",
+}
+
+
+@pytest.mark.slow
+def test_third_bake_language_model_passes_its_own_tests_trains_and_generates(cookies, monkeypatch) -> None:
+    # As the second bake: in its own environment, which has no wandb and no tensorboard.
+    monkeypatch.setenv("TORCH_TEMPLATE_LOCK", "1")
+    project = bake(cookies, **THIRD)
+    python = install_own_environment(project)
+    assert subprocess.run([python, "-c", "import wandb"], capture_output=True).returncode != 0
+    make(project, "lint", python=python)
+    # The quick tests here, as for the default bake (slow ones: .ci/slow and .ci/floors).
+    make(project, "test", python=python)
+    # `make train` on the bundled corpus with a one-block GPT for 150 steps (29 s): it learns
+    # common letter sequences, below the corpus's unigram entropy of 4.53 bits per byte (3.76
+    # measured). The default model's full run reaches 2.26 (docs/benchmarks.md).
+    tiny = "--model.init_args.net.init_args.n_layer=1 --model.init_args.net.init_args.n_embd=64"
+    make(project, "train", args=f"--trainer.max_epochs=1 --trainer.limit_train_batches=150 {tiny}", python=python)
+    (summary_path,) = (project / "logs").rglob("test_metrics.json")
+    metrics = json.loads(summary_path.read_text())["metrics"]
+    assert metrics["test/bpb"] < 4.2
+    assert (summary_path.parent / "metrics.csv").is_file()  # the answer's logger wrote the run
+    text = make(project, "generate", args="--max_new_tokens 80 --prompt Ishmael", python=python)
+    sample = text.split("\nIshmael", 1)  # after the command line make echoes
+    assert len(sample) == 2 and len(sample[1]) > 60, text
