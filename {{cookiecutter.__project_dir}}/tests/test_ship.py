@@ -743,6 +743,11 @@ def test_serve_on_a_port_in_use_says_so_before_loading_anything(tmp_path: Path) 
             serve_main(["--ckpt", str(tmp_path / "never-read.ckpt"), "--port", str(port)])
 
 
+def test_a_timeout_no_longer_than_the_batch_wait_is_refused_before_loading_anything(tmp_path: Path) -> None:
+    with user_error(r"--timeout \(0.005 s\) must be longer than --batch_timeout \(0.005 s\)"):
+        serve_main(["--ckpt", str(tmp_path / "never-read.ckpt"), "--timeout", "0.005"])
+
+
 def test_request_checks_name_the_input_and_the_problem() -> None:
     schema = {"kind": "array", "shape": [2, 2], "min": 0.0, "max": 1.0, "max_inputs": 2}
     check_inputs([[[0, 1], [1, 0.5]]], schema)

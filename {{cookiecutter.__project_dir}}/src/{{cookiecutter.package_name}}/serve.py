@@ -16,7 +16,7 @@ from pathlib import Path
 
 from jsonargparse import auto_cli
 
-from {{ cookiecutter.package_name }}.engine.errors import LaunchError, exit_on_user_error
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, LaunchError, exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.export import require
 from {{ cookiecutter.package_name }}.engine.inference import load_trained, trusted_modules
 from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
@@ -55,7 +55,8 @@ def serve(
             their headers (more: HTTP 422): what one request may cost the worker to decode.
         body_timeout: seconds a request's body may take to arrive after its headers (later: HTTP 408,
             connection closed), so slow clients cannot hold connections open.
-        timeout: seconds a request may wait for its answer, queueing included (later: HTTP 504).
+        timeout: LitServe's request timeout in seconds (``LitServer(timeout=...)``); must be longer
+            than ``batch_timeout``.
         accelerator: "auto" (CUDA when available), "cpu" or "cuda".
         workers_per_device: model copies per device, each its own process.
         trust: modules besides this project's package whose classes the checkpoint may name,
@@ -63,8 +64,14 @@ def serve(
 
     Raises:
         FileNotFoundError: no checkpoint found or given.
+        engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``.
         engine.errors.LaunchError: ``host:port`` is taken or not an address of this machine.
     """
+    if timeout <= batch_timeout:  # LitServe raises a bare ValueError for it, after the model is loaded
+        raise ConfigError(
+            f"--timeout ({timeout:g} s) must be longer than --batch_timeout ({batch_timeout:g} s): "
+            "a request waits that long for others to join its batch before it runs"
+        )
     check_address(host, port)  # before loading anything: uvicorn would only say so after the model is up
     require("litserve")
     from {{ cookiecutter.package_name }}.engine.serving import build_server, describe_request
