@@ -84,6 +84,7 @@ TASK_PACKAGE_FILES = {
     "language-model": [
         *("data/text.py", "data/corpora/moby_dick.txt.gz", "models/language_model.py", "nets/gpt.py"),
         *("data/prompts.py", "data/tokenizer.py", "engine/pretrained.py", "nets/causal_lm.py", "generate.py"),
+        "engine/openai_api.py",
     ],
 }
 TASK_TEST_FILES = {
@@ -93,7 +94,7 @@ TASK_TEST_FILES = {
         "test_transfer.py",
     ],
     "tabular": ["test_tabular.py"],
-    "language-model": ["test_language_model.py", "test_finetune.py", "test_tokenizer.py"],
+    "language-model": ["test_language_model.py", "test_finetune.py", "test_tokenizer.py", "test_openai_api.py"],
 }
 TASK_CONFIG_FILES = {
     "image-classification": ["experiments/image-folder.yaml", "experiments/transfer-learning.yaml"],

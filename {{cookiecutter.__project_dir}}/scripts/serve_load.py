@@ -143,6 +143,7 @@ def measure(args: argparse.Namespace) -> None:
 
     port = free_port()
     command = [sys.executable, "-m", f"{PACKAGE}.serve", "--ckpt", str(checkpoint), "--port", str(port)]
+    command += ["--api=predict"]  # what this load test sends (a language model's default is the OpenAI API)
     command += ["--trust", args.trust] if args.trust else []
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -1,11 +1,16 @@
 """One shrunk config for every test: the real configs/default.yaml, on CPU, written under tmp_path."""
 
+import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -191,3 +196,66 @@ def _no_pytest_argv():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "argv", sys.argv[:1])
         yield
+
+
+# ---- a server to test against --------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(checkpoint: Path, folder: Path, *args: str, env: dict[str, str] | None = None, api: str = "predict"):
+    """``python -m <package>.serve --api <api>`` on a free loopback port, in its own process group; stopped
+    with SIGTERM.
+
+    Yields ``(port, process, log file)`` once ``/health`` answers 200.
+    """
+    port = free_port()
+    log_path = folder / f"serve-{port}.log"
+    log = log_path.open("w")
+    # --timeout: correctness is tested here, on a machine that may be busy with other tests (16
+    # generations at once took over 30 s there, the default's 504); latency is measured by serve-bench.
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.serve", "--ckpt", str(checkpoint)]
+    command += ["--port", str(port), f"--api={api}"]
+    process = subprocess.Popen(
+        [*command, "--timeout=300", *args],
+        cwd=folder,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
+        # As in a terminal, Ctrl-C (SIGINT) interrupts the server: a test started from a background
+        # job (a CI script's `&`) would otherwise pass on the job's "ignore SIGINT" to it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, log_path.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            assert time.monotonic() < deadline, "the server did not become healthy in 120 s"
+            time.sleep(0.5)
+        yield port, process, log_path
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the test may have stopped it already
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+            stopped = True
+        except subprocess.TimeoutExpired:  # killed, so that no server outlives the test that started it
+            stopped = False
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=60)
+        log.close()
+    # Reached only when the test itself passed: a failure of its own is the one to report.
+    assert stopped, "the server ignored SIGTERM for 60 s and was killed:\n" + log_path.read_text()[-3000:]

@@ -48,8 +48,11 @@ HIDDEN, LAYERS, RANK = 32, 2, 4
 SHORT = ["--trainer.limit_train_batches=2", "--trainer.log_every_n_steps=1"]  # two steps: enough to write checkpoints
 
 
-def save_tiny_llama(folder: Path, vocab_size: int = 300, seed: int = 0, context: int = 64) -> Path:
-    """A 2-layer Llama (random weights) and a byte-level BPE tokenizer trained on TEXT, saved by ``save_pretrained``."""
+def save_tiny_llama(
+    folder: Path, vocab_size: int = 300, seed: int = 0, context: int = 64, chat_template: str | None = None
+) -> Path:
+    """A 2-layer Llama (random weights) and a byte-level BPE tokenizer trained on TEXT (with ``chat_template``),
+    saved by ``save_pretrained``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -60,6 +63,7 @@ def save_tiny_llama(folder: Path, vocab_size: int = 300, seed: int = 0, context:
     )
     tokenizer.train_from_iterator([TEXT], trainer)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
+    fast.chat_template = chat_template
     fast.save_pretrained(folder)
     config = transformers.LlamaConfig(
         vocab_size=len(fast),
@@ -353,16 +357,22 @@ def test_a_bfloat16_base_trains_float32_adapters_and_full_finetuning_refuses_it(
         HFCausalLM(str(tiny), lora=None, base_dtype="bfloat16")
 
 
+def save_tiny_gpt2(folder: Path, chat_template: str | None = None) -> Path:
+    """A 2-layer GPT-2 (random weights) with the tiny Llama's tokenizer (and ``chat_template``), as a model folder."""
+    config = transformers.GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    tokenizer = save_tiny_llama(folder.with_name(folder.name + "-tokenizer"), chat_template=chat_template)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (tokenizer / name).is_file():
+            (folder / name).write_bytes((tokenizer / name).read_bytes())
+    return folder
+
+
 def test_lora_on_a_gpt2_folder_adapts_its_conv1d_layers_without_a_warning(tmp_path: Path) -> None:
     # GPT-2 keeps its projections in Conv1D layers (weight (in, out)); peft warned about
     # fan_in_fan_out on every fine-tune command (an error under this suite's filterwarnings).
-    config = transformers.GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4)
-    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
-    save_tiny_llama(tmp_path / "tokenizer").joinpath("config.json").unlink()  # the tokenizer files only
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (tmp_path / "tokenizer" / name).is_file():
-            (tmp_path / "gpt2" / name).write_bytes((tmp_path / "tokenizer" / name).read_bytes())
-    net = HFCausalLM(str(tmp_path / "gpt2"), lora=LoRA(r=4, dropout=0.0, target_modules=["c_attn"]))
+    folder = save_tiny_gpt2(tmp_path / "gpt2")
+    net = HFCausalLM(str(folder), lora=LoRA(r=4, dropout=0.0, target_modules=["c_attn"]))
     assert net.model.peft_config["default"].fan_in_fan_out
     loss, gradients = adapter_gradients(net, torch.randint(0, 290, (2, 17)))
     assert torch.isfinite(loss) and len(gradients) == 4  # A and B of c_attn in 2 layers
@@ -489,3 +499,33 @@ def test_the_readme_fine_tunes_offline_as_written(tmp_path: Path) -> None:
     assert "\nCall me Ishmael." in outputs[1]  # after the command make echoes
     assert re.search(r"export/hf: max abs diff from PyTorch batch_1 \S+", outputs[2])
     assert (run / "export" / "hf" / "model.safetensors").is_file()
+
+
+# A chat template as transformers reads it (Jinja), put together from pieces: this file is itself a template.
+OPEN, CLOSE, SAY, SAID = "{" + "%", "%" + "}", "{" * 2, "}" * 2
+CHAT_TEMPLATE = (
+    f"{OPEN} for m in messages {CLOSE}<|{SAY} m.role {SAID}|>{SAY} m.content {SAID}<|endoftext|>{OPEN} endfor {CLOSE}"
+    f"{OPEN} if add_generation_prompt {CLOSE}<|assistant|>{OPEN} endif {CLOSE}"
+)
+
+
+@pytest.mark.slow
+def test_a_lora_finetune_of_a_gpt2_folder_serves_the_openai_api_with_its_chat_template(tmp_path: Path) -> None:
+    from conftest import serving
+    from test_openai_api import CHAT, NAME, answer_in_process, client
+
+    folder = save_tiny_gpt2(tmp_path / "gpt2-chat", chat_template=CHAT_TEMPLATE)
+    lora = ["--model.init_args.net.init_args.lora.target_modules=[c_attn]", "--data.init_args.block_size=64", *SHORT]
+    cli = main(["fit", *finetune_args(tmp_path, folder), *lora])
+    trained = load_trained(cli.trainer.checkpoint_callback.best_model_path)
+    template = trained.model.chat_template()
+    assert template.own and template.render(CHAT).endswith("<|user|>Call me Ishmael.<|endoftext|><|assistant|>")
+    text, reason, tokens, prompt = answer_in_process(trained, CHAT, max_new_tokens=20, temperature=0)
+    with serving(trained.checkpoint, tmp_path, api="openai") as (port, _, _):
+        api = client(port)
+        whole = api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=20, temperature=0)
+        chunks = list(api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=20, temperature=0, stream=True))
+    assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (text, reason)
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt, tokens)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == reason

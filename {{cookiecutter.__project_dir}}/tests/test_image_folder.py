@@ -404,7 +404,8 @@ def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
     # files; refused files are one 422 line each, and the worker goes on.
     if importlib.util.find_spec("litserve") is None:
         pytest.skip("the serve extra is not installed: pip install -e '.[serve]'")
-    from test_ship import post, serving
+    from conftest import serving
+    from test_ship import post
 
     files = sorted(samples.glob("*.png"), key=lambda path: int(path.stem))[:3]
     encoded = [base64.b64encode(path.read_bytes()).decode() for path in files]

@@ -2,9 +2,7 @@
 
 One short run per module (fixture ``shipped``); every test uses its best checkpoint and exports.
 """
-
-import contextlib
-{%- if cookiecutter.task != "language-model" %}
+{% if cookiecutter.task != "language-model" %}
 import csv
 {%- endif %}
 import json
@@ -26,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import shrunk_args, user_error
+from conftest import serving, shrunk_args, user_error
 
 pytest.importorskip("onnxruntime", reason="the export extra is not installed: pip install -e '.[export,serve]'")
 pytest.importorskip("litserve", reason="the serve extra is not installed: pip install -e '.[export,serve]'")
@@ -464,64 +462,6 @@ def post(port: int, body: bytes, content_type: str = "application/json") -> tupl
             return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode(errors="replace")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serving(checkpoint: Path, folder: Path, *args: str, env: dict[str, str] | None = None):
-    """``python -m <package>.serve`` on a free loopback port, in its own process group; stopped with SIGTERM.
-
-    Yields ``(port, process, log file)`` once ``/health`` answers 200.
-    """
-    port = free_port()
-    log_path = folder / f"serve-{port}.log"
-    log = log_path.open("w")
-    # --timeout: correctness is tested here, on a machine that may be busy with other tests (16
-    # generations at once took over 30 s there, the default's 504); latency is measured by serve-bench.
-    command = [sys.executable, "-m", f"{PACKAGE}.serve", "--ckpt", str(checkpoint), "--port", str(port)]
-    process = subprocess.Popen(
-        [*command, "--timeout=300", *args],
-        cwd=folder,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=env,
-        # As in a terminal, Ctrl-C (SIGINT) interrupts the server: a test started from a background
-        # job (a CI script's `&`) would otherwise pass on the job's "ignore SIGINT" to it.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log_path.read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            assert time.monotonic() < deadline, "the server did not become healthy in 120 s"
-            time.sleep(0.5)
-        yield port, process, log_path
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the test may have stopped it already
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-            stopped = True
-        except subprocess.TimeoutExpired:  # killed, so that no server outlives the test that started it
-            stopped = False
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=60)
-        log.close()
-    # Reached only when the test itself passed: a failure of its own is the one to report.
-    assert stopped, "the server ignored SIGTERM for 60 s and was killed:\n" + log_path.read_text()[-3000:]
 
 
 def bad_requests(one: list[Any]) -> dict[str, bytes]:

@@ -4,15 +4,19 @@
     python -m {{ cookiecutter.package_name }}.serve --host 0.0.0.0 --port 8000  # every interface: put auth in front
 
     curl -s localhost:8000/health
-    curl -s localhost:8000/predict -d '{"inputs": [...]}'
+    curl -s localhost:8000/predict -d '{"inputs": [...]}'                   # --api predict
+    curl -sN localhost:8000/v1/chat/completions -d '{"messages": [...], "stream": true}'  # --api openai
 
-See :mod:`engine.serving` for the requests it takes and refuses. Ctrl-C stops it; from a script,
-start it in its own process group (``setsid``, ``start_new_session=True``) and send SIGTERM to
-the group: LitServe's worker processes stop with it and the port is freed.
+A language model speaks the OpenAI API (:mod:`engine.openai_api`) unless ``--api predict``; every
+other model answers ``POST /predict`` (:mod:`engine.serving`, the requests it takes and refuses).
+Ctrl-C stops it; from a script, start it in its own process group (``setsid``,
+``start_new_session=True``) and send SIGTERM to the group: LitServe's worker processes stop with
+it and the port is freed.
 """
 
 import socket
 from pathlib import Path
+from typing import Literal
 
 from jsonargparse import auto_cli
 
@@ -38,6 +42,9 @@ def serve(
     accelerator: str = "auto",
     workers_per_device: int = 1,
     trust: str | None = None,
+    api: Literal["auto", "openai", "predict"] = "auto",
+    max_tokens: int = 256,
+    model_name: str | None = None,
 ) -> None:
     """Serve checkpoint ``ckpt`` until stopped.
 
@@ -61,10 +68,16 @@ def serve(
         workers_per_device: model copies per device, each its own process.
         trust: modules besides this project's package whose classes the checkpoint may name,
             comma-separated (an own DataModule or net kept elsewhere); only for checkpoints you trust.
+        api: "openai" (``/v1/chat/completions``, ``/v1/models``: language models), "predict" (``POST
+            /predict`` with ``{"inputs": [...]}``: every model, a language model's greedy continuations),
+            or "auto": openai for a language model, else predict.
+        max_tokens: the most new tokens one OpenAI request may ask for, and its default (more: HTTP 422).
+        model_name: the ``model`` OpenAI clients name; default the project's name.
 
     Raises:
         FileNotFoundError: no checkpoint found or given.
-        engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``.
+        engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``; ``api="openai"`` for a
+            model that does not generate text; ``max_tokens`` below 1.
         engine.errors.LaunchError: ``host:port`` is taken or not an address of this machine.
     """
     if timeout <= batch_timeout:  # LitServe raises a bare ValueError for it, after the model is loaded
@@ -72,12 +85,38 @@ def serve(
             f"--timeout ({timeout:g} s) must be longer than --batch_timeout ({batch_timeout:g} s): "
             "a request waits that long for others to join its batch before it runs"
         )
+    if max_tokens < 1:
+        raise ConfigError(f"--max_tokens must be at least 1, got {max_tokens}")
     check_address(host, port)  # before loading anything: uvicorn would only say so after the model is up
     require("litserve")
-    from {{ cookiecutter.package_name }}.engine.serving import build_server, describe_request
+    from {{ cookiecutter.package_name }}.engine.serving import body_limits, build_server, describe_request
 
     path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
     trained = load_trained(path, trust=trusted_modules(trust))  # no data read: the checkpoint is enough
+    chat = hasattr(trained.model, "stream_chat")
+    if api == "openai" and not chat:
+        raise ConfigError(f"--api openai serves language models; {path} holds a {type(trained.model).__name__}")
+    if api == "openai" or (api == "auto" and chat):
+        from {{ cookiecutter.package_name }}.engine.openai_api import build_chat_server
+
+        name = model_name or "{{ cookiecutter.project_slug }}"
+        server = build_chat_server(
+            trained,
+            name,
+            max_tokens=max_tokens,
+            accelerator=accelerator,
+            workers_per_device=workers_per_device,
+            timeout=timeout,
+            middlewares=[body_limits(max_body_bytes, max_inputs, body_timeout)],
+            trust=trusted_modules(trust),
+        )
+        print(
+            f"Serving {path} as {name!r} on http://{host}:{port}: the OpenAI API, POST /v1/chat/completions "
+            f"(up to {max_tokens} new tokens) and GET /v1/models; GET /health",
+            flush=True,
+        )
+        server.run(host=host, port=port, generate_client_file=False)
+        return
     server = build_server(
         trained,
         max_batch_size=max_batch_size,

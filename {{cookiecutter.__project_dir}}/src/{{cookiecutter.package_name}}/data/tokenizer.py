@@ -273,3 +273,53 @@ def load_tokenizer(source: str | None) -> Tokenizer:
     if source == BPE:
         raise ConfigError("data.tokenizer: bpe is trained on the training text by TextDataModule, not loaded by name")
     return ByteTokenizer() if source in (None, BYTES) else PretrainedTokenizer(source)
+
+
+# ---- chat ------------------------------------------------------------------------------------------
+CHAT_ROLES = ("system", "developer", "user", "assistant")  # OpenAI's "developer" is the newer "system"
+
+
+class ChatTemplate:
+    """A conversation -> the token ids that prompt the model for the assistant's next turn.
+
+    A pretrained tokenizer with a chat template (``tokenizer_config.json``'s ``chat_template``) renders
+    with it (``apply_chat_template``, https://huggingface.co/docs/transformers/chat_templating). Any
+    other tokenizer (bytes, a trained BPE, a pretrained one without a template) uses the plain
+    template: each message as ``"<role>: <content>\\n"``, then ``"assistant: "``; a model that goes on
+    to write the next ``"\\nuser:"`` turn has ended its own, so those are its :attr:`stops`.
+
+    Picklable: the server's HTTP processes check prompts with it, its workers render them.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend", None)
+        self.own = backend is not None and bool(getattr(backend, "chat_template", None))
+        self.stops: tuple[str, ...] = () if self.own else tuple(f"\n{role}:" for role in ("system", "user"))
+
+    @property
+    def name(self) -> str:
+        return "the tokenizer's chat template" if self.own else "the plain template (role: content lines)"
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        """The prompt text of ``messages`` (``[{"role": ..., "content": ...}, ...]``) with the assistant's turn opened.
+
+        Raises:
+            ValueError: a message without a known role or text content, naming it (``messages[i]``).
+        """
+        if not messages:
+            raise ValueError("messages is empty: send at least one message")
+        for index, message in enumerate(messages):
+            if message.get("role") not in CHAT_ROLES:
+                raise ValueError(f"messages[{index}].role is {message.get('role')!r}; one of {', '.join(CHAT_ROLES)}")
+            if not isinstance(message.get("content"), str):
+                raise ValueError(f"messages[{index}].content must be text")
+        if self.own:
+            plain = [{**m, "role": "system" if m["role"] == "developer" else m["role"]} for m in messages]
+            return self.tokenizer.backend.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+        lines = [f"{'system' if m['role'] == 'developer' else m['role']}: {m['content']}\n" for m in messages]
+        return "".join(lines) + "assistant: "
+
+    def ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of :meth:`render`'s text (special tokens of a chat template included)."""
+        return self.tokenizer.encode(self.render(messages))

@@ -472,12 +472,13 @@ def build_server(
         accelerator=accelerator,
         workers_per_device=workers_per_device,
         timeout=timeout,
-        middlewares=[
-            (
-                JSONBodyMiddleware,
-                {"max_body_bytes": max_body_bytes, "max_files": max_inputs, "body_timeout": body_timeout},
-            )
-        ],
+        middlewares=[body_limits(max_body_bytes, max_inputs, body_timeout)],
     )
     server.app.add_exception_handler(RequestValidationError, refuse_request)
     return server
+
+
+def body_limits(max_body_bytes: int, max_files: int, body_timeout: float) -> tuple[type, dict[str, Any]]:
+    """The LitServe middleware that reads bodies as JSON within ``max_body_bytes`` and ``body_timeout``
+    (:class:`JSONBodyMiddleware`), for ``LitServer(middlewares=[...])``."""
+    return JSONBodyMiddleware, {"max_body_bytes": max_body_bytes, "max_files": max_files, "body_timeout": body_timeout}

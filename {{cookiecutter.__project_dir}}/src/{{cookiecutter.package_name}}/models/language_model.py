@@ -6,7 +6,8 @@ per token.
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import MeanMetric, MetricCollection
 
-from {{ cookiecutter.package_name }}.data.tokenizer import BPE, Tokenizer, load_tokenizer, saved_bpe
+from {{ cookiecutter.package_name }}.data.tokenizer import BPE, ChatTemplate, Tokenizer, load_tokenizer, saved_bpe
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
@@ -188,6 +189,64 @@ class LanguageModel(TrainingModule):
         ]
         return [self.tokenizer.decode(completion[0].tolist()) for completion in completions]
 
+    # ---- chat: what the OpenAI API serves (engine/openai_api.py) --------------------------------------
+    def chat_template(self) -> ChatTemplate:
+        """How a conversation becomes this model's prompt: its tokenizer's chat template, or the plain one."""
+        return ChatTemplate(self.tokenizer)
+
+    @property
+    def context_size(self) -> int:
+        """The most prompt tokens the model reads (its net's ``block_size``)."""
+        return self.net.block_size
+
+    @torch.no_grad()
+    def stream_chat(
+        self,
+        predictor: nn.Module,
+        ids: list[int],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> Iterator["Piece"]:
+        """The assistant's answer to prompt ``ids`` (from :meth:`chat_template`), a piece of text per step.
+
+        Decodes with the net's key/value cache (:func:`decode_steps`) and :func:`sampler`
+        (``temperature`` 0: greedy). Text is given out only once it is whole: a character whose UTF-8
+        bytes are not all generated yet, or the start of a stop string, waits for the next tokens. The
+        last piece says why the answer ended: ``"stop"`` (the end-of-text token, a ``stop`` string or
+        one of the template's, left out of the text) or ``"length"`` (``max_new_tokens`` tokens).
+        ``seed`` makes the sampling repeatable, whatever else runs in the process.
+        """
+        device = next(predictor.parameters()).device
+        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+        tokens = predictor.transform(torch.tensor([ids], dtype=torch.long, device=device))  # (1, T0)
+        steps = decode_steps(predictor.net, tokens, sampler(temperature, top_p=top_p, generator=generator))
+        stops = tuple(s for s in (*stop, *self.chat_template().stops) if s)
+        new: list[int] = []
+        sent = 0  # characters of the answer given out so far
+        for count in range(1, max_new_tokens + 1):
+            token = int(next(steps).item())
+            if token == self.tokenizer.eos_id:
+                yield Piece(self.tokenizer.decode(new)[sent:], count, "stop")
+                return
+            new.append(token)
+            text = self.tokenizer.decode(new)
+            cuts = [text.find(s, max(0, sent - len(s))) for s in stops]
+            found = [cut for cut in cuts if cut >= 0]
+            if found:
+                yield Piece(text[sent : min(found)], count, "stop")
+                return
+            if count == max_new_tokens:
+                yield Piece(text[sent:], count, "length")
+                return
+            whole = len(text.rstrip("\ufffd"))  # a character still missing bytes decodes as U+FFFD
+            held = max((n for s in stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+            if min(whole, len(text) - held) > sent:
+                yield Piece(text[sent : min(whole, len(text) - held)], count)
+                sent = min(whole, len(text) - held)
+
     def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
         if outputs.dtype == torch.long:  # continuations of prompts
             return [{"completion": self.tokenizer.decode(row.tolist())} for row in outputs]
@@ -236,16 +295,10 @@ class LanguageModel(TrainingModule):
                 "(the model's block_size): shorten it"
             )
 
-        def sample(logits: torch.Tensor) -> torch.Tensor:  # (B, V) -> (B, 1)
-            logits = logits / temperature
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]  # (B, 1)
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            return torch.multinomial(logits.softmax(dim=-1), num_samples=1)
-
         was_training = self.training
         self.eval()
-        new = decode(self.net, tokens, max_new_tokens, sample, use_cache=use_cache)  # (B, max_new_tokens)
+        choose = sampler(temperature, top_k=top_k)
+        new = decode(self.net, tokens, max_new_tokens, choose, use_cache=use_cache)  # (B, max_new_tokens)
         self.train(was_training)
         return torch.cat([tokens, new], dim=1)
 
@@ -259,19 +312,34 @@ def decode(
     stop_id: int | None = None,
     use_cache: bool = True,
 ) -> torch.Tensor:
-    """The ``max_new_tokens`` tokens (B, N) that ``choose`` picks after ``tokens`` (B, T0), one at a time.
+    """The ``max_new_tokens`` tokens (B, N) that ``choose`` picks after ``tokens`` (B, T0), one at a time
+    (:func:`decode_steps`). Decoding stops early when every sequence's newest token is ``stop_id``
+    (then left out, B = 1 only)."""
+    steps, new = decode_steps(net, tokens, choose, use_cache), []
+    for _ in range(max_new_tokens):
+        next_tokens = next(steps)  # (B, 1)
+        if stop_id is not None and tokens.shape[0] == 1 and next_tokens.item() == stop_id:
+            break
+        new.append(next_tokens)
+    return torch.cat(new, dim=1) if new else tokens.new_empty((tokens.shape[0], 0))
 
-    ``choose`` maps the last position's logits (B, V) to the next tokens (B, 1). Decoding stops
-    early when every sequence's newest token is ``stop_id`` (then left out, B = 1 only).
-    With ``use_cache`` (the net's ``new_cache``), each step feeds only the new token; once the
-    sequence is longer than ``block_size``, the context window slides by a token each step
-    and shifts every position in it, so the cache is rebuilt from the last ``block_size``
-    tokens, the work of an uncached step. Cached and uncached decoding choose the same tokens.
+
+@torch.no_grad()
+def decode_steps(
+    net: nn.Module, tokens: torch.Tensor, choose: Callable[[torch.Tensor], torch.Tensor], use_cache: bool = True
+) -> Iterator[torch.Tensor]:
+    """Yield the tokens (B, 1) that ``choose`` picks after ``tokens`` (B, T0), one step at a time, without end.
+
+    ``choose`` maps the last position's logits (B, V) to the next tokens (B, 1). With ``use_cache``
+    (the net's ``new_cache``), each step feeds only the new token; once the sequence is longer than
+    ``block_size``, the context window slides by a token each step and shifts every position in it,
+    so the cache is rebuilt from the last ``block_size`` tokens, the work of an uncached step.
+    Cached and uncached decoding choose the same tokens.
     """
     block_size, batch = net.block_size, tokens.shape[0]
     use_cache = use_cache and hasattr(net, "new_cache")
     cache, sequence = None, tokens
-    for _ in range(max_new_tokens):
+    while True:
         if not use_cache:
             logits = net(sequence[:, -block_size:])
         elif cache is None or sequence.shape[1] > block_size:
@@ -280,10 +348,37 @@ def decode(
         else:
             logits = net(sequence[:, cache.length :], cache)
         next_tokens = choose(logits[:, -1, :].float())  # (B, 1)
-        if stop_id is not None and batch == 1 and next_tokens.item() == stop_id:
-            break
+        yield next_tokens
         sequence = torch.cat([sequence, next_tokens], dim=1)
-    return sequence[:, tokens.shape[1] :]
+
+
+def sampler(
+    temperature: float, top_k: int | None = None, top_p: float = 1.0, generator: torch.Generator | None = None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A ``choose`` for :func:`decode_steps`: logits (B, V) -> sampled next tokens (B, 1).
+
+    Logits are divided by ``temperature`` (0: the likeliest token, greedy). ``top_k`` keeps the k
+    likeliest tokens (Fan et al., "Hierarchical Neural Story Generation", ACL 2018); ``top_p`` the
+    smallest set whose probability reaches p (nucleus sampling: Holtzman et al., "The Curious Case of
+    Neural Text Degeneration", ICLR 2020). ``generator`` seeds the draws (None: torch's global one).
+    """
+    if temperature == 0:
+        return greedy
+
+    def sample(logits: torch.Tensor) -> torch.Tensor:  # (B, V) -> (B, 1)
+        logits = logits / temperature
+        if top_k is not None:
+            kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]  # (B, 1)
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if top_p < 1.0:
+            ordered, order = logits.sort(dim=-1, descending=True)  # (B, V)
+            probabilities = ordered.softmax(dim=-1)
+            outside = probabilities.cumsum(dim=-1) - probabilities >= top_p  # the likelier ones reach p already
+            drop = torch.zeros_like(outside).scatter(-1, order, outside)  # back in vocabulary order
+            logits = logits.masked_fill(drop, float("-inf"))
+        return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator)
+
+    return sample
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -318,3 +413,13 @@ def check_tokenizer_fits(net: nn.Module, tokenizer: Tokenizer) -> None:
             f"data.tokenizer {tokenizer.source} has another vocabulary than the net's model {folder}: set "
             "data.init_args.tokenizer to the same model as net.model"
         )
+
+
+@dataclass
+class Piece:
+    """A step of :meth:`LanguageModel.stream_chat`: new ``text``, the ``tokens`` generated so far, and on the
+    last piece its ``finish_reason`` (``"stop"`` or ``"length"``, as the OpenAI API says it)."""
+
+    text: str
+    tokens: int
+    finish_reason: str | None = None

@@ -1,0 +1,347 @@
+"""The OpenAI API over a trained language model, built on LitServe's ``OpenAISpec``.
+
+https://platform.openai.com/docs/api-reference/chat and https://lightning.ai/docs/litserve
+
+- ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` (or ``max_completion_tokens``),
+  ``temperature`` (0: greedy), ``top_p``, ``stop`` (up to 4 strings), ``seed``, ``stream``
+  (server-sent events, ending ``data: [DONE]``); the answer carries ``usage`` (prompt and completion
+  tokens) and ``finish_reason`` (``"stop"`` or ``"length"``).
+- ``GET /v1/models``: the one model served, by the name ``--model_name`` gives it.
+- A request is checked in the HTTP process, before it reaches the model: an unknown model (404),
+  a value out of its range or a field this server does not implement (``tools``, ``n`` above 1,
+  penalties, ``logprobs``: 400), a conversation longer than the model's context (400), or more new
+  tokens than the server's ``max_tokens`` (422). Each answer is in the OpenAI error shape,
+  ``{"error": {"message", "type", "param", "code"}}``, its message one line naming the field.
+- A streaming client that disconnects stops its generation after the token in progress (the
+  HTTP process tells the worker through a shared dictionary), so the worker takes the next request.
+- ``/health`` answers 503 while a worker has generated nothing for ``stuck_after`` seconds in a
+  request (a stuck model, not a long answer: each token counts as progress).
+
+A worker runs one request at a time and streams it; the work of a request is bounded by
+``max_tokens`` new tokens and the model's context, so a short request waits at most for one bounded
+answer per worker ahead of it (``--workers_per_device`` adds workers). The model side is the task
+module's contract: ``chat_template()`` (conversation -> prompt ids, picklable), ``context_size``,
+and ``stream_chat(predictor, ids, ...)`` yielding pieces with ``text``, ``tokens`` and
+``finish_reason`` (see ``models.LanguageModel``).
+"""
+
+import json
+import logging
+import multiprocessing
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import litserve as ls
+from fastapi import BackgroundTasks, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from litserve.specs.openai import ChatCompletionRequest, ChatCompletionResponse
+from pydantic import ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
+
+log = logging.getLogger(__name__)
+REQUEST_ID = "request_id"  # the key in a request's ``metadata`` that names it to the worker
+MAX_STOPS = 4  # as the OpenAI API
+MAX_MESSAGE_CHARS = 500  # an error names the problem; it never echoes a large input back
+
+
+class OpenAIError(Exception):
+    """A refused request: ``status``, and the OpenAI error body's ``message``, ``param`` and ``type``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def response(self) -> JSONResponse:
+        code = "model_not_found" if self.status == 404 else None
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
+        return JSONResponse(body, status_code=self.status)
+
+
+async def openai_error(request: Request, error: OpenAIError) -> JSONResponse:
+    return error.response()
+
+
+async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
+    """FastAPI's refusal of a body that does not parse as a chat request, as one OpenAI error line."""
+    problem = error.errors()[0]
+    where = ".".join(str(part) for part in problem.get("loc", ())[1:]) or "body"
+    if problem.get("type") == "json_invalid":
+        message = f"body: not valid JSON ({problem.get('ctx', {}).get('error', '')})"
+    elif problem.get("type") == "extra_forbidden":
+        message = f"{where}: not a field this server implements; leave it out"
+    else:
+        message = f"{where}: {problem.get('msg', '')}"
+    return OpenAIError(400, message[:MAX_MESSAGE_CHARS], where).response()
+
+
+async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+    """LitServe's and the body limits' HTTP errors (413, 408, 504, 500) in the OpenAI error shape."""
+    kind = "invalid_request_error" if error.status_code < 500 else "server_error"
+    return OpenAIError(error.status_code, str(error.detail)[:MAX_MESSAGE_CHARS], None, kind).response()
+
+
+class ChatRequest(ChatCompletionRequest):
+    """LitServe's request with the fields it leaves out (``seed``, and those refused by name), unknown ones refused."""
+
+    model_config = ConfigDict(extra="forbid")
+    seed: int | None = None
+    stream_options: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+
+
+class ChatSpec(ls.OpenAISpec):
+    """LitServe's ``OpenAISpec`` with the request checked before it is queued, ``/v1/models``, the true
+    ``finish_reason``, and a client's disconnect passed on to the worker.
+
+    Args:
+        model_name: the name clients send as ``model`` (and ``/v1/models`` lists).
+        template: the model's chat template (``chat_template()``): counts a conversation's tokens here.
+        context: the most prompt tokens the model reads.
+        max_tokens: the most new tokens one request may ask for (and the default when it names none).
+        cancelled: a dictionary shared with the workers: request id -> True once its client is gone.
+    """
+
+    def __init__(self, model_name: str, template: Any, context: int, max_tokens: int, cancelled: Any) -> None:
+        super().__init__()
+        self.model_name, self.template, self.context = model_name, template, context
+        self.max_tokens, self.cancelled = max_tokens, cancelled
+
+    def pre_setup(self, lit_api: ls.LitAPI) -> None:
+        super().pre_setup(lit_api)
+        self.add_endpoint("/v1/models", self.list_models, ["GET"])
+
+    async def list_models(self) -> dict[str, Any]:
+        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "torch-template"}
+        return {"object": "list", "data": [model]}
+
+    async def chat_completion(self, request: ChatRequest, background_tasks: BackgroundTasks):
+        self.check(request)
+        request.metadata = {**(request.metadata or {}), REQUEST_ID: uuid.uuid4().hex}
+        request.model = self.model_name  # what every answer names
+        request.max_tokens = request.max_completion_tokens or request.max_tokens or self.max_tokens
+        return await super().chat_completion(request, background_tasks)
+
+    def check(self, request: ChatRequest) -> None:
+        """Raise :class:`OpenAIError` naming the first field of ``request`` this server cannot honour."""
+        if request.model and request.model != self.model_name:
+            served = f"this server serves {self.model_name!r}"
+            raise OpenAIError(404, f"model: {request.model!r} is not served here; {served}", "model")
+        refused = {
+            "n": request.n not in (None, 1),
+            "tools": bool(request.tools),
+            "response_format": request.response_format is not None and request.response_format.type != "text",
+            "presence_penalty": bool(request.presence_penalty),
+            "frequency_penalty": bool(request.frequency_penalty),
+            "logprobs": bool(request.logprobs or request.top_logprobs),
+            "logit_bias": bool(request.logit_bias),
+        }
+        for field, given in refused.items():
+            if given:
+                raise OpenAIError(400, f"{field}: not implemented by this server; leave it out", field)
+        for field in ("max_tokens", "max_completion_tokens"):
+            value = getattr(request, field)
+            if value is not None and value < 1:
+                raise OpenAIError(400, f"{field} must be at least 1, got {value}", field)
+            if value is not None and value > self.max_tokens:
+                limit = f"this server's limit of {self.max_tokens} new tokens (--max_tokens)"
+                raise OpenAIError(422, f"{field}={value} is over {limit}", field)
+        if request.temperature is not None and not 0 <= request.temperature <= 2:
+            raise OpenAIError(400, f"temperature must be in [0, 2], got {request.temperature}", "temperature")
+        if request.top_p is not None and not 0 < request.top_p <= 1:
+            raise OpenAIError(400, f"top_p must be in (0, 1], got {request.top_p}", "top_p")
+        stops = stop_strings(request.stop)
+        if len(stops) > MAX_STOPS or not all(stops):
+            raise OpenAIError(400, f"stop: up to {MAX_STOPS} non-empty strings, got {request.stop!r}", "stop")
+        try:
+            count = len(self.template.ids(messages_of(request)))
+        except ValueError as error:
+            raise OpenAIError(400, str(error), "messages") from None
+        if count > self.context:
+            message = f"messages: the conversation is {count} tokens; the model reads at most {self.context}"
+            raise OpenAIError(400, message + ": shorten it", "messages")
+
+    async def streaming_completion(self, request: ChatRequest, pipe_responses: list) -> AsyncIterator[str]:
+        finish: dict[int, str] = {}
+        complete, name = False, f"chatcmpl-{request.metadata[REQUEST_ID]}"
+        try:
+            pipes = [finish_reasons(pipe, finish, index) for index, pipe in enumerate(pipe_responses)]
+            async for event in super().streaming_completion(request, pipes):
+                yield as_sent(event, finish, name)
+            complete = True
+        finally:  # the client went away (Starlette cancels the stream) or the stream failed
+            if not complete:
+                self.cancelled[request.metadata[REQUEST_ID]] = True
+
+    async def non_streaming_completion(self, request: ChatRequest, generator_list: list) -> ChatCompletionResponse:
+        finish: dict[int, str] = {}
+        pipes = [finish_reasons(pipe, finish, index) for index, pipe in enumerate(generator_list)]
+        response = await super().non_streaming_completion(request, pipes)
+        response.id = f"chatcmpl-{request.metadata[REQUEST_ID]}"
+        for choice in response.choices:
+            choice.finish_reason = finish.get(choice.index, choice.finish_reason)
+        return response
+
+
+def stop_strings(stop: str | list[str] | None) -> list[str]:
+    return [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+
+
+def messages_of(request: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """``[{"role", "content"}]`` of a request; content given as parts becomes their text, joined.
+
+    Raises:
+        ValueError: a part that is not text (an image, audio), naming it.
+    """
+    messages = []
+    for index, message in enumerate(request.messages):
+        content = message.content
+        if isinstance(content, list):
+            kinds = [part.type for part in content]
+            if any(kind != "text" for kind in kinds):
+                raise ValueError(f"messages[{index}].content: this model reads text only, got parts {kinds}")
+            content = "".join(part.text for part in content)
+        messages.append({"role": message.role, "content": content})
+    return messages
+
+
+async def finish_reasons(pipe: AsyncIterator, finish: dict[int, str], index: int) -> AsyncIterator:
+    """``pipe``'s items unchanged, noting the ``finish_reason`` that the worker's last piece carries."""
+    async for response, status in pipe:
+        if isinstance(response, str) and '"finish_reason"' in response:
+            reason = json.loads(response).get("finish_reason")
+            if reason:
+                finish[index] = reason
+        yield response, status
+
+
+def as_sent(event: str, finish: dict[int, str], name: str) -> str:
+    """A server-sent event of LitServe's stream as the OpenAI API sends it: every chunk of an answer has
+    its ``id`` (LitServe gives each its own), and the last one the ``finish_reason`` the worker gave."""
+    if not event.startswith("data: {"):
+        return event  # [DONE]
+    chunk = json.loads(event.removeprefix("data: "))
+    if "choices" in chunk:  # not an error
+        chunk["id"] = name
+        for choice in chunk["choices"]:
+            if choice.get("finish_reason"):
+                choice["finish_reason"] = finish.get(choice["index"], choice["finish_reason"])
+    return "data: " + json.dumps(chunk, separators=(",", ":")) + "\n\n"
+
+
+class ChatAPI(ls.LitAPI):
+    """The worker side: renders the conversation, streams the model's answer, stops for a client gone.
+
+    ``progress`` is a shared array with a slot per worker: the ``time.monotonic()`` of its latest
+    token while it generates, 0 when idle; :meth:`health` (in the HTTP process) reads it.
+    """
+
+    def __init__(self, checkpoint: Path, trust: Sequence[str], spec: ChatSpec, progress: Any, stuck_after: float):
+        super().__init__(spec=spec)
+        self.checkpoint, self.trust = checkpoint, tuple(trust)
+        self.progress, self.stuck_after = progress, stuck_after
+        self.trained: Trained | None = None
+
+    def setup(self, device: str) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process stops the workers (engine.serving)
+        self.trained = load_trained(self.checkpoint, map_location=device, trust=self.trust)
+        self.trained.predictor.to(device)
+        self.template = self.trained.model.chat_template()
+        with self.progress.get_lock():  # claim this worker's slot
+            self.slot = next(i for i, value in enumerate(self.progress) if value == -1.0)
+            self.progress[self.slot] = 0.0
+
+    def predict(self, request: ChatRequest):
+        ids = self.template.ids(messages_of(request))
+        request_id = request.metadata[REQUEST_ID]
+        temperature = 1.0 if request.temperature is None else request.temperature
+        pieces = self.trained.model.stream_chat(
+            self.trained.predictor,
+            ids,
+            max_new_tokens=request.max_tokens,
+            temperature=temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            stop=stop_strings(request.stop),
+            seed=request.seed,
+        )
+        self.progress[self.slot] = time.monotonic()
+        try:
+            for piece in pieces:
+                self.progress[self.slot] = time.monotonic()
+                if self.spec.cancelled.pop(request_id, False):
+                    gone = "request %s: the client disconnected after %d tokens; generation stopped"
+                    log.warning(gone, request_id, piece.tokens)
+                    return
+                if piece.finish_reason is None:
+                    yield {"role": "assistant", "content": piece.text}
+                    continue
+                usage = {"prompt_tokens": len(ids), "completion_tokens": piece.tokens}
+                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+                yield {"role": "assistant", "content": piece.text, "finish_reason": piece.finish_reason, **usage}
+        finally:
+            pieces.close()
+            self.progress[self.slot] = 0.0
+
+    def health(self) -> bool:
+        now = time.monotonic()
+        return not any(value > 0 and now - value > self.stuck_after for value in self.progress)
+
+
+def build_chat_server(
+    trained: Trained,
+    model_name: str,
+    max_tokens: int = 256,
+    accelerator: str = "auto",
+    workers_per_device: int = 1,
+    timeout: float = 30.0,
+    middlewares: Sequence[Any] = (),
+    trust: Sequence[str] = (),
+) -> ls.LitServer:
+    """A LitServer speaking the OpenAI API over ``trained`` (its checkpoint is loaded again in each worker).
+
+    Args:
+        model_name: the ``model`` clients name.
+        max_tokens: the most new tokens per request.
+        timeout: LitServe's wait for a request to start, and the seconds without a token after which
+            ``/health`` calls a generating worker stuck.
+        middlewares: LitServe middlewares (engine.serving's body limits).
+
+    Raises:
+        ValueError: the task module has no chat contract (``chat_template``, ``stream_chat``).
+    """
+    if not hasattr(trained.model, "stream_chat"):
+        kind = type(trained.model).__name__
+        raise ValueError(f"{kind} does not generate text: the OpenAI API serves language models")
+    manager = multiprocessing.get_context("spawn").Manager()  # stops with the server's process group
+    spec = ChatSpec(model_name, trained.model.chat_template(), trained.model.context_size, max_tokens, manager.dict())
+    workers = workers_per_device * max(1, _device_count(accelerator))
+    progress = multiprocessing.get_context("spawn").Array("d", [-1.0] * workers)
+    api = ChatAPI(trained.checkpoint, trust, spec, progress, stuck_after=timeout)
+    server = ls.LitServer(
+        api,
+        accelerator=accelerator,
+        workers_per_device=workers_per_device,
+        timeout=timeout,
+        middlewares=list(middlewares),
+    )
+    server.app.add_exception_handler(OpenAIError, openai_error)
+    server.app.add_exception_handler(RequestValidationError, invalid_body)
+    server.app.add_exception_handler(StarletteHTTPException, http_error)
+    return server
+
+
+def _device_count(accelerator: str) -> int:
+    import torch
+
+    use_cuda = accelerator == "cuda" or (accelerator == "auto" and torch.cuda.is_available())
+    return torch.cuda.device_count() if use_cuda else 1

@@ -1,0 +1,293 @@
+"""The OpenAI API of ``make serve`` for language models (engine/openai_api.py), called with the official
+``openai`` client and with curl, against a trained byte GPT (the LoRA fine-tune: tests/test_finetune.py).
+
+Answers are checked against the model run in this process (``stream_chat``), token for token.
+"""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import serving, shrunk_args
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.data.tokenizer import ByteTokenizer, ChatTemplate
+from {{ cookiecutter.package_name }}.engine.inference import Predictor, Trained, load_trained
+from {{ cookiecutter.package_name }}.models import LanguageModel
+from {{ cookiecutter.package_name }}.models.language_model import decode
+from {{ cookiecutter.package_name }}.models.language_model import greedy as greedy_choice
+from {{ cookiecutter.package_name }}.nets import GPT
+
+openai = pytest.importorskip("openai", reason="the dev extra (make install installs it)")
+pytest.importorskip("litserve", reason="the serve extra (make install installs it)")
+
+NAME = "{{ cookiecutter.project_slug }}"
+CHAT = [{"role": "system", "content": "Answer as Ishmael."}, {"role": "user", "content": "Call me Ishmael."}]
+README = Path(__file__).parents[1] / "README.md"
+
+
+def answer_in_process(trained: Trained, messages: list[dict[str, str]], **settings: Any) -> tuple[str, str, int, int]:
+    """``(text, finish_reason, completion tokens, prompt tokens)`` of the model run here, as the server runs it."""
+    ids = trained.model.chat_template().ids(messages)
+    pieces = list(trained.model.stream_chat(trained.predictor, ids, **settings))
+    return "".join(piece.text for piece in pieces), pieces[-1].finish_reason, pieces[-1].tokens, len(ids)
+
+
+# ---- the model side, no server -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def random_gpt() -> tuple[LanguageModel, Predictor]:
+    """An untrained byte GPT: its greedy bytes are often not UTF-8, the hard case for streaming text."""
+    torch.manual_seed(0)
+    model = LanguageModel(GPT(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0)).eval()
+    return model, Predictor(torch.nn.Identity(), model.net, model.output_head())
+
+
+def test_streamed_pieces_join_into_the_whole_answer_and_stop_strings_cut_it(random_gpt) -> None:
+    model, predictor = random_gpt
+    ids = list(b"user: hi\nassistant: ")
+    pieces = list(model.stream_chat(predictor, ids, max_new_tokens=200, temperature=0))
+    text = "".join(piece.text for piece in pieces)
+    greedy = decode(model.net, torch.tensor([ids]), 200, greedy_choice)[0].tolist()
+    # Each piece is final: the pieces join into the decoded answer, whatever bytes split a character.
+    assert text == ByteTokenizer().decode(greedy)
+    assert [piece.finish_reason for piece in pieces] == [None] * (len(pieces) - 1) + ["length"]
+    assert pieces[-1].tokens == 200 and all(piece.text or piece is pieces[-1] for piece in pieces)
+    stop = text[40:43]
+    cut = list(model.stream_chat(predictor, ids, max_new_tokens=200, temperature=0, stop=[stop]))
+    assert "".join(piece.text for piece in cut) == text[: text.index(stop)]
+    assert cut[-1].finish_reason == "stop"
+    sampled = [list(model.stream_chat(predictor, ids, 50, temperature=1.0, top_p=0.9, seed=7)) for _ in range(2)]
+    assert [p.text for p in sampled[0]] == [p.text for p in sampled[1]]  # a seed repeats the answer
+
+
+def test_the_plain_chat_template_renders_each_role_and_refuses_others() -> None:
+    template = ChatTemplate(ByteTokenizer())
+    assert template.render(CHAT) == "system: Answer as Ishmael.\nuser: Call me Ishmael.\nassistant: "
+    assert template.ids(CHAT) == list(template.render(CHAT).encode())
+    assert template.stops == ("\nsystem:", "\nuser:")
+    with pytest.raises(ValueError, match=r"messages\[1\]\.role is 'robot'"):
+        template.render([CHAT[0], {"role": "robot", "content": "beep"}])
+    with pytest.raises(ValueError, match="messages is empty"):
+        template.render([])
+
+
+# ---- the server ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    folder = tmp_path_factory.mktemp("chat")
+    cli = main(["fit", *shrunk_args(folder), "--data.init_args.block_size=64"])
+    return load_trained(cli.trainer.checkpoint_callback.best_model_path)
+
+
+@pytest.fixture(scope="module")
+def chat_server(trained: Trained, tmp_path_factory: pytest.TempPathFactory):
+    """``(trained, port, log file)`` of ``serve --api openai --max_tokens 4000`` over the module's checkpoint."""
+    with serving(trained.checkpoint, tmp_path_factory.mktemp("serve"), "--max_tokens=4000", api="openai") as running:
+        port, _, log = running
+        yield trained, port, log
+
+
+def client(port: int) -> "openai.OpenAI":
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
+
+
+@pytest.mark.slow
+def test_the_openai_client_gets_whole_and_streamed_answers_equal_to_the_model(chat_server) -> None:
+    trained, port, _ = chat_server
+    api = client(port)
+    assert [model.id for model in api.models.list().data] == [NAME]
+
+    text, reason, tokens, prompt = answer_in_process(trained, CHAT, max_new_tokens=40, temperature=0)
+    whole = api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=40, temperature=0)
+    assert whole.choices[0].message.content == text and whole.choices[0].finish_reason == reason == "length"
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens, whole.usage.total_tokens) == (
+        prompt,
+        tokens,
+        prompt + tokens,
+    )
+    assert whole.model == NAME
+
+    chunks = list(api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=40, temperature=0, stream=True))
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == text
+    assert len({chunk.id for chunk in chunks}) == 1 and len(chunks) > 2  # one answer, in pieces
+    assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == tokens
+
+    stop = text[10:12]  # a stop string ends the answer before it, and says so
+    cut = api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=40, temperature=0, stop=[stop])
+    assert cut.choices[0].message.content == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+
+    sampled = [
+        api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=30, temperature=0.9, top_p=0.95, seed=3)
+        for _ in range(2)
+    ]
+    expected, *_ = answer_in_process(trained, CHAT, max_new_tokens=30, temperature=0.9, top_p=0.95, seed=3)
+    assert [answer.choices[0].message.content for answer in sampled] == [expected, expected]
+
+    def stream(_: int) -> str:
+        chunks = api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=40, temperature=0, stream=True)
+        return "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+
+    with ThreadPoolExecutor(max_workers=6) as pool:  # concurrent streams all complete, each whole
+        assert list(pool.map(stream, range(6))) == [text] * 6
+
+
+REFUSED = {  # the request's extra fields -> (status, the param named)
+    "max_tokens below 1": ({"max_tokens": -1}, 400, "max_tokens"),
+    "max_tokens over the server's limit": ({"max_tokens": 5000}, 422, "max_tokens"),
+    "an unknown model": ({"model": "gpt-4o"}, 404, "model"),
+    "temperature out of range": ({"temperature": 3}, 400, "temperature"),
+    "top_p out of range": ({"top_p": 0}, 400, "top_p"),
+    "several choices": ({"n": 2}, 400, "n"),
+    "tools": (
+        {"tools": [{"type": "function", "function": {"name": "f", "description": "", "parameters": {}}}]},
+        400,
+        "tools",
+    ),
+    "a penalty": ({"presence_penalty": 1.0}, 400, "presence_penalty"),
+    "an unknown field": ({"best_of": 3}, 400, "best_of"),
+    "too many stop strings": ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    "an unknown role": ({"messages": [{"role": "robot", "content": "beep"}]}, 400, "messages"),
+    "a conversation longer than the context": (
+        {"messages": [{"role": "user", "content": "x" * 5000}]},
+        400,
+        "messages",
+    ),
+    "an image": (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+        400,
+        "messages",
+    ),
+    "no messages": ({"messages": []}, 400, "messages"),
+}
+
+
+@pytest.mark.slow
+def test_refused_requests_get_the_openai_error_shape_naming_the_field(chat_server) -> None:
+    _, port, _ = chat_server
+    for case, (fields, status, param) in REFUSED.items():
+        body = {"model": NAME, "messages": CHAT, **fields}
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode())
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60).close()
+        with refused.value:
+            error = json.loads(refused.value.read())["error"]
+        assert (refused.value.code, error["param"]) == (status, param), (case, error)
+        assert set(error) == {"message", "type", "param", "code"} and "\n" not in error["message"], case
+        assert param in error["message"] or case == "an unknown role", (case, error)
+    # The client raises its own exception classes for them, as it does for OpenAI's API.
+    with pytest.raises(openai.NotFoundError, match="is not served here"):
+        client(port).chat.completions.create(model="gpt-4o", messages=CHAT)
+    with pytest.raises(openai.BadRequestError, match="the model reads at most"):
+        client(port).chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": "x" * 5000}], stream=True
+        )
+    assert client(port).chat.completions.create(model=NAME, messages=CHAT, max_tokens=3).choices[0].message.content
+
+
+@pytest.mark.slow
+def test_a_client_that_disconnects_stops_its_generation(chat_server) -> None:
+    _, port, log = chat_server
+    stream = client(port).chat.completions.create(model=NAME, messages=CHAT, max_tokens=4000, stream=True)
+    for index, _ in enumerate(stream):
+        if index == 2:
+            break
+    stream.close()
+    deadline = time.monotonic() + 60
+    while not (stopped := re.findall(r"client disconnected after (\d+) tokens", log.read_text())):
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    assert int(stopped[-1]) < 4000  # stopped early: the worker is free for the next request
+    assert client(port).chat.completions.create(model=NAME, messages=CHAT, max_tokens=5).choices[0].finish_reason
+
+
+def readme_serving_code() -> tuple[str, str]:
+    """The generated README's ``openai`` client code and its streaming ``curl``, as written there."""
+    text = README.read_text()
+    code = re.search(r"```python\n(from openai import OpenAI\n.*?)```", text, flags=re.DOTALL).group(1)
+    curl = next(line for line in text.splitlines() if line.startswith("curl -sN localhost:8000/v1/chat/completions"))
+    return code, curl
+
+
+@pytest.mark.slow
+def test_the_readmes_client_code_and_curl_run_as_written(chat_server) -> None:
+    _, port, _ = chat_server
+    code, curl = readme_serving_code()
+    done = subprocess.run(
+        [sys.executable, "-c", code.replace("127.0.0.1:8000", f"127.0.0.1:{port}")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert "CompletionUsage(completion_tokens=" in done.stdout, done.stdout
+    events = subprocess.run(
+        shlex.split(curl.replace("localhost:8000", f"localhost:{port}")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout.split("\n\n")
+    events = [event for event in events if event.strip()]
+    assert events[-1] == "data: [DONE]" and all(event.startswith("data: {") for event in events[:-1]), events[-3:]
+    last = json.loads(events[-2].removeprefix("data: "))
+    assert last["choices"][0]["finish_reason"] in ("stop", "length") and last["usage"]["completion_tokens"] > 0
+
+
+STUCK_WORKER = """
+import os, time
+from {{ cookiecutter.package_name }}.models import LanguageModel
+from {{ cookiecutter.package_name }}.models.language_model import decode
+from {{ cookiecutter.package_name }}.models.language_model import greedy as greedy_choice
+
+stream_chat = LanguageModel.stream_chat
+
+
+def stuck_after_a_piece(self, predictor, ids, *args, **kwargs):
+    for index, piece in enumerate(stream_chat(self, predictor, ids, *args, **kwargs)):
+        yield piece
+        if index == 0 and float(os.environ["STUCK_SECONDS"]):
+            time.sleep(float(os.environ["STUCK_SECONDS"]))
+
+
+LanguageModel.stream_chat = stuck_after_a_piece
+"""
+
+
+@pytest.mark.slow
+def test_health_answers_503_while_a_worker_is_stuck(trained: Trained, tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(STUCK_WORKER)  # the worker sleeps after its first piece
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "STUCK_SECONDS": "8"}
+    with serving(trained.checkpoint, tmp_path, "--timeout=2", api="openai", env=env) as (port, _, _):
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            answer = pool.submit(client(port).chat.completions.create, model=NAME, messages=CHAT, max_tokens=5)
+            deadline, statuses = time.monotonic() + 7, []
+            while time.monotonic() < deadline and 503 not in statuses:
+                statuses.append(health(port))
+                time.sleep(0.5)
+            assert 503 in statuses, statuses  # the generation stalled past --timeout
+            assert answer.result(timeout=120).choices[0].finish_reason  # it ends, and so does the stall
+        assert health(port) == 200
+
+
+def health(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        error.close()
+        return error.code
