@@ -73,6 +73,38 @@ def test_streamed_pieces_join_into_the_whole_answer_and_stop_strings_cut_it(rand
     assert [p.text for p in sampled[0]] == [p.text for p in sampled[1]]  # a seed repeats the answer
 
 
+class Scripted(torch.nn.Module):
+    """A stand-in net that writes ``script`` a byte per step: tokens (B, T) -> logits (B, T, 256)."""
+
+    block_size = 1024
+
+    def __init__(self, script: bytes, prompt_length: int) -> None:
+        super().__init__()
+        self.script, self.prompt_length = script, prompt_length
+        self.unused = torch.nn.Parameter(torch.zeros(()))  # a device to run on
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros(tokens.shape[0], tokens.shape[1], 256)
+        logits[:, -1, self.script[tokens.shape[1] - self.prompt_length]] = 1.0
+        return logits
+
+
+def test_characters_split_across_tokens_and_stop_strings_are_never_sent_in_part(random_gpt) -> None:
+    model, _ = random_gpt
+    ids = list(b"user: hi\nassistant: ")
+    # "é" and "€" are 2 and 3 bytes, one token each; "\nuser:" starts the next turn of the plain template.
+    net = Scripted("Ahoy, café! €5\nuser: more".encode(), len(ids))
+    predictor = Predictor(torch.nn.Identity(), net, torch.nn.Identity())
+    pieces = list(model.stream_chat(predictor, ids, max_new_tokens=100, temperature=0))
+    assert all("\ufffd" not in piece.text and "\n" not in piece.text for piece in pieces), pieces
+    assert "".join(piece.text for piece in pieces) == "Ahoy, café! €5" and pieces[-1].finish_reason == "stop"
+    assert len(pieces) > 5  # sent as it came, not at the end
+    cut = list(model.stream_chat(predictor, ids, max_new_tokens=100, temperature=0, stop=["fé!"]))
+    assert "".join(piece.text for piece in cut) == "Ahoy, ca" and cut[-1].finish_reason == "stop"
+    short = list(model.stream_chat(predictor, ids, max_new_tokens=10, temperature=0))  # a byte of "é"
+    assert "".join(piece.text for piece in short) == "Ahoy, caf\ufffd" and short[-1].finish_reason == "length"
+
+
 def test_the_plain_chat_template_renders_each_role_and_refuses_others() -> None:
     template = ChatTemplate(ByteTokenizer())
     assert template.render(CHAT) == "system: Answer as Ishmael.\nuser: Call me Ishmael.\nassistant: "

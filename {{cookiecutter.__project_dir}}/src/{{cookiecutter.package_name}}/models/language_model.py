@@ -241,11 +241,11 @@ class LanguageModel(TrainingModule):
             if count == max_new_tokens:
                 yield Piece(text[sent:], count, "length")
                 return
-            whole = len(text.rstrip("\ufffd"))  # a character still missing bytes decodes as U+FFFD
-            held = max((n for s in stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
-            if min(whole, len(text) - held) > sent:
-                yield Piece(text[sent : min(whole, len(text) - held)], count)
-                sent = min(whole, len(text) - held)
+            whole = text.rstrip("\ufffd")  # a character still missing bytes decodes as U+FFFD
+            held = max((n for s in stops for n in range(1, len(s)) if whole.endswith(s[:n])), default=0)
+            if len(whole) - held > sent:  # what can no longer change nor start a stop string
+                yield Piece(whole[sent : len(whole) - held], count)
+                sent = len(whole) - held
 
     def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
         if outputs.dtype == torch.long:  # continuations of prompts
