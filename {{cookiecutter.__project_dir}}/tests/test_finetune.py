@@ -31,7 +31,9 @@ from test_resume import EXACT, assert_same_end_state
 from {{ cookiecutter.package_name }}.cli import CLI, main
 from {{ cookiecutter.package_name }}.data import PromptCompletionDataModule
 from {{ cookiecutter.package_name }}.data.prompts import IGNORE
+from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
+from {{ cookiecutter.package_name }}.engine.errors import DataError
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.engine.runs import own_config, run_dir
 from {{ cookiecutter.package_name }}.generate import main as generate_main
@@ -507,24 +509,73 @@ CHAT_TEMPLATE = (
     f"{OPEN} for m in messages {CLOSE}<|{SAY} m.role {SAID}|>{SAY} m.content {SAID}<|endoftext|>{OPEN} endfor {CLOSE}"
     f"{OPEN} if add_generation_prompt {CLOSE}<|assistant|>{OPEN} endif {CLOSE}"
 )
+CHATS = [
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": f"The {w}?"},
+            {"role": "assistant", "content": f"The {w} swims."},
+            {"role": "user", "content": "And then?"},
+            {"role": "assistant", "content": "It dives."},
+        ]
+    }
+    for w in ("whale", "eel", "cod")
+]
+
+
+def test_chat_examples_score_the_assistant_turns_only(tmp_path: Path) -> None:
+    folder = save_tiny_llama(tmp_path / "chat-model", chat_template=CHAT_TEMPLATE)
+    rows = write_pairs(tmp_path / "chats.jsonl", CHATS[:1] * 9)
+    for tokenizer, ends in ((str(folder), "<|endoftext|>"), (None, "\n")):  # the model's template; bytes, the plain one
+        data = PromptCompletionDataModule(str(rows), tokenizer=tokenizer, block_size=200, batch_size=2)
+        data.setup("fit")
+        inputs, targets, counts = data.train_set[0]
+        scored = targets != IGNORE
+        # What the loss sees: the assistant's two answers, each with the template's end of turn, and nothing else.
+        assert data.tokenizer.decode(targets[scored].tolist()) == f"The whale swims.{ends}It dives.{ends}"
+        assert not scored[: (targets != IGNORE).nonzero()[0].item()].any() and counts[~scored].sum() == 0
+        prompt = ChatTemplate(data.tokenizer).ids(CHATS[0]["messages"][:2])  # what make serve sends the model
+        assert inputs[: len(prompt)].tolist() == prompt
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant message"),
+        ({"messages": [{"role": "pirate", "content": "arr"}, {"role": "assistant", "content": "x"}]}, "is 'pirate'"),
+        ({"messages": [{"role": "user", "content": ["hi"]}, {"role": "assistant", "content": "x"}]}, "must be text"),
+        ({"messages": [{"role": "user", "content": "w" * 400}, {"role": "assistant", "content": "x"}]}, "beyond"),
+        ({"messages": "hi"}, 'a "messages" list'),
+    ],
+)
+def test_a_bad_chat_row_is_one_line_naming_it(row: dict, message: str, tmp_path: Path) -> None:
+    rows = write_pairs(tmp_path / "chats.jsonl", [*CHATS, row])
+    with pytest.raises(DataError, match=rf"chats\.jsonl line 4\b.*{re.escape(message)}") as refused:
+        PromptCompletionDataModule(str(rows), block_size=200, batch_size=1).setup("fit")
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.slow
-def test_a_lora_finetune_of_a_gpt2_folder_serves_the_openai_api_with_its_chat_template(tmp_path: Path) -> None:
+def test_a_chat_lora_finetune_answers_through_the_openai_api_as_trained(tmp_path: Path) -> None:
     from conftest import serving
-    from test_openai_api import CHAT, NAME, answer_in_process, client
+    from test_openai_api import NAME, answer_in_process, client
 
-    folder = save_tiny_gpt2(tmp_path / "gpt2-chat", chat_template=CHAT_TEMPLATE)
-    lora = ["--model.init_args.net.init_args.lora.target_modules=[c_attn]", "--data.init_args.block_size=64", *SHORT]
-    cli = main(["fit", *finetune_args(tmp_path, folder), *lora])
+    folder = save_tiny_llama(tmp_path / "chat-model", chat_template=CHAT_TEMPLATE, context=128)
+    rows = write_pairs(tmp_path / "chats.jsonl", CHATS * 20)
+    args = [*finetune_args(tmp_path, folder), f"--config={SFT}", f"--data.init_args.path={rows}", *SFT_ARGS(folder)]
+    args += ["--data.init_args.block_size=128", "--data.init_args.batch_size=4", "--trainer.max_epochs=4"]
+    cli = main(["fit", *args, "--model.init_args.optimizer.init_args.lr=0.02"])
     trained = load_trained(cli.trainer.checkpoint_callback.best_model_path)
-    template = trained.model.chat_template()
-    assert template.own and template.render(CHAT).endswith("<|user|>Call me Ishmael.<|endoftext|><|assistant|>")
-    text, reason, tokens, prompt = answer_in_process(trained, CHAT, max_new_tokens=20, temperature=0)
+    question = CHATS[0]["messages"][:2]
+    rendered = trained.model.chat_template().render(question)
+    assert rendered.endswith("<|user|>The whale?<|endoftext|><|assistant|>")
+    text, reason, tokens, prompt = answer_in_process(trained, question, max_new_tokens=20, temperature=0)
+    assert (text, reason) == ("The whale swims.", "stop")  # it learnt the answer, and to end its turn
     with serving(trained.checkpoint, tmp_path, api="openai") as (port, _, _):
         api = client(port)
-        whole = api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=20, temperature=0)
-        chunks = list(api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=20, temperature=0, stream=True))
+        whole = api.chat.completions.create(model=NAME, messages=question, max_tokens=20, temperature=0)
+        chunks = api.chat.completions.create(model=NAME, messages=question, max_tokens=20, temperature=0, stream=True)
+        chunks = list(chunks)
     assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (text, reason)
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt, tokens)
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == text

@@ -113,7 +113,7 @@ def test_the_plain_chat_template_renders_each_role_and_refuses_others() -> None:
     with pytest.raises(ValueError, match=r"messages\[1\]\.role is 'robot'"):
         template.render([CHAT[0], {"role": "robot", "content": "beep"}])
     with pytest.raises(ValueError, match="messages is empty"):
-        template.render([])
+        template.ids([])
 
 
 # ---- the server ----------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
-"""Prompt/completion pairs for supervised fine-tuning: JSONL, a ``{"prompt": ..., "completion": ...}`` per line.
+"""Supervised fine-tuning data: JSONL, a ``{"prompt": ..., "completion": ...}`` or a chat
+``{"messages": [{"role": ..., "content": ...}, ...]}`` per line (the format of TRL and most chat
+data sets: https://huggingface.co/docs/trl/dataset_formats).
 
-An example is the prompt's tokens, then the completion's, then the tokenizer's end-of-text token
-(so the model learns where to stop). The model reads all of them but is scored on the completion
-and the end token only: prompt positions carry the target -100, which ``cross_entropy`` ignores
-(the "completion-only loss" of supervised fine-tuning, as in TRL's ``SFTTrainer``:
-https://huggingface.co/docs/trl/sft_trainer). Examples of a batch are padded on the right to the
-longest; with causal attention no real token ever attends to a pad, so no attention mask is needed.
+A pair is the prompt's tokens, then the completion's, then the tokenizer's end-of-text token (so
+the model learns where to stop). A chat is its text through the tokenizer's chat template (or the
+plain one: :class:`data.tokenizer.ChatTemplate`), the very text ``make serve`` prompts the model
+with. The model reads every token but is scored on the completion, or the assistant's turns with
+the template's end of turn, only: other positions carry the target -100, which ``cross_entropy``
+ignores (the "completion-only" / "assistant-only" loss of TRL's ``SFTTrainer``). Examples of a
+batch are padded on the right to the longest; with causal attention no real token ever attends to
+a pad, so no attention mask is needed.
 
 The examples are split into train/val/test by a seeded permutation (``split_seed``), which never
 depends on the training seed. Training order and exact mid-epoch resume come from
@@ -21,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from {{ cookiecutter.package_name }}.data.text import LanguageDataModule
+from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
 
@@ -46,19 +51,22 @@ class PromptCompletionDataModule(LanguageDataModule):
     """Batches of (inputs (B, L), targets (B, L), target bytes (B, L)), L <= ``block_size``, from a JSONL file.
 
     Args:
-        path: a JSONL file; each line an object with the strings ``prompt`` and ``completion``.
+        path: a JSONL file; each line an object with the strings ``prompt`` and ``completion``, or a
+            ``messages`` list of ``{"role", "content"}`` with at least one ``assistant`` message.
         tokenizer: the pretrained model whose tokenizer to use (folder or hub id); None for bytes.
         block_size: most tokens an example may have (the context the model is trained on); a
-            longer completion is cut (the count is logged), a longer prompt is refused.
+            longer completion or chat is cut (the count is logged); a longer prompt, or a chat whose
+            first assistant turn starts beyond it, is refused.
         val_fraction, test_fraction: shares of the examples held out.
         split_seed: seed of the train/val/test split.
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: a line that is not a JSON object with string ``prompt`` and ``completion`` (names
-            the file and line), a prompt longer than ``block_size`` tokens, too few examples for
-            the splits, or a setting out of range.
+        ValueError: a line that is not a JSON object with string ``prompt`` and ``completion`` or
+            with ``messages`` (no assistant turn, an unknown role, text that is not a string), naming
+            the file and line; a prompt longer than ``block_size`` tokens; too few examples for the
+            splits; or a setting out of range.
     """
 
     def __init__(
@@ -112,16 +120,20 @@ class PromptCompletionDataModule(LanguageDataModule):
                     record = json.loads(line)
                 except json.JSONDecodeError as error:
                     raise DataError(f"{where} is not JSON ({error.msg}); write one JSON object per line") from None
-                if not isinstance(record, dict) or not all(
-                    isinstance(record.get(key), str) for key in ("prompt", "completion")
-                ):
+                if isinstance(record, dict) and isinstance(record.get("messages"), list):
+                    example, was_cut = self._chat(record["messages"], where)
+                elif isinstance(record, dict) and all(isinstance(record.get(k), str) for k in ("prompt", "completion")):
+                    example, was_cut = self._example(record["prompt"], record["completion"], where)
+                else:
                     keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                    raise DataError(f'{where} needs the strings "prompt" and "completion" (it has {keys})')
-                example, was_cut = self._example(record["prompt"], record["completion"], where)
+                    raise DataError(
+                        f'{where} needs the strings "prompt" and "completion", or a "messages" list (it has {keys})'
+                    )
                 examples.append(example)
                 cut += was_cut
         if cut:
-            log.info(f"data.path: {path}: {cut} completion(s) cut to data.block_size={self.hparams.block_size} tokens")
+            cut_to = f"cut to data.block_size={self.hparams.block_size} tokens"
+            log.info(f"data.path: {path}: {cut} completion(s) or chat(s) {cut_to}")
         return examples
 
     def _example(self, prompt: str, completion: str, where: str) -> tuple[tuple[torch.Tensor, ...], bool]:
@@ -142,6 +154,32 @@ class PromptCompletionDataModule(LanguageDataModule):
         targets[: len(prompt_ids) - 1] = IGNORE  # positions that predict prompt tokens
         example = (torch.tensor(ids[:-1]), targets, torch.tensor(counts[1:]) * (targets != IGNORE))
         return example, len(prompt_ids) + len(completion_ids) > limit + 1
+
+    def _chat(self, messages: list, where: str) -> tuple[tuple[torch.Tensor, ...], bool]:
+        """(inputs (L,), targets (L,), target bytes (L,)) of one chat, scored on its assistant turns only, and
+        whether it was cut."""
+        template = ChatTemplate(self.tokenizer)
+        try:
+            turns = template.turns(messages)
+        except ValueError as error:
+            raise DataError(f"{where}: {error}") from None
+        ids, counts, scored = [], [], []
+        for text, assistant in turns:
+            piece_ids, piece_bytes = self.tokenizer.encode_with_bytes(text)
+            if assistant and not template.ends_turns and self.tokenizer.eos_id is not None:
+                piece_ids, piece_bytes = [*piece_ids, self.tokenizer.eos_id], [*piece_bytes, 0]
+            ids, counts, scored = ids + piece_ids, counts + piece_bytes, scored + [assistant] * len(piece_ids)
+        limit = self.hparams.block_size
+        if not any(scored[1 : limit + 1]):
+            first = scored.index(True)
+            raise DataError(
+                f"{where}: the first assistant turn starts at token {first}, beyond data.block_size = {limit}: "
+                "shorten the conversation before it or raise data.block_size (at most the model's context)"
+            )
+        targets = torch.tensor(ids[1 : limit + 1])
+        targets[~torch.tensor(scored[1 : limit + 1])] = IGNORE  # positions that predict others' tokens
+        example = (torch.tensor(ids[:limit]), targets, torch.tensor(counts[1 : limit + 1]) * (targets != IGNORE))
+        return example, len(ids) > limit + 1
 
     def setup(self, stage: str | None = None) -> None:
         self.train_set, self.val_set, self.test_set = (self.splits[name] for name in ("train", "val", "test"))

@@ -298,28 +298,60 @@ class ChatTemplate:
         self.stops: tuple[str, ...] = () if self.own else tuple(f"\n{role}:" for role in ("system", "user"))
 
     @property
-    def name(self) -> str:
-        return "the tokenizer's chat template" if self.own else "the plain template (role: content lines)"
+    def ends_turns(self) -> bool:
+        """Whether the template's text ends each assistant turn itself (else the end-of-text token must)."""
+        return self.own
 
-    def render(self, messages: list[dict[str, str]]) -> str:
-        """The prompt text of ``messages`` (``[{"role": ..., "content": ...}, ...]``) with the assistant's turn opened.
+    def render(self, messages: list[dict[str, str]], open_turn: bool = True) -> str:
+        """The text of ``messages`` (``[{"role": ..., "content": ...}, ...]``), with the assistant's turn opened
+        after them (``open_turn``, the prompt of an answer) or not (a conversation to learn from).
 
         Raises:
             ValueError: a message without a known role or text content, naming it (``messages[i]``).
         """
-        if not messages:
-            raise ValueError("messages is empty: send at least one message")
         for index, message in enumerate(messages):
-            if message.get("role") not in CHAT_ROLES:
-                raise ValueError(f"messages[{index}].role is {message.get('role')!r}; one of {', '.join(CHAT_ROLES)}")
+            if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+                role = message.get("role") if isinstance(message, dict) else None
+                raise ValueError(f"messages[{index}].role is {role!r}; one of {', '.join(CHAT_ROLES)}")
             if not isinstance(message.get("content"), str):
                 raise ValueError(f"messages[{index}].content must be text")
+        plain = [
+            {"role": "system" if m["role"] == "developer" else m["role"], "content": m["content"]} for m in messages
+        ]
         if self.own:
-            plain = [{**m, "role": "system" if m["role"] == "developer" else m["role"]} for m in messages]
-            return self.tokenizer.backend.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
-        lines = [f"{'system' if m['role'] == 'developer' else m['role']}: {m['content']}\n" for m in messages]
-        return "".join(lines) + "assistant: "
+            return self.tokenizer.backend.apply_chat_template(plain, tokenize=False, add_generation_prompt=open_turn)
+        return "".join(f"{m['role']}: {m['content']}\n" for m in plain) + ("assistant: " if open_turn else "")
 
     def ids(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of :meth:`render`'s text (special tokens of a chat template included)."""
+        """Token ids of the prompt that asks for the assistant's answer to ``messages`` (special tokens included).
+
+        Raises:
+            ValueError: no messages, or one :meth:`render` refuses.
+        """
+        if not messages:
+            raise ValueError("messages is empty: send at least one message")
         return self.tokenizer.encode(self.render(messages))
+
+    def turns(self, messages: list[dict[str, str]]) -> list[tuple[str, bool]]:
+        """The conversation's text in order, cut into pieces that are the assistant's (True) or not, up to
+        its last assistant turn: what supervised fine-tuning on chats scores (the assistant's turns only).
+
+        An assistant piece is what the template adds for that message: its text, and the template's
+        end of turn (the plain template has none: :attr:`ends_turns`).
+
+        Raises:
+            ValueError: no assistant message, a message :meth:`render` refuses, or a template that renders
+                the start of a conversation differently once the conversation goes on.
+        """
+        answers = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"]
+        if not answers:
+            raise ValueError("no assistant message: nothing to learn from")
+        self.render(messages, open_turn=False)  # every message checked, not only those up to the last answer
+        pieces, done = [], ""
+        for i in answers:
+            before, after = self.render(messages[:i]), self.render(messages[: i + 1], open_turn=False)
+            if not before.startswith(done) or not after.startswith(before):
+                raise ValueError(f"messages[{i}]: the chat template renders the conversation before it differently")
+            pieces += [(before[len(done) :], False), (after[len(before) :], True)]
+            done = after
+        return [(text, trained) for text, trained in pieces if text]
