@@ -186,7 +186,7 @@ REFUSED = {  # the request's extra fields -> (status, the param named)
     "top_p out of range": ({"top_p": 0}, 400, "top_p"),
     "several choices": ({"n": 2}, 400, "n"),
     "tools": (
-        {"tools": [{"type": "function", "function": {"name": "f", "description": "", "parameters": {}}}]},
+        {"tools": [{"type": "function", "function": dict(name="f", description="", parameters={})}]},
         400,
         "tools",
     ),
@@ -200,7 +200,7 @@ REFUSED = {  # the request's extra fields -> (status, the param named)
         "messages",
     ),
     "an image": (
-        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": dict(url="data:,")}]}]},
         400,
         "messages",
     ),

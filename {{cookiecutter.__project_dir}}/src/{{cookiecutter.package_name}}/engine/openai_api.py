@@ -11,7 +11,7 @@ https://platform.openai.com/docs/api-reference/chat and https://lightning.ai/doc
   a value out of its range or a field this server does not implement (``tools``, ``n`` above 1,
   penalties, ``logprobs``: 400), a conversation longer than the model's context (400), or more new
   tokens than the server's ``max_tokens`` (422). Each answer is in the OpenAI error shape,
-  ``{"error": {"message", "type", "param", "code"}}``, its message one line naming the field.
+  ``{"error": {"message", "type", "param", "code"} }``, its message one line naming the field.
 - A streaming client that disconnects stops its generation after the token in progress (the
   HTTP process tells the worker through a shared dictionary), so the worker takes the next request.
 - ``/health`` answers 503 while a worker has generated nothing for ``stuck_after`` seconds in a
@@ -60,7 +60,8 @@ class OpenAIError(Exception):
 
     def response(self) -> JSONResponse:
         code = "model_not_found" if self.status == 404 else None
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": code}
+        body = {"error": error}
         return JSONResponse(body, status_code=self.status)
 
 
