@@ -4,6 +4,7 @@ One short run per module (fixture ``shipped``); every test uses its best checkpo
 """
 {% if cookiecutter.task != "language-model" %}
 import csv
+import fcntl
 {%- endif %}
 import json
 import math
@@ -841,16 +842,24 @@ OWN_CASES = {
 
 
 @pytest.fixture
-def own_pieces_in_package():
-    """tests/own_pieces.py copied into the package as data/mine.py, nets/mine.py and models/mine.py."""
+def own_pieces_in_package(tmp_path_factory: pytest.TempPathFactory):
+    """tests/own_pieces.py copied into the package as data/mine.py, nets/mine.py and models/mine.py.
+
+    The package folder is one for every pytest-xdist worker: a lock in the session's shared temporary
+    folder lets one such test at a time hold the copies (another worker's teardown removed them mid-test).
+    """
     copies = [SOURCE / part / "mine.py" for part in ("data", "nets", "models")]
-    for copy in copies:
-        shutil.copy(OWN_PIECES, copy)
-    yield
-    for copy in copies:
-        copy.unlink()
-    for name in [name for name in sys.modules if name.endswith(".mine") and name.startswith(PACKAGE)]:
-        del sys.modules[name]
+    with (tmp_path_factory.getbasetemp().parent / "own-pieces.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for copy in copies:
+            shutil.copy(OWN_PIECES, copy)
+        try:
+            yield
+        finally:
+            for copy in copies:
+                copy.unlink()
+            for name in [name for name in sys.modules if name.endswith(".mine") and name.startswith(PACKAGE)]:
+                del sys.modules[name]
 
 
 @pytest.mark.slow
