@@ -98,8 +98,9 @@ def main() -> None:
     command = [sys.executable, "-m", f"{package}.serve", "--ckpt", str(args.checkpoint), "--port", str(port)]
     command += ["--api=openai", "--model_name", name, "--max_tokens", str(args.long_tokens)]
     command += ["--workers_per_device", str(args.workers)]
-    server = subprocess.Popen(command, cwd=args.bake, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)  # fmt: skip
+    command += ["--timeout", "600"]  # queued requests wait: the figure is their wait, not LitServe's 504 after 30 s
+    log = (args.bake / "bench_openai_load.log").open("w")  # the server's output, to read after a failure
+    server = subprocess.Popen(command, cwd=args.bake, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -137,6 +138,7 @@ def main() -> None:
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
+        log.close()
 
 
 if __name__ == "__main__":
