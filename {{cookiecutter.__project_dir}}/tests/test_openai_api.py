@@ -193,6 +193,7 @@ REFUSED = {  # the request's extra fields -> (status, the param named)
     "a penalty": ({"presence_penalty": 1.0}, 400, "presence_penalty"),
     "an unknown field": ({"best_of": 3}, 400, "best_of"),
     "too many stop strings": ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    "a stop string of 100,000 characters": ({"stop": "x" * 100_000}, 400, "stop"),
     "an unknown role": ({"messages": [{"role": "robot", "content": "beep"}]}, 400, "messages"),
     "a conversation longer than the context": (
         {"messages": [{"role": "user", "content": "x" * 5000}]},

@@ -48,6 +48,7 @@ from {{ cookiecutter.package_name }}.engine.inference import Trained, load_train
 log = logging.getLogger(__name__)
 REQUEST_ID = "request_id"  # the key in a request's ``metadata`` that names it to the worker
 MAX_STOPS = 4  # as the OpenAI API
+MAX_STOP_CHARS = 256
 MAX_MESSAGE_CHARS = 500  # an error names the problem; it never echoes a large input back
 
 
@@ -162,8 +163,10 @@ class ChatSpec(ls.OpenAISpec):
         if request.top_p is not None and not 0 < request.top_p <= 1:
             raise OpenAIError(400, f"top_p must be in (0, 1], got {request.top_p}", "top_p")
         stops = stop_strings(request.stop)
-        if len(stops) > MAX_STOPS or not all(stops):
-            raise OpenAIError(400, f"stop: up to {MAX_STOPS} non-empty strings, got {request.stop!r}", "stop")
+        # Each token is checked against every start of every stop string: a long one is cheap to send, costly to serve.
+        if len(stops) > MAX_STOPS or not all(0 < len(stop) <= MAX_STOP_CHARS for stop in stops):
+            limit = f"up to {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters"
+            raise OpenAIError(400, f"stop: {limit}, got {str(request.stop)[:80]!r}", "stop")
         try:
             count = len(self.template.ids(messages_of(request)))
         except ValueError as error:
