@@ -28,7 +28,6 @@ and ``stream_chat(predictor, ids, ...)`` yielding pieces with ``text``, ``tokens
 import json
 import logging
 import multiprocessing
-import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -43,7 +42,8 @@ from litserve.specs.openai import ChatCompletionRequest, ChatCompletionResponse
 from pydantic import ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
+from {{ cookiecutter.package_name }}.engine.inference import Trained
+from {{ cookiecutter.package_name }}.engine.serving import load_in_worker
 
 log = logging.getLogger(__name__)
 REQUEST_ID = "request_id"  # the key in a request's ``metadata`` that names it to the worker
@@ -257,9 +257,7 @@ class ChatAPI(ls.LitAPI):
         self.trained: Trained | None = None
 
     def setup(self, device: str) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process stops the workers (engine.serving)
-        self.trained = load_trained(self.checkpoint, map_location=device, trust=self.trust)
-        self.trained.predictor.to(device)
+        self.trained = load_in_worker(self.checkpoint, device, self.trust)
         self.template = self.trained.model.chat_template()
         with self.progress.get_lock():  # claim this worker's slot
             self.slot = next(i for i, value in enumerate(self.progress) if value == -1.0)

@@ -350,12 +350,7 @@ class PredictorAPI(ls.LitAPI):
         self.failures = 0
 
     def setup(self, device: str) -> None:
-        # Ctrl-C reaches every process of the terminal's group: the main process stops this worker
-        # (SIGTERM) as it shuts down, so the worker ignores the interrupt instead of printing a
-        # KeyboardInterrupt traceback from inside LitServe's queue.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        self.trained = load_trained(self.checkpoint, map_location=device, trust=self.trust)
-        self.trained.predictor.to(device)
+        self.trained = load_in_worker(self.checkpoint, device, self.trust)
         self.device = device
 
     def decode_request(self, request: PredictRequest) -> Any:
@@ -482,3 +477,16 @@ def body_limits(max_body_bytes: int, max_files: int, body_timeout: float) -> tup
     """The LitServe middleware that reads bodies as JSON within ``max_body_bytes`` and ``body_timeout``
     (:class:`JSONBodyMiddleware`), for ``LitServer(middlewares=[...])``."""
     return JSONBodyMiddleware, {"max_body_bytes": max_body_bytes, "max_files": max_files, "body_timeout": body_timeout}
+
+
+def load_in_worker(checkpoint: Path, device: str, trust: Sequence[str]) -> Trained:
+    """The checkpoint's model on ``device``, in a LitServe worker (``LitAPI.setup``).
+
+    Ctrl-C reaches every process of the terminal's group: the main process stops this worker
+    (SIGTERM) as it shuts down, so the worker ignores the interrupt instead of printing a
+    KeyboardInterrupt traceback from inside LitServe's queue.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    trained = load_trained(checkpoint, map_location=device, trust=trust)
+    trained.predictor.to(device)
+    return trained
