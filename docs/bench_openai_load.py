@@ -6,9 +6,12 @@ short requests while ``--long-clients`` clients each stream ``--long-tokens``-to
 back. A short request asks for ``--short-tokens`` tokens, streamed, so its time to the first token
 (TTFT) and to its end are both measured; the long streams' tokens/s is what they got meanwhile.
 Each round ends with the resident memory of the server's largest process (its inference worker).
-The ratios within one run (under load / alone) are what to read across machines.
+The ratios within one run (under load / alone) are what to read across machines. ``--max-batch-size``
+takes several values, one server each, in one run: ``1`` is a worker that generates one answer at a
+time, the baseline for the server's default (64 answers at once, a step of each in turn).
 
-    python docs/bench_openai_load.py <bake> <checkpoint> [--workers 1] [--rounds 3] [--long-clients 2]
+    python docs/bench_openai_load.py <bake> <checkpoint> [--workers 1] [--rounds 3] [--long-clients 2] \
+        [--max-batch-size 1 64]
 """
 
 import argparse
@@ -91,13 +94,19 @@ def main() -> None:
     parser.add_argument("--long-tokens", type=int, default=512)
     parser.add_argument("--short-tokens", type=int, default=16)
     parser.add_argument("--shorts", type=int, default=20, help="short requests per measurement")
+    parser.add_argument("--max-batch-size", type=int, nargs="+", default=[64], help="one server for each value")
     args = parser.parse_args()
 
+    for max_batch_size in args.max_batch_size:
+        measure(args, max_batch_size)
+
+
+def measure(args: argparse.Namespace, max_batch_size: int) -> None:
     package = next((args.bake / "src").iterdir()).name
     name, port = "bench", free_port()
     command = [sys.executable, "-m", f"{package}.serve", "--ckpt", str(args.checkpoint), "--port", str(port)]
     command += ["--api=openai", "--model_name", name, "--max_tokens", str(args.long_tokens)]
-    command += ["--workers_per_device", str(args.workers)]
+    command += ["--workers_per_device", str(args.workers), "--max_batch_size", str(max_batch_size)]
     command += ["--timeout", "600"]  # queued requests wait: the figure is their wait, not LitServe's 504 after 30 s
     log = (args.bake / "bench_openai_load.log").open("w")  # the server's output, to read after a failure
     server = subprocess.Popen(command, cwd=args.bake, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -111,7 +120,8 @@ def main() -> None:
                 sys.exit("bench_openai_load: the server did not become healthy")
             time.sleep(0.5)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
-        print(f"server: {args.workers} worker(s); long answers {args.long_tokens} tokens, short {args.short_tokens}")
+        print(f"server: {args.workers} worker(s), --max_batch_size {max_batch_size}; long answers {args.long_tokens} "
+              f"tokens, short {args.short_tokens}")  # fmt: skip
         timed_stream(client, name, args.short_tokens)  # warm-up
         for round_number in range(1, args.rounds + 1):
             alone_first, alone_end = shorts(client, name, args.shorts, args.short_tokens)

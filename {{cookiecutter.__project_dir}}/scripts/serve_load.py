@@ -15,8 +15,9 @@ is bounded.
 --expensive-every K makes every K-th request (a bad one wins where both fall) the costliest one the
 server accepts to read: for a model that takes image files, 256 PNGs of 16000x1000 pixels, each 2
 KB and under --max_image_pixels, 4.1 billion pixels to decode in all, which the server must refuse
-with 422 from their headers (--max_request_pixels); for other models, 256 examples (the most one
-request may hold), which it must answer. The good requests' p99 beside them is the figure to read:
+with 422 from their headers (--max_request_pixels); for a language model, the most prompts
+--max_request_tokens lets one request hold (16 of 64 new tokens); for other models, 256 examples
+(the most one request may hold), which it must answer. The good requests' p99 beside them is the figure to read:
 a good request is answered within its timeout while the expensive ones arrive.
 
 Usage: python scripts/serve_load.py [--ckpt PATH] [--requests 400] [--concurrency 1 4 16]
@@ -47,6 +48,7 @@ import torch
 from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained, trusted_modules
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
+from {{ cookiecutter.package_name }}.serve import MAX_REQUEST_TOKENS
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 
@@ -120,7 +122,8 @@ def measure(args: argparse.Namespace) -> None:
     body = json.dumps({"inputs": [example]}).encode()
     schema = trained.datamodule.request_schema()
     bad_body = json.dumps({"inputs": [refused_input(example, schema)]}).encode()
-    expensive, refuse_expensive = expensive_body(example, schema)
+    new_tokens = getattr(trained.model, "served_new_tokens", None)
+    expensive, refuse_expensive = expensive_body(example, schema, new_tokens=new_tokens)
     bad, costly = args.bad_every, args.expensive_every
     bodies = [
         bad_body if bad and i % bad == bad - 1 else expensive if costly and i % costly == costly - 1 else body
@@ -202,8 +205,16 @@ def run_level(
     return sum(len(found) - right[kind] for kind, found in by_kind.items())
 
 
-def expensive_body(example: Any, schema: dict[str, Any], max_inputs: int = 256) -> tuple[bytes, bool]:
-    """The costliest request the server reads (see the module docstring), and whether it must be refused."""
+def expensive_body(
+    example: Any, schema: dict[str, Any], max_inputs: int = 256, new_tokens: int | None = None
+) -> tuple[bytes, bool]:
+    """The costliest request the server reads (see the module docstring), and whether it must be refused.
+
+    ``new_tokens``: a language model's per prompt; then --max_request_tokens bounds the prompts.
+    """
+    if new_tokens:
+        prompts = min(max_inputs, MAX_REQUEST_TOKENS // new_tokens)
+        return json.dumps({"inputs": [example] * prompts}).encode(), False
     if not schema.get("image_files"):
         return json.dumps({"inputs": [example] * max_inputs}).encode(), False
     from PIL import Image

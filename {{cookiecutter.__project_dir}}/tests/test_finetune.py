@@ -571,8 +571,7 @@ def test_a_chat_lora_finetune_answers_through_the_openai_api_as_trained(tmp_path
     assert rendered.endswith("<|user|>The whale?<|endoftext|><|assistant|>")
     text, reason, tokens, prompt = answer_in_process(trained, question, max_new_tokens=20, temperature=0)
     assert (text, reason) == ("The whale swims.", "stop")  # it learnt the answer, and to end its turn
-    with serving(trained.checkpoint, tmp_path, api="openai") as (port, _, _):
-        api = client(port)
+    with serving(trained.checkpoint, tmp_path, api="openai") as (port, _, _), client(port) as api:
         whole = api.chat.completions.create(model=NAME, messages=question, max_tokens=20, temperature=0)
         chunks = api.chat.completions.create(model=NAME, messages=question, max_tokens=20, temperature=0, stream=True)
         chunks = list(chunks)
@@ -580,3 +579,32 @@ def test_a_chat_lora_finetune_answers_through_the_openai_api_as_trained(tmp_path
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt, tokens)
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == text
     assert chunks[-1].choices[0].finish_reason == reason
+
+
+@pytest.mark.slow
+def test_a_gpt2_lora_chat_finetune_is_served_from_its_checkpoint_adapters(tmp_path: Path) -> None:
+    """GPT-2 (Conv1D projections, learnt positions) as the OpenAI API serves it: the server's answers are
+    those of the checkpoint's adapters on the base folder, run here."""
+    from conftest import serving
+    from test_openai_api import NAME, answer_in_process, client
+
+    folder = save_tiny_gpt2(tmp_path / "gpt2", chat_template=CHAT_TEMPLATE)
+    rows = write_pairs(tmp_path / "chats.jsonl", CHATS * 4)
+    args = [*finetune_args(tmp_path, folder), f"--config={SFT}", f"--data.init_args.path={rows}", *SFT_ARGS(folder)]
+    args += ["--data.init_args.block_size=64", "--data.init_args.batch_size=4", "--trainer.max_epochs=1"]
+    cli = main(["fit", *args, "--model.init_args.net.init_args.lora.target_modules=[c_attn]"])
+    checkpoint = cli.trainer.checkpoint_callback.best_model_path
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    weights = {key: value for key, value in saved.items() if key.startswith("net.") and isinstance(value, torch.Tensor)}
+    assert len(weights) == 4 and all("c_attn.lora_" in key for key in weights), sorted(weights)  # no base weights
+    assert all(weights[key].abs().sum() > 0 for key in weights if "lora_B" in key)  # trained (B starts at 0)
+    trained = load_trained(checkpoint)
+    question = CHATS[1]["messages"][:2]
+    text, reason, tokens, prompt = answer_in_process(trained, question, max_new_tokens=12, temperature=0)
+    with serving(trained.checkpoint, tmp_path, api="openai") as (port, _, _), client(port) as api:
+        whole = api.chat.completions.create(model=NAME, messages=question, max_tokens=12, temperature=0)
+        stream = api.chat.completions.create(model=NAME, messages=question, max_tokens=12, temperature=0, stream=True)
+        chunks = list(stream)
+    assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (text, reason)
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt, tokens)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == text

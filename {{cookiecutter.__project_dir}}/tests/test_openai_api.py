@@ -4,8 +4,10 @@
 Answers are checked against the model run in this process (``stream_chat``), token for token.
 """
 
+import asyncio
 import json
 import os
+import queue
 import re
 import shlex
 import subprocess
@@ -35,6 +37,7 @@ pytest.importorskip("litserve", reason="the serve extra (make install installs i
 NAME = "{{ cookiecutter.project_slug }}"
 CHAT = [{"role": "system", "content": "Answer as Ishmael."}, {"role": "user", "content": "Call me Ishmael."}]
 README = Path(__file__).parents[1] / "README.md"
+AT_ONCE = 4  # the test server's --max_batch_size
 
 
 def answer_in_process(trained: Trained, messages: list[dict[str, str]], **settings: Any) -> tuple[str, str, int, int]:
@@ -42,6 +45,47 @@ def answer_in_process(trained: Trained, messages: list[dict[str, str]], **settin
     ids = trained.model.chat_template().ids(messages)
     pieces = list(trained.model.stream_chat(trained.predictor, ids, **settings))
     return "".join(piece.text for piece in pieces), pieces[-1].finish_reason, pieces[-1].tokens, len(ids)
+
+
+# ---- the worker's scheduling, no model -----------------------------------------------------------
+
+
+class Places:
+    """A LitAPI's side of the continuous loop: ``places`` answers at once, the uids started in order."""
+
+    def __init__(self, places: int, running: list[str]) -> None:
+        self.places, self.running, self.started = places, running, []
+
+    def has_capacity(self) -> bool:
+        return len(self.running) < self.places
+
+    def add_request(self, uid: str, request: Any) -> None:
+        self.running.append(uid)
+        self.started.append(uid)
+
+
+class Arrivals:
+    """A request queue whose next request arrives just as the running answer ends (frees its place)."""
+
+    def __init__(self, places: Places, uids: list[str]) -> None:
+        self.places, self.uids = places, uids
+
+    def get(self, block: bool = True, timeout: float | None = None) -> tuple:
+        if not self.uids:
+            raise queue.Empty
+        self.places.running.clear()
+        return (0, self.uids.pop(0), time.monotonic(), {"uid": "request"})
+
+
+def test_a_free_place_goes_to_the_request_that_waited_longest() -> None:
+    """LitServe's own prefill gave it to the request arriving as it freed up: a client resubmitting long
+    requests back to back kept a short one waiting through dozens of answers."""
+    from {{ cookiecutter.package_name }}.engine.openai_api import StepLoop
+
+    loop, api = StepLoop(), Places(places=1, running=["long-1"])
+    waiting = [(0, "short", {})]  # arrived while long-1 held the one place
+    waiting = asyncio.run(loop.prefill(waiting, api, None, Arrivals(api, ["long-2"]), None))
+    assert api.started == ["short"] and [uid for _, uid, _ in waiting] == ["long-2"]
 
 
 # ---- the model side, no server -------------------------------------------------------------------
@@ -128,19 +172,34 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
 
 @pytest.fixture(scope="module")
 def chat_server(trained: Trained, tmp_path_factory: pytest.TempPathFactory):
-    """``(trained, port, log file)`` of ``serve --api openai --max_tokens 4000`` over the module's checkpoint."""
-    with serving(trained.checkpoint, tmp_path_factory.mktemp("serve"), "--max_tokens=4000", api="openai") as running:
-        port, _, log = running
-        yield trained, port, log
+    """``(trained, port, log file, process)`` of ``serve --api openai --max_tokens 4000 --max_batch_size 4`` over the
+    module's checkpoint: a worker generates up to 4 answers at once, and a fifth request waits."""
+    args = ("--max_tokens=4000", f"--max_batch_size={AT_ONCE}")
+    with serving(trained.checkpoint, tmp_path_factory.mktemp("serve"), *args, api="openai") as running:
+        port, process, log = running
+        yield trained, port, log, process
+
+
+OPENED: list["openai.OpenAI"] = []
 
 
 def client(port: int) -> "openai.OpenAI":
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
+    """An ``openai`` client of the server on ``port``, closed after the test (its pooled connections too)."""
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
+    OPENED.append(api)
+    return api
+
+
+@pytest.fixture(autouse=True)
+def close_clients():
+    yield
+    while OPENED:
+        OPENED.pop().close()
 
 
 @pytest.mark.slow
 def test_the_openai_client_gets_whole_and_streamed_answers_equal_to_the_model(chat_server) -> None:
-    trained, port, _ = chat_server
+    trained, port, _, _ = chat_server
     api = client(port)
     assert [model.id for model in api.models.list().data] == [NAME]
 
@@ -174,8 +233,32 @@ def test_the_openai_client_gets_whole_and_streamed_answers_equal_to_the_model(ch
         chunks = api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=40, temperature=0, stream=True)
         return "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
 
-    with ThreadPoolExecutor(max_workers=6) as pool:  # concurrent streams all complete, each whole
-        assert list(pool.map(stream, range(6))) == [text] * 6
+    # Concurrent streams all complete, each whole: generated a step of each in turn, those beyond
+    # --max_batch_size once a place is free.
+    with ThreadPoolExecutor(max_workers=AT_ONCE + 2) as pool:
+        assert list(pool.map(stream, range(AT_ONCE + 2))) == [text] * (AT_ONCE + 2)
+
+
+@pytest.mark.slow
+def test_a_short_request_is_answered_while_a_long_answer_streams(chat_server) -> None:
+    """No head-of-line blocking: the short answer joins the long one's steps instead of waiting for its end."""
+    trained, port, _, _ = chat_server
+    api = client(port)
+    long = api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=3000, temperature=0, stream=True)
+    events = []
+
+    def read_long() -> str | None:
+        chunks = list(long)
+        events.append("long answer ended")
+        return chunks[-1].choices[0].finish_reason
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        ended = pool.submit(read_long)
+        short = api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=5, temperature=0)
+        events.append("short answer received")
+        assert ended.result() == "length"  # the long answer ran its 3000 tokens
+    assert events == ["short answer received", "long answer ended"]
+    assert short.choices[0].message.content == answer_in_process(trained, CHAT, max_new_tokens=5, temperature=0)[0]
 
 
 REFUSED = {  # the request's extra fields -> (status, the param named)
@@ -211,7 +294,7 @@ REFUSED = {  # the request's extra fields -> (status, the param named)
 
 @pytest.mark.slow
 def test_refused_requests_get_the_openai_error_shape_naming_the_field(chat_server) -> None:
-    _, port, _ = chat_server
+    _, port, _, _ = chat_server
     for case, (fields, status, param) in REFUSED.items():
         body = {"model": NAME, "messages": CHAT, **fields}
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode())
@@ -234,7 +317,7 @@ def test_refused_requests_get_the_openai_error_shape_naming_the_field(chat_serve
 
 @pytest.mark.slow
 def test_a_client_that_disconnects_stops_its_generation(chat_server) -> None:
-    _, port, log = chat_server
+    _, port, log, _ = chat_server
     stream = client(port).chat.completions.create(model=NAME, messages=CHAT, max_tokens=4000, stream=True)
     for index, _ in enumerate(stream):
         if index == 2:
@@ -248,6 +331,20 @@ def test_a_client_that_disconnects_stops_its_generation(chat_server) -> None:
     assert client(port).chat.completions.create(model=NAME, messages=CHAT, max_tokens=5).choices[0].finish_reason
 
 
+@pytest.mark.slow
+def test_an_idle_server_leaves_the_cpu_idle(chat_server) -> None:
+    """LitServe's continuous batching loop, left as it is, polls without pause: a core busy while nobody asks."""
+    psutil = pytest.importorskip("psutil")
+    _, port, _, process = chat_server
+    with client(port) as api:  # a request first: the worker has served one and is idle again
+        assert api.chat.completions.create(model=NAME, messages=CHAT, max_tokens=3).choices
+    processes = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    before = [sum(process.cpu_times()[:2]) for process in processes]
+    time.sleep(3)
+    used = [sum(process.cpu_times()[:2]) - start for process, start in zip(processes, before, strict=True)]
+    assert max(used) < 0.3, used  # CPU seconds in 3 s of wall time, per process
+
+
 def readme_serving_code() -> tuple[str, str]:
     """The generated README's ``openai`` client code and its streaming ``curl``, as written there."""
     text = README.read_text()
@@ -258,7 +355,7 @@ def readme_serving_code() -> tuple[str, str]:
 
 @pytest.mark.slow
 def test_the_readmes_client_code_and_curl_run_as_written(chat_server) -> None:
-    _, port, _ = chat_server
+    _, port, _, _ = chat_server
     code, curl = readme_serving_code()
     done = subprocess.run(
         [sys.executable, "-c", code.replace("127.0.0.1:8000", f"127.0.0.1:{port}")],

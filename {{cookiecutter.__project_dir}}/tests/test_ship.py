@@ -483,6 +483,8 @@ def bad_requests(one: list[Any]) -> dict[str, bytes]:
     return {
         "not text": json.dumps({"inputs": [123]}).encode(),
         "too long": json.dumps({"inputs": ["x" * 100_000]}).encode(),
+        # 17 prompts x 64 new tokens: over --max_request_tokens (1024), though under --max_inputs (256).
+        "too much to generate": json.dumps({"inputs": one * 17}).encode(),
     }
 {%- else %}
     return {
@@ -588,7 +590,7 @@ def test_server_answers_batches_refuses_bad_requests_and_stops_on_sigterm(server
 {%- if cookiecutter.task == "tabular" %}
     assert re.search(r'POST /predict \{"inputs": \[\.\.\.\]\}, 1 to 256 inputs, each an object', log.read_text())
 {%- elif cookiecutter.task == "language-model" %}
-    assert re.search(r'POST /predict \{"inputs": \[\.\.\.\]\}, 1 to 256 inputs, each a string', log.read_text())
+    assert re.search(r'POST /predict \{"inputs": \[\.\.\.\]\}, 1 to 16 inputs, each a string', log.read_text())
 {%- else %}
     shape = list(trained.datamodule.request_schema()["shape"])
     assert f"1 to 256 inputs, each a nested list of shape {shape} of numbers in [0.0, " in log.read_text()
@@ -721,6 +723,11 @@ def test_request_checks_name_the_input_and_the_problem() -> None:
     text = {"kind": "text", "max_bytes": 4, "max_inputs": 4}
     with pytest.raises(ValueError, match=r"inputs\[0\] has 5 UTF-8 bytes; at most 4"):
         check_inputs(["héll"], text)
+    generated = {**text, "max_inputs": 256, "new_tokens": 64, "max_request_tokens": 1024}
+    check_inputs(["ab"] * 16, generated)
+    budget = r"17 prompts x 64 new tokens each = 1088 tokens to generate; the server generates at most 1024 per request"
+    with pytest.raises(ValueError, match=budget + r" \(--max_request_tokens\): send at most 16 prompts per request"):
+        check_inputs(["ab"] * 17, generated)
 
 
 @pytest.mark.slow

@@ -26,6 +26,8 @@ from {{ cookiecutter.package_name }}.engine.inference import load_trained, trust
 from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
 
+MAX_REQUEST_TOKENS = 1024  # 16 prompts of 64 new tokens: a request holds a worker for seconds, not minutes
+
 
 def serve(
     ckpt: Path | None = None,
@@ -45,6 +47,7 @@ def serve(
     api: Literal["auto", "openai", "predict"] = "auto",
     max_tokens: int = 256,
     model_name: str | None = None,
+    max_request_tokens: int = MAX_REQUEST_TOKENS,
 ) -> None:
     """Serve checkpoint ``ckpt`` until stopped.
 
@@ -52,7 +55,8 @@ def serve(
         ckpt: the checkpoint; default the best of the latest run under logs/.
         host: interface to listen on; 127.0.0.1 (default) takes connections from this machine only.
         port: TCP port.
-        max_batch_size: most concurrent requests run as one batch.
+        max_batch_size: most concurrent requests run as one batch; for the OpenAI API, the most answers a
+            worker generates at once, a token of each in turn (further requests wait for a place).
         batch_timeout: seconds a request waits for others to join its batch.
         max_inputs: most examples in one request (more: HTTP 422).
         max_body_bytes: largest request body in bytes (more: HTTP 413).
@@ -63,7 +67,8 @@ def serve(
         body_timeout: seconds a request's body may take to arrive after its headers (later: HTTP 408,
             connection closed), so slow clients cannot hold connections open.
         timeout: LitServe's request timeout in seconds (``LitServer(timeout=...)``); must be longer
-            than ``batch_timeout``.
+            than ``batch_timeout``. For the OpenAI API: the seconds a generating worker may go without a
+            step before ``/health`` answers 503.
         accelerator: "auto" (CUDA when available), "cpu" or "cuda".
         workers_per_device: model copies per device, each its own process.
         trust: modules besides this project's package whose classes the checkpoint may name,
@@ -73,11 +78,14 @@ def serve(
             or "auto": openai for a language model, else predict.
         max_tokens: the most new tokens one OpenAI request may ask for, and its default (more: HTTP 422).
         model_name: the ``model`` OpenAI clients name; default the project's name.
+        max_request_tokens: a language model on ``/predict``: the most new tokens one request may cost,
+            prompts x the model's new tokens per prompt (64; more: HTTP 422).
 
     Raises:
         FileNotFoundError: no checkpoint found or given.
         engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``; ``api="openai"`` for a
-            model that does not generate text; ``max_tokens`` below 1.
+            model that does not generate text; ``max_tokens`` below 1; ``max_request_tokens`` below a
+            language model's new tokens per prompt.
         engine.errors.LaunchError: ``host:port`` is taken or not an address of this machine.
     """
     if timeout <= batch_timeout:  # LitServe raises a bare ValueError for it, after the model is loaded
@@ -109,6 +117,7 @@ def serve(
             timeout=timeout,
             middlewares=[body_limits(max_body_bytes, max_inputs, body_timeout)],
             trust=trusted_modules(trust),
+            max_batch_size=max_batch_size,
         )
         print(
             f"Serving {path} as {name!r} on http://{host}:{port}: the OpenAI API, POST /v1/chat/completions "
@@ -117,6 +126,12 @@ def serve(
         )
         server.run(host=host, port=port, generate_client_file=False)
         return
+    new_tokens = getattr(trained.model, "served_new_tokens", 1)  # a language model's per prompt
+    if max_request_tokens < new_tokens:
+        raise ConfigError(
+            f"--max_request_tokens ({max_request_tokens}) is below the {new_tokens} new tokens of one prompt: "
+            "every request would be refused; give at least that"
+        )
     server = build_server(
         trained,
         max_batch_size=max_batch_size,
@@ -130,8 +145,9 @@ def serve(
         accelerator=accelerator,
         workers_per_device=workers_per_device,
         trust=trusted_modules(trust),
+        max_request_tokens=max_request_tokens,
     )
-    request = describe_request(trained.datamodule, max_inputs)
+    request = describe_request(trained.datamodule, min(max_inputs, max_request_tokens // new_tokens))
     print(f"Serving {path} on http://{host}:{port}: POST /predict {request}; GET /health", flush=True)
     server.run(host=host, port=port, generate_client_file=False)
 

@@ -12,25 +12,31 @@ https://platform.openai.com/docs/api-reference/chat and https://lightning.ai/doc
   penalties, ``logprobs``: 400), a conversation longer than the model's context (400), or more new
   tokens than the server's ``max_tokens`` (422). Each answer is in the OpenAI error shape,
   ``{"error": {"message", "type", "param", "code"} }``, its message one line naming the field.
-- A streaming client that disconnects stops its generation after the token in progress (the
+- A streaming client that disconnects stops its generation at its next step (the
   HTTP process tells the worker through a shared dictionary), so the worker takes the next request.
 - ``/health`` answers 503 while a worker has generated nothing for ``stuck_after`` seconds in a
   request (a stuck model, not a long answer: each token counts as progress).
 
-A worker runs one request at a time and streams it; the work of a request is bounded by
-``max_tokens`` new tokens and the model's context, so a short request waits at most for one bounded
-answer per worker ahead of it (``--workers_per_device`` adds workers). The model side is the task
-module's contract: ``chat_template()`` (conversation -> prompt ids, picklable), ``context_size``,
-and ``stream_chat(predictor, ids, ...)`` yielding pieces with ``text``, ``tokens`` and
-``finish_reason`` (see ``models.LanguageModel``).
+A worker generates up to ``max_batch_size`` answers at once, a step of each in turn (LitServe's
+continuous batching loop: iteration-level scheduling, Yu et al., "Orca", OSDI 2022): a request that
+arrives while others stream joins at the next step, so a short answer is not held behind a long one.
+The steps are not fused into one forward pass (each answer keeps its own key/value cache), so the
+tokens/s of a worker are shared among its answers. Requests beyond ``max_batch_size`` wait for a
+free place. The work of a request is bounded by ``max_tokens`` new tokens and the model's context.
+The model side is the task module's contract: ``chat_template()`` (conversation -> prompt ids,
+picklable), ``context_size``, and ``stream_chat(predictor, ids, ...)`` yielding pieces with
+``text``, ``tokens`` and ``finish_reason`` (see ``models.LanguageModel``).
 """
 
+import asyncio
+import contextlib
 import json
 import logging
 import multiprocessing
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +44,9 @@ import litserve as ls
 from fastapi import BackgroundTasks, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from litserve.loops.continuous_batching_loop import ContinuousBatchingLoop, Output
 from litserve.specs.openai import ChatCompletionRequest, ChatCompletionResponse
+from litserve.utils import LitAPIStatus, LoopResponseType
 from pydantic import ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -50,6 +58,8 @@ REQUEST_ID = "request_id"  # the key in a request's ``metadata`` that names it t
 MAX_STOPS = 4  # as the OpenAI API
 MAX_STOP_CHARS = 256
 MAX_MESSAGE_CHARS = 500  # an error names the problem; it never echoes a large input back
+IDLE_WAIT_S = 1.0  # an idle worker's wait for a request, between LitServe's own checks
+PREFILL_WAIT_S = 0.02  # the longest a request waiting for a place stays out of one that is free
 
 
 class OpenAIError(Exception):
@@ -187,6 +197,10 @@ class ChatSpec(ls.OpenAISpec):
             if not complete:
                 self.cancelled[request.metadata[REQUEST_ID]] = True
 
+    def encode_response(self, output: Any, context_kwargs: dict | None = None) -> Any:
+        """One step's output of one answer (LitServe's continuous loop sends them one at a time)."""
+        return output if isinstance(output, Exception) else self._encode_response(output)
+
     async def non_streaming_completion(self, request: ChatRequest, generator_list: list) -> ChatCompletionResponse:
         finish: dict[int, str] = {}
         pipes = [finish_reasons(pipe, finish, index) for index, pipe in enumerate(generator_list)]
@@ -243,18 +257,91 @@ def as_sent(event: str, finish: dict[int, str], name: str) -> str:
     return "data: " + json.dumps(chunk, separators=(",", ":")) + "\n\n"
 
 
-class ChatAPI(ls.LitAPI):
-    """The worker side: renders the conversation, streams the model's answer, stops for a client gone.
+class StepLoop(ContinuousBatchingLoop):
+    """LitServe's continuous batching loop, first come first served and idle without spinning.
 
-    ``progress`` is a shared array with a slot per worker: the ``time.monotonic()`` of its latest
-    token while it generates, 0 when idle; :meth:`health` (in the HTTP process) reads it.
+    LitServe's ``prefill`` gives a free place to whichever request its queue yields next, ahead of
+    those already waiting for one (a client that resubmits as soon as its answer ends kept a short
+    request waiting through dozens of long answers); here every request queues behind the ones
+    that wait. And its ``run`` returns at once when there is nothing to generate, so the worker
+    called it again and again, keeping a CPU core busy; here it waits for a request.
     """
 
-    def __init__(self, checkpoint: Path, trust: Sequence[str], spec: ChatSpec, progress: Any, stuck_after: float):
-        super().__init__(spec=spec)
+    def __init__(self) -> None:
+        super().__init__()
+        self.added: asyncio.Event | None = None  # made in the worker's event loop
+
+    async def prefill(
+        self,
+        pending_requests: list,
+        lit_api: ls.LitAPI,
+        lit_spec: Any,
+        request_queue: Any,
+        transport: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> list:
+        while True:
+            while pending_requests and self.has_capacity(lit_api):
+                response_queue_id, uid, request = pending_requests.pop(0)
+                self.response_queue_ids[uid] = response_queue_id
+                self.add_request(uid, request, lit_api, lit_spec, transport)
+            wait = PREFILL_WAIT_S if pending_requests else IDLE_WAIT_S  # a place may free up meanwhile
+            item = await asyncio.to_thread(self.get_request, request_queue, timeout=wait, block=True)
+            if item is None:
+                return pending_requests
+            response_queue_id, uid, _, request = item
+            self.put_response(transport, response_queue_id, uid, (), LitAPIStatus.START, LoopResponseType.STREAMING)
+            pending_requests.append((response_queue_id, uid, request))
+
+    def add_request(self, uid: str, request: Any, lit_api: ls.LitAPI, *args: Any, **kwargs: Any) -> None:
+        super().add_request(uid, request, lit_api, *args, **kwargs)
+        if self.added is not None:
+            self.added.set()
+
+    async def run(self, lit_api: ls.LitAPI, *args: Any, **kwargs: Any) -> None:
+        if self.added is None:
+            self.added = asyncio.Event()
+        if not lit_api.has_active_requests():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.added.wait(), timeout=IDLE_WAIT_S)
+            self.added.clear()
+            return
+        await super().run(lit_api, *args, **kwargs)
+
+
+@dataclass
+class Answer:
+    """An answer in progress: its request and, from its first step on, the model's pieces."""
+
+    request: ChatRequest
+    pieces: Iterator[Any] | None = None
+    prompt_tokens: int = 0
+    tokens: int = 0  # generated so far
+
+
+class ChatAPI(ls.LitAPI):
+    """The worker side: renders each conversation, and generates up to ``max_batch_size`` answers at
+    once, a step of each in turn (:meth:`step`); stops an answer whose client is gone.
+
+    ``progress`` is a shared array with a slot per worker: the ``time.monotonic()`` of its latest
+    step while it generates, 0 when idle; :meth:`health` (in the HTTP process) reads it.
+    """
+
+    def __init__(
+        self,
+        checkpoint: Path,
+        trust: Sequence[str],
+        spec: ChatSpec,
+        progress: Any,
+        stuck_after: float,
+        max_batch_size: int = 64,
+    ):
+        super().__init__(spec=spec, max_batch_size=max_batch_size, loop=StepLoop())
         self.checkpoint, self.trust = checkpoint, tuple(trust)
         self.progress, self.stuck_after = progress, stuck_after
         self.trained: Trained | None = None
+        self.answers: dict[str, Answer] = {}  # LitServe's uid -> the answer; added by the loop's other thread
 
     def setup(self, device: str) -> None:
         self.trained = load_in_worker(self.checkpoint, device, self.trust)
@@ -263,36 +350,73 @@ class ChatAPI(ls.LitAPI):
             self.slot = next(i for i, value in enumerate(self.progress) if value == -1.0)
             self.progress[self.slot] = 0.0
 
-    def predict(self, request: ChatRequest):
+    def predict(self, request: ChatRequest):  # LitServe's OpenAISpec wants a generator; :meth:`step` does the work
+        yield from ()
+
+    def add_request(self, uid: str, request: ChatRequest) -> None:
+        self.answers[uid] = Answer(request)  # rendered in :meth:`step`, in the thread that runs the model
+
+    def has_active_requests(self) -> bool:
+        return bool(self.answers)
+
+    def has_capacity(self) -> bool:
+        return len(self.answers) < self.max_batch_size
+
+    def step(self, previous: list[Output] | None) -> list[Output]:
+        """A step of every answer in progress: its next piece (an OK output), and for an answer that
+        ended (its last piece given, its client gone, or an error) a FINISH_STREAMING or ERROR output."""
+        outputs: list[Output] = []
+        gone = set(self.spec.cancelled.keys()) if self.spec.cancelled else set()
+        for uid, answer in list(self.answers.items()):
+            request_id = answer.request.metadata[REQUEST_ID]
+            self.progress[self.slot] = time.monotonic()
+            try:
+                if answer.pieces is None:
+                    answer.pieces = self.start(answer)
+                if request_id in gone:
+                    self.spec.cancelled.pop(request_id, None)
+                    gone_after = "request %s: the client disconnected after %d tokens; generation stopped"
+                    log.warning(gone_after, request_id, answer.tokens)
+                    piece = None
+                else:
+                    piece = next(answer.pieces, None)
+            except Exception as error:
+                log.exception("request %s failed in the model", request_id)
+                outputs.append(Output(uid, error, LitAPIStatus.ERROR))
+                self.end(uid)
+                continue
+            if piece is not None:
+                answer.tokens = piece.tokens
+                message = {"role": "assistant", "content": piece.text}
+                if piece.finish_reason is not None:
+                    usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": piece.tokens}
+                    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+                    message.update(finish_reason=piece.finish_reason, **usage)
+                outputs.append(Output(uid, message, LitAPIStatus.OK))
+            if piece is None or piece.finish_reason is not None:
+                outputs.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
+                self.end(uid)
+        self.progress[self.slot] = time.monotonic() if self.answers else 0.0
+        return outputs
+
+    def start(self, answer: Answer) -> Iterator[Any]:
+        request = answer.request
         ids = self.template.ids(messages_of(request))
-        request_id = request.metadata[REQUEST_ID]
-        temperature = 1.0 if request.temperature is None else request.temperature
-        pieces = self.trained.model.stream_chat(
+        answer.prompt_tokens = len(ids)
+        return self.trained.model.stream_chat(
             self.trained.predictor,
             ids,
             max_new_tokens=request.max_tokens,
-            temperature=temperature,
+            temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
             stop=stop_strings(request.stop),
             seed=request.seed,
         )
-        self.progress[self.slot] = time.monotonic()
-        try:
-            for piece in pieces:
-                self.progress[self.slot] = time.monotonic()
-                if self.spec.cancelled.pop(request_id, False):
-                    gone = "request %s: the client disconnected after %d tokens; generation stopped"
-                    log.warning(gone, request_id, piece.tokens)
-                    return
-                if piece.finish_reason is None:
-                    yield {"role": "assistant", "content": piece.text}
-                    continue
-                usage = {"prompt_tokens": len(ids), "completion_tokens": piece.tokens}
-                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-                yield {"role": "assistant", "content": piece.text, "finish_reason": piece.finish_reason, **usage}
-        finally:
-            pieces.close()
-            self.progress[self.slot] = 0.0
+
+    def end(self, uid: str) -> None:
+        answer = self.answers.pop(uid)
+        if answer.pieces is not None:
+            answer.pieces.close()
 
     def health(self) -> bool:
         now = time.monotonic()
@@ -308,14 +432,15 @@ def build_chat_server(
     timeout: float = 30.0,
     middlewares: Sequence[Any] = (),
     trust: Sequence[str] = (),
+    max_batch_size: int = 64,
 ) -> ls.LitServer:
     """A LitServer speaking the OpenAI API over ``trained`` (its checkpoint is loaded again in each worker).
 
     Args:
         model_name: the ``model`` clients name.
         max_tokens: the most new tokens per request.
-        timeout: LitServe's wait for a request to start, and the seconds without a token after which
-            ``/health`` calls a generating worker stuck.
+        timeout: the seconds without a step after which ``/health`` calls a generating worker stuck.
+        max_batch_size: the most answers a worker generates at once (a step of each in turn).
         middlewares: LitServe middlewares (engine.serving's body limits).
 
     Raises:
@@ -328,7 +453,7 @@ def build_chat_server(
     spec = ChatSpec(model_name, trained.model.chat_template(), trained.model.context_size, max_tokens, manager.dict())
     workers = workers_per_device * max(1, _device_count(accelerator))
     progress = multiprocessing.get_context("spawn").Array("d", [-1.0] * workers)
-    api = ChatAPI(trained.checkpoint, trust, spec, progress, stuck_after=timeout)
+    api = ChatAPI(trained.checkpoint, trust, spec, progress, stuck_after=timeout, max_batch_size=max_batch_size)
     server = ls.LitServer(
         api,
         accelerator=accelerator,

@@ -71,8 +71,10 @@ def check_inputs(inputs: list[Any], schema: dict[str, Any]) -> None:
     finite numbers), ``{"kind": "row", "columns": [...], "numeric": [...]}`` (objects with at least
     these keys, others left out as ``make predict`` leaves out a file's other columns; values
     numbers, strings, booleans or null, and in a ``numeric`` column a finite number within float32
-    or null), ``{"kind": "text", "max_bytes": n}`` (non-empty strings).
-    Every kind also has ``max_inputs``. An array schema with ``"image_files": true`` also takes an
+    or null), ``{"kind": "text", "max_bytes": n}`` (non-empty strings; a language model's schema
+    also has ``new_tokens`` per prompt and ``max_request_tokens``, the most new tokens one request
+    may cost in all, so prompts x ``new_tokens`` above it is refused). Every kind also has
+    ``max_inputs``. An array schema with ``"image_files": true`` also takes an
     image file as base64 text in place of an array; its header is read here (never the pixels) and
     more than ``max_image_pixels`` pixels in one image, or ``max_request_pixels`` in all the images of
     the request (what the worker would decode for it), is refused.
@@ -81,6 +83,13 @@ def check_inputs(inputs: list[Any], schema: dict[str, Any]) -> None:
         raise ValueError("inputs is empty: send at least one example")
     if len(inputs) > schema["max_inputs"]:
         raise ValueError(f"{len(inputs)} inputs in one request; send at most {schema['max_inputs']}")
+    new_tokens, budget = schema.get("new_tokens"), schema.get("max_request_tokens")
+    if new_tokens and budget is not None and len(inputs) * new_tokens > budget:
+        raise ValueError(
+            f"{len(inputs)} prompts x {new_tokens} new tokens each = {len(inputs) * new_tokens} tokens to generate; "
+            f"the server generates at most {budget} per request (--max_request_tokens): send at most "
+            f"{budget // new_tokens} prompts per request"
+        )
     pixels = 0
     for index, example in enumerate(inputs):
         where = f"inputs[{index}]"
@@ -442,6 +451,7 @@ def build_server(
     workers_per_device: int = 1,
     timeout: float = 30.0,
     trust: Sequence[str] = (),
+    max_request_tokens: int = 1024,
 ) -> ls.LitServer:
     """A LitServer over ``trained`` (its checkpoint is loaded again in each worker).
 
@@ -456,8 +466,12 @@ def build_server(
         accelerator: "auto", "cpu" or "cuda"; ``workers_per_device`` model copies per device.
         timeout: seconds a request may wait for its answer (then 504).
         trust: modules besides the project's that the checkpoint may name (engine.inference).
+        max_request_tokens: a language model's most new tokens per request, prompts x its
+            ``served_new_tokens`` (more: 422): bounds the time one request holds a worker.
     """
     limits = {"max_inputs": max_inputs, "max_image_pixels": max_image_pixels, "max_request_pixels": max_request_pixels}
+    if hasattr(trained.model, "served_new_tokens"):
+        limits.update(new_tokens=trained.model.served_new_tokens, max_request_tokens=max_request_tokens)
     schema = {**trained.datamodule.request_schema(), **limits}
     os.environ[SCHEMA_VARIABLE] = json.dumps(schema)  # read by the HTTP processes, which start after this
     api_class = BatchedPredictorAPI if max_batch_size > 1 else PredictorAPI
