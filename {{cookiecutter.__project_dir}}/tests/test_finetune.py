@@ -34,7 +34,7 @@ from {{ cookiecutter.package_name }}.data.prompts import IGNORE
 from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
 from {{ cookiecutter.package_name }}.engine.errors import DataError
-from {{ cookiecutter.package_name }}.engine.inference import load_trained
+from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
 from {{ cookiecutter.package_name }}.engine.runs import own_config, run_dir
 from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.nets import HFCausalLM, LoRA
@@ -557,9 +557,6 @@ def test_a_bad_chat_row_is_one_line_naming_it(row: dict, message: str, tmp_path:
 
 @pytest.mark.slow
 def test_a_chat_lora_finetune_answers_through_the_openai_api_as_trained(tmp_path: Path) -> None:
-    from conftest import serving
-    from test_openai_api import NAME, answer_in_process, client
-
     folder = save_tiny_llama(tmp_path / "chat-model", chat_template=CHAT_TEMPLATE, context=128)
     rows = write_pairs(tmp_path / "chats.jsonl", CHATS * 20)
     args = [*finetune_args(tmp_path, folder), f"--config={SFT}", f"--data.init_args.path={rows}", *SFT_ARGS(folder)]
@@ -569,25 +566,32 @@ def test_a_chat_lora_finetune_answers_through_the_openai_api_as_trained(tmp_path
     question = CHATS[0]["messages"][:2]
     rendered = trained.model.chat_template().render(question)
     assert rendered.endswith("<|user|>The whale?<|endoftext|><|assistant|>")
-    text, reason, tokens, prompt = answer_in_process(trained, question, max_new_tokens=20, temperature=0)
-    assert (text, reason) == ("The whale swims.", "stop")  # it learnt the answer, and to end its turn
-    with serving(trained.checkpoint, tmp_path, api="openai") as (port, _, _), client(port) as api:
-        whole = api.chat.completions.create(model=NAME, messages=question, max_tokens=20, temperature=0)
-        chunks = api.chat.completions.create(model=NAME, messages=question, max_tokens=20, temperature=0, stream=True)
-        chunks = list(chunks)
+    answer = served_as_run_here(trained, question, max_tokens=20, folder=tmp_path)
+    assert answer == ("The whale swims.", "stop")  # it learnt the answer, and to end its turn
+
+
+def served_as_run_here(trained: Trained, question: list[dict], max_tokens: int, folder: Path) -> tuple[str, str]:
+    """``(text, finish_reason)`` of the greedy answer to ``question``, after checking that the OpenAI API of
+    ``make serve`` over the checkpoint gives it whole and streamed, as the model run in this process does."""
+    from conftest import serving
+    from test_openai_api import NAME, answer_in_process, client
+
+    text, reason, tokens, prompt = answer_in_process(trained, question, max_new_tokens=max_tokens, temperature=0)
+    settings = {"model": NAME, "messages": question, "max_tokens": max_tokens, "temperature": 0}
+    with serving(trained.checkpoint, folder, api="openai") as (port, _, _), client(port) as api:
+        whole = api.chat.completions.create(**settings)
+        chunks = list(api.chat.completions.create(**settings, stream=True))
     assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (text, reason)
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt, tokens)
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == text
     assert chunks[-1].choices[0].finish_reason == reason
+    return text, reason
 
 
 @pytest.mark.slow
 def test_a_gpt2_lora_chat_finetune_is_served_from_its_checkpoint_adapters(tmp_path: Path) -> None:
     """GPT-2 (Conv1D projections, learnt positions) as the OpenAI API serves it: the server's answers are
     those of the checkpoint's adapters on the base folder, run here."""
-    from conftest import serving
-    from test_openai_api import NAME, answer_in_process, client
-
     folder = save_tiny_gpt2(tmp_path / "gpt2", chat_template=CHAT_TEMPLATE)
     rows = write_pairs(tmp_path / "chats.jsonl", CHATS * 4)
     args = [*finetune_args(tmp_path, folder), f"--config={SFT}", f"--data.init_args.path={rows}", *SFT_ARGS(folder)]
@@ -599,12 +603,4 @@ def test_a_gpt2_lora_chat_finetune_is_served_from_its_checkpoint_adapters(tmp_pa
     assert len(weights) == 4 and all("c_attn.lora_" in key for key in weights), sorted(weights)  # no base weights
     assert all(weights[key].abs().sum() > 0 for key in weights if "lora_B" in key)  # trained (B starts at 0)
     trained = load_trained(checkpoint)
-    question = CHATS[1]["messages"][:2]
-    text, reason, tokens, prompt = answer_in_process(trained, question, max_new_tokens=12, temperature=0)
-    with serving(trained.checkpoint, tmp_path, api="openai") as (port, _, _), client(port) as api:
-        whole = api.chat.completions.create(model=NAME, messages=question, max_tokens=12, temperature=0)
-        stream = api.chat.completions.create(model=NAME, messages=question, max_tokens=12, temperature=0, stream=True)
-        chunks = list(stream)
-    assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (text, reason)
-    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt, tokens)
-    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == text
+    served_as_run_here(trained, CHATS[1]["messages"][:2], max_tokens=12, folder=tmp_path)
