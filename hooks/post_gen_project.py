@@ -31,6 +31,7 @@ TASK_FILES = {
         "src/{package}/nets/cnn.py",
         "src/{package}/nets/mlp.py",
         "src/{package}/nets/pretrained.py",
+        "src/{package}/nets/hf_image.py",
         "tests/test_data.py",
         "tests/test_ddp.py",
         "tests/test_faults.py",
@@ -41,6 +42,7 @@ TASK_FILES = {
         "tests/test_nets.py",
         "tests/test_train.py",
         "tests/test_transfer.py",
+        "tests/test_hf_image.py",
         "configs/experiments/image-folder.yaml",
         "configs/experiments/transfer-learning.yaml",
     ],
@@ -57,7 +59,6 @@ TASK_FILES = {
         "src/{package}/data/prompts.py",
         "src/{package}/data/tokenizer.py",
         "src/{package}/data/corpora/moby_dick.txt.gz",
-        "src/{package}/engine/pretrained.py",
         "src/{package}/nets/causal_lm.py",
         "src/{package}/models/language_model.py",
         "src/{package}/nets/gpt.py",
@@ -75,12 +76,22 @@ TASK_FILES = {
 }
 
 
+# The files some task families share (pretrained Hugging Face models), and those families.
+SHARED_TASK_FILES = {
+    "src/{package}/engine/pretrained.py": ("image-classification", "language-model"),
+    "src/{package}/nets/hf.py": ("image-classification", "language-model"),
+}
+
+
 def prune() -> None:
     """Delete the files of options that were not chosen, then any folder left empty."""
     for task, files in TASK_FILES.items():
         if task != ANSWERS["task"]:
             for relative in files:
                 (PROJECT / relative.format(package=PACKAGE)).unlink()
+    for relative, tasks in SHARED_TASK_FILES.items():
+        if ANSWERS["task"] not in tasks:
+            (PROJECT / relative.format(package=PACKAGE)).unlink()
     if ANSWERS["include_slurm"] != "yes":
         shutil.rmtree(PROJECT / "scripts" / "slurm")
         (PROJECT / "tests" / "test_slurm_script.py").unlink()

@@ -78,20 +78,20 @@ TEST_FILES += ["test_trust.py"]
 TASK_PACKAGE_FILES = {
     "image-classification": [
         *("data/digits.py", "data/image_folder.py", "models/classifier.py", "nets/cnn.py", "nets/mlp.py"),
-        "nets/pretrained.py",
+        *("nets/pretrained.py", "nets/hf.py", "nets/hf_image.py", "engine/pretrained.py"),
     ],
     "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py"],
     "language-model": [
         *("data/text.py", "data/corpora/moby_dick.txt.gz", "models/language_model.py", "nets/gpt.py"),
         *("data/prompts.py", "data/tokenizer.py", "engine/pretrained.py", "nets/causal_lm.py", "generate.py"),
-        "engine/openai_api.py",
+        *("engine/openai_api.py", "nets/hf.py"),
     ],
 }
 TASK_TEST_FILES = {
     "image-classification": [
         *("test_data.py", "test_ddp.py", "test_faults.py", "test_fsdp.py"),
         *("test_gpu.py", "test_image_folder.py", "test_model.py", "test_nets.py", "test_train.py"),
-        "test_transfer.py",
+        *("test_transfer.py", "test_hf_image.py"),
     ],
     "tabular": ["test_tabular.py"],
     "language-model": ["test_language_model.py", "test_finetune.py", "test_tokenizer.py", "test_openai_api.py"],

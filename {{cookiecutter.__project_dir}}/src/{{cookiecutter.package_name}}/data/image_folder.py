@@ -55,6 +55,7 @@ from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_i
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.inference import CenterCrop, Standardize
 from {{ cookiecutter.package_name }}.engine.prepared import ArrayRecords, PreparedWriter, fingerprint, open_prepared
+from {{ cookiecutter.package_name }}.engine.pretrained import image_preprocessing, locate
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLITS = ("train", "val", "test")
@@ -91,6 +92,11 @@ class ImageFolderDataModule(ResumableDataModule):
         prepared: a folder ``make prepare`` wrote from this image folder: read from disk instead of
             decoding ``root`` into memory (``image_size`` must be the one it was prepared with).
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
+        pretrained: the folder or hub id (local cache) of the pretrained backbone (``net.model`` of
+            ``nets.HFImageClassifier``): its ``preprocessor_config.json`` sets ``image_size``,
+            ``crop_size`` and the per-channel mean and std (in place of the training split's), as the
+            backbone saw images in pretraining (:func:`engine.pretrained.image_preprocessing`), and
+            images are RGB. The checkpoint keeps them for predict, export and serve.
 
     Raises:
         ValueError: ``image_size`` below 4, ``crop_size`` larger than ``image_size`` or ``crop_scale``
@@ -117,9 +123,15 @@ class ImageFolderDataModule(ResumableDataModule):
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
+        pretrained: str | None = None,
     ) -> None:
         super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
         check_fractions(val_fraction, test_fraction)
+        self.pretrained_stats: tuple[list[float], list[float]] | None = None
+        if pretrained is not None:  # sizes and statistics the backbone was pretrained with, in place of the data's
+            preprocessing = image_preprocessing(locate(pretrained, key="data.pretrained").folder)
+            image_size, crop_size = preprocessing["image_size"], preprocessing["crop_size"]
+            self.pretrained_stats = (preprocessing["mean"], preprocessing["std"])
         if image_size < 4:
             raise ConfigError(f"data.image_size must be at least 4 pixels, got {image_size}")
         if crop_size is not None and not 4 <= crop_size <= image_size:
@@ -132,6 +144,8 @@ class ImageFolderDataModule(ResumableDataModule):
                 f"data.crop_scale={list(crop_scale)} must be [lowest, highest] with 0 < lowest <= highest <= 1"
             )
         self.save_hyperparameters()
+        if self.pretrained_stats is not None:  # LightningCLI gives hparams the config's values: set the backbone's
+            self.hparams.image_size, self.hparams.crop_size = image_size, crop_size
         # Found by scanning root when first asked (the CLI asks while it builds the model), or
         # restored from a checkpoint (load_state_dict), which then never rescans for inference.
         self.files: dict[str, list[tuple[Path, int]]] | None = None
@@ -193,7 +207,8 @@ class ImageFolderDataModule(ResumableDataModule):
                 f"data.root={self.hparams.root}: class folders {class_names} are not the classes this model was "
                 f"trained on {self._class_names}; restore them, or predict on files (INPUTS=), which needs no folder"
             )
-        self.files, self._class_names, self._mode = files, class_names, self._mode or mode
+        pretrained_mode = "RGB" if self.pretrained_stats else None  # a pretrained backbone's filters see colour
+        self.files, self._class_names, self._mode = files, class_names, self._mode or pretrained_mode or mode
 
     # ---- finding the files (headers only: cheap, and every bad file is named before training) -------
     def _scan(self, root: Path) -> tuple[dict[str, list[tuple[Path, int]]], list[str], str]:
@@ -246,7 +261,7 @@ class ImageFolderDataModule(ResumableDataModule):
         if self.hparams.prepared is not None:
             prepared = self._open_prepared()
             self._class_names, self._mode = prepared.state["class_names"], prepared.state["mode"]
-            self.mean, self.std = prepared.state["mean"], prepared.state["std"]
+            self.mean, self.std = self.pretrained_stats or (prepared.state["mean"], prepared.state["std"])
             splits = {split: prepared.split(split) for split in SPLITS}
             self.train_set, self.val_set, self.test_set = (
                 ArrayRecords(splits[split]["images"], splits[split]["labels"]) for split in SPLITS
@@ -256,7 +271,7 @@ class ImageFolderDataModule(ResumableDataModule):
         parts = self._split_parts()
         decoded = {split: self._decode(items)[:2] for split, items in parts.items()}
         self._report_skipped(f"data.root={self.hparams.root}")
-        self.mean, self.std = channel_stats(pixel_sums(decoded["train"][0].numpy()))
+        self.mean, self.std = self.pretrained_stats or channel_stats(pixel_sums(decoded["train"][0].numpy()))
         self.train_set, self.val_set, self.test_set = (TensorDataset(*decoded[split]) for split in SPLITS)
         self.check_batch_size()
 
@@ -361,7 +376,7 @@ class ImageFolderDataModule(ResumableDataModule):
                     writer.append(split, images=images, labels=labels)
                     if split == "train":
                         sums += pixel_sums(images)
-            self.mean, self.std = channel_stats(sums)
+            self.mean, self.std = self.pretrained_stats or channel_stats(sums)
             writer.state(class_names=self.class_names, mode=mode, mean=self.mean, std=self.std, skipped=skipped)
             self._report_skipped(f"data.root={self.hparams.root}")
         return {split: writer.manifest["splits"][split]["count"] for split in SPLITS} | {"skipped": skipped}
@@ -503,11 +518,21 @@ class ImageFolderDataModule(ResumableDataModule):
     def state_dict(self) -> dict[str, Any]:
         """Class names, mode and statistics (for inference) and, from the base, where a resumed run's data starts."""
         stats = {"class_names": self.class_names, "mode": self.mode, "mean": self.mean, "std": self.std}
-        return {**super().state_dict(), **stats}
+        sizes = {"image_size": self.hparams.image_size, "crop_size": self.hparams.crop_size}
+        return {**super().state_dict(), **stats, **sizes}
+
+    def _sizes(self) -> tuple[int, int | None]:
+        return self.hparams.image_size, self.hparams.crop_size
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the classes, mode and statistics the model was trained with: inference never rescans the folder."""
         super().load_state_dict(state_dict)
+        trained_at = (state_dict.get("image_size"), state_dict.get("crop_size"))
+        if self.pretrained_stats is not None and "image_size" in state_dict and trained_at != self._sizes():
+            raise ConfigError(
+                f"data.pretrained={self.hparams.pretrained}: its preprocessor_config.json now gives image_size and "
+                f"crop_size {self._sizes()}, but the model was trained at {trained_at}: restore that folder's file"
+            )
         self.mean, self.std = state_dict["mean"], state_dict["std"]
         self._class_names, self._mode = list(state_dict["class_names"]), state_dict["mode"]
 

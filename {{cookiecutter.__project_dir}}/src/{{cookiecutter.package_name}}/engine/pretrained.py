@@ -15,6 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
 
@@ -119,3 +120,57 @@ def fingerprint(folder: Path) -> str:
             while chunk := stream.read(1 << 24):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def image_preprocessing(folder: Path, key: str = "data.pretrained") -> dict[str, Any]:
+    """How a vision model's images were prepared in pretraining, from its ``preprocessor_config.json``, as
+    the image-folder DataModule's settings: ``image_size``, ``crop_size`` (None: no crop), ``mean``, ``std``.
+
+    transformers' image processors store it in one of three shapes (read as data; no processor class
+    is loaded): ``size: {height, width}`` (ViT: every image resized to that square), ``size:
+    {shortest_edge: S}`` with ``crop_pct`` p (ConvNeXt, ResNet: shorter side to S / p, centre crop S),
+    or ``size: {shortest_edge: S}`` with ``crop_size: {height, width}`` (DINOv2, CLIP: shorter side
+    to S, centre crop). Mean and std are per channel of pixels in [0, 1] (``do_normalize`` false: 0
+    and 1). https://huggingface.co/docs/transformers/main_classes/image_processor
+
+    Raises:
+        MissingFileError: the folder has no ``preprocessor_config.json``.
+        ConfigError: a size this DataModule cannot reproduce (not square), or pixels not rescaled to [0, 1].
+    """
+    path = folder / "preprocessor_config.json"
+    if not path.is_file():
+        raise MissingFileError(
+            f"{key}: {folder} has no preprocessor_config.json, which says how its images were prepared in "
+            "pretraining (size, crop, mean, std); copy it from the model's hub page or set data.image_size yourself"
+        )
+    config = json.loads(path.read_text(encoding="utf-8"))
+    where = f"{key}: {path}"
+    if not config.get("do_rescale", True) or abs(config.get("rescale_factor", 1 / 255) - 1 / 255) > 1e-9:
+        raise ConfigError(f"{where} does not rescale pixels to [0, 1] (rescale_factor 1/255), as this DataModule does")
+    size, crop = config.get("size", {}), config.get("crop_size")
+    if isinstance(size, int):  # older processors: one number, the square's side
+        size = {"height": size, "width": size}
+    if isinstance(crop, int):
+        crop = {"height": crop, "width": crop}
+    if "height" in size:
+        if size["height"] != size.get("width"):
+            raise ConfigError(f"{where}: size {size} is not square; this DataModule makes square images")
+        image_size, crop_size = size["height"], None
+    elif "shortest_edge" in size:
+        edge = size["shortest_edge"]
+        if config.get("do_center_crop", crop is not None) and crop:
+            if crop["height"] != crop.get("width"):
+                raise ConfigError(f"{where}: crop_size {crop} is not square; this DataModule crops squares")
+            image_size, crop_size = edge, crop["height"]
+        elif config.get("crop_pct") and edge < 384:  # ConvNeXt's rule: from 384 px on, no crop
+            image_size, crop_size = int(edge / config["crop_pct"]), edge
+        elif config.get("crop_pct"):
+            image_size, crop_size = edge, None
+        else:
+            image_size, crop_size = edge, edge  # the shorter side to S, then its centre square
+    else:
+        raise ConfigError(f"{where}: no size this DataModule understands (height and width, or shortest_edge)")
+    normalize = config.get("do_normalize", True)
+    mean = [float(v) for v in config.get("image_mean", [0.5] * 3)] if normalize else [0.0] * 3
+    std = [float(v) for v in config.get("image_std", [0.5] * 3)] if normalize else [1.0] * 3
+    return {"image_size": int(image_size), "crop_size": crop_size, "mean": mean, "std": std}

@@ -19,8 +19,10 @@ Every net maps a float batch of images (B, C, H, W) to class logits (B, num_clas
 """
 
 from .cnn import CNN
+from .hf import LoRA
+from .hf_image import HFImageClassifier
 from .mlp import MLP
 from .pretrained import PretrainedNet
 
-__all__ = ["CNN", "MLP", "PretrainedNet"]
+__all__ = ["CNN", "MLP", "HFImageClassifier", "LoRA", "PretrainedNet"]
 {%- endif %}

@@ -1,12 +1,7 @@
 """A pretrained Hugging Face causal language model, fine-tuned whole or through LoRA: tokens (B, T) -> logits (B, T, V).
 
 The model and its tokenizer come from a local folder or the local Hugging Face cache, never a
-download (:mod:`engine.pretrained`). LoRA (Hu et al., "LoRA: Low-Rank Adaptation of Large Language
-Models", ICLR 2022) freezes the base weights W and trains a low-rank update (alpha / r) * B A beside
-chosen linear layers, through ``peft`` (https://huggingface.co/docs/peft): a few MB to train and
-store instead of the whole model. A LoRA net's ``state_dict`` (so its checkpoints) holds the
-adapters and a record of the base (its name, hub revision and SHA-256 of its weights), not the
-base's weights: loading rebuilds the base from its files and refuses a base whose weights differ.
+download; LoRA adapters and checkpoints that hold only them and a record of the base: :mod:`nets.hf`.
 
 Shapes: B batch, T sequence length (<= block_size), V vocabulary (the model's embedding rows).
 """
@@ -14,36 +9,18 @@ Shapes: B batch, T sequence length (<= block_size), V vocabulary (the model's em
 import copy
 import functools
 import inspect
-import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.pretrained import fingerprint, locate
-from {{ cookiecutter.package_name }}.engine.quiet import silence_export_noise
+from {{ cookiecutter.package_name }}.engine.pretrained import locate
+from {{ cookiecutter.package_name }}.nets.hf import HFNet, LoRA, libraries
 
-
-@dataclass
-class LoRA:
-    """LoRA settings (``peft.LoraConfig``).
-
-    Args:
-        r: rank of the update (8 to 64 is usual).
-        alpha: scale numerator: the update is multiplied by alpha / r.
-        dropout: dropout on the adapters' input.
-        target_modules: names of the linear layers that get adapters (``[q_proj, v_proj]``, or
-            ``all-linear``); null for peft's default for the architecture.
-    """
-
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.05
-    target_modules: list[str] | str | None = None
+__all__ = ["HFCache", "HFCausalLM", "LoRA"]
 
 
 @dataclass
@@ -54,7 +31,7 @@ class HFCache:
     length: int = 0
 
 
-class HFCausalLM(nn.Module):
+class HFCausalLM(HFNet):
     """``transformers.AutoModelForCausalLM`` from local files, with optional LoRA adapters.
 
     Args:
@@ -91,7 +68,7 @@ class HFCausalLM(nn.Module):
         block_size: int | None = None,
     ) -> None:
         super().__init__()
-        transformers, peft = _libraries()
+        transformers, _ = libraries(type(self).__name__)
         found = locate(model, revision)
         if lora is None and base_dtype != "float32":
             raise ConfigError(
@@ -132,35 +109,7 @@ class HFCausalLM(nn.Module):
                 base.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
             else:
                 base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
-        if lora is not None:
-            _check_targets(base, lora.target_modules)
-            config = peft.LoraConfig(
-                r=lora.r,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=lora.target_modules,
-                # GPT-2's Conv1D stores its weight (in, out): peft needs to know, and otherwise says so
-                # in a warning on every build and sets it itself.
-                fan_in_fan_out=_targets_conv1d(base, lora.target_modules),
-                task_type="CAUSAL_LM",
-            )
-            with warnings.catch_warnings():
-                # peft 0.21 asks transformers >= 5.20 for is_gradient_checkpointing, which warns that it is
-                # deprecated: peft's note to itself, said on every build.
-                warnings.filterwarnings(
-                    "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
-                )
-                base = peft.get_peft_model(base, config)
-        self.model = base
-        self.folder = found.folder
-        self.base = {"model": model, "revision": found.revision, "sha256": fingerprint(found.folder)}
-        self.lora = asdict(lora) if lora is not None else None
-        # The entries a checkpoint leaves out: with LoRA, every weight and buffer of the frozen base.
-        trainable = {name for name, parameter in self.named_parameters() if parameter.requires_grad}
-        kept = trainable | {"_extra_state"}
-        self.base_keys = frozenset() if lora is None else frozenset(super().state_dict().keys() - kept)
-        self.register_load_state_dict_post_hook(_base_keys_are_not_missing)
-        self.train()  # from_pretrained returns the model in eval mode; a new nn.Module is in training mode
+        self.adopt(base, found, lora, task_type="CAUSAL_LM")
 
     def new_cache(self, batch_size: int) -> "HFCache":
         """An empty :class:`HFCache`: transformers' own key/value cache, made by the first call that uses it."""
@@ -185,38 +134,13 @@ class HFCausalLM(nn.Module):
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # under peft
         return frozenset(inspect.signature(base.forward).parameters)
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """The module's state without the frozen base (LoRA): the adapters and ``_extra_state`` (the base's record)."""
-        state = super().state_dict(*args, **kwargs)
-        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
-        for key in self.base_keys:
-            state.pop(prefix + key, None)
-        return state
-
-    def get_extra_state(self) -> dict[str, Any]:
-        return {"base": self.base, "lora": self.lora}
-
-    def set_extra_state(self, state: dict[str, Any]) -> None:
-        """Refuse a checkpoint trained on another base: its adapters would be applied to weights they never saw.
-
-        Raises:
-            ValueError: the base's weights differ from the checkpoint's base (names both).
-        """
-        saved = state.get("base", {})
-        if saved.get("sha256") not in (None, self.base["sha256"]):
-            raise ConfigError(
-                f"the checkpoint was trained on {saved.get('model')} (weights sha256 {saved['sha256'][:12]}...), but "
-                f"net.model is {self.base['model']} with other weights (sha256 {self.base['sha256'][:12]}...): "
-                "point net.model at the base it was trained on"
-            )
-
     def save_merged(self, folder: Path) -> Callable[[torch.Tensor], torch.Tensor]:
         """Write a Hugging Face folder of the model with the adapters merged into the weights (``save_pretrained``,
         safetensors) and the base's tokenizer; return the logits (B, T, V) of the folder reloaded by transformers.
 
         The folder needs neither this project nor peft: ``AutoModelForCausalLM.from_pretrained(folder)``.
         """
-        transformers, _ = _libraries()
+        transformers, _ = libraries(type(self).__name__)
         merged = copy.deepcopy(self.model).float()
         if self.lora is not None:
             merged = merged.merge_and_unload()
@@ -225,64 +149,3 @@ class HFCausalLM(nn.Module):
         transformers.AutoTokenizer.from_pretrained(self.folder, **options).save_pretrained(folder)
         reloaded = transformers.AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True, **options).eval()
         return lambda tokens: reloaded(input_ids=tokens, use_cache=False).logits.float()
-
-
-def _base_keys_are_not_missing(module: HFCausalLM, incompatible: Any) -> None:
-    """A LoRA checkpoint lacks the base's entries by design: drop them from the missing keys."""
-    if not module.base_keys:
-        return
-    for key in list(incompatible.missing_keys):
-        # The key as the loading module spells it: <prefix of this net>.<name in this net>.
-        if any(key[i + 1 :] in module.base_keys for i, char in enumerate(key) if char == "."):
-            incompatible.missing_keys.remove(key)
-
-
-def _check_targets(model: nn.Module, targets: list[str] | str | None) -> None:
-    """Raise ConfigError naming the layers ``model`` has when a LoRA target is not among them.
-
-    Candidates are the layers with a weight matrix (``nn.Linear``, GPT-2's ``Conv1D``, embeddings).
-    """
-    if targets is None or isinstance(targets, str):  # peft's default for the architecture, or "all-linear"
-        return
-    names = sorted(
-        {
-            name.rpartition(".")[2]
-            for name, module in model.named_modules()
-            if isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.ndim == 2
-        }
-    )
-    missing = [target for target in targets if target not in names]
-    if missing:
-        raise ConfigError(
-            f"net.lora.target_modules: {model.config.model_type} has no layer named {', '.join(missing)}; "
-            f"its layers with a weight matrix are: {', '.join(names)}"
-        )
-
-
-def _targets_conv1d(model: nn.Module, targets: list[str] | str | None) -> bool:
-    """Whether the layers LoRA adapts are transformers' ``Conv1D`` (GPT-2's, weight stored (in, out)).
-
-    With peft's default or "all-linear" targets (``targets`` None or a string), any Conv1D counts.
-    """
-    from transformers.pytorch_utils import Conv1D
-
-    return any(
-        isinstance(module, Conv1D)
-        and (targets is None or isinstance(targets, str) or name.rpartition(".")[2] in targets)
-        for name, module in model.named_modules()
-    )
-
-
-def _libraries() -> tuple[Any, Any]:
-    """(transformers, peft), or ImportError naming the extra that installs them."""
-    silence_export_noise()  # peft imports torchao (through transformers), whose loggers list missing CUDA kernels
-    try:
-        import peft
-        import transformers
-    except ImportError as error:
-        raise ImportError(
-            f"HFCausalLM needs transformers and peft ({error}); install them: pip install -e '.[finetune]' "
-            "(make install does)"
-        ) from None
-    transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars on every load
-    return transformers, peft
