@@ -2,18 +2,25 @@
 ``pretrained`` preprocessing: tiny random ViT, ConvNeXt and ResNet folders made with ``save_pretrained``."""
 
 import csv
+import importlib.util
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, shrunk_args
+import yaml
+from conftest import CONFIGS, ROOT, shrunk_args
 from PIL import Image
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
+from {{ cookiecutter.package_name }}.engine.export import export_all
+from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.engine.pretrained import image_preprocessing
 from {{ cookiecutter.package_name }}.nets import HFImageClassifier, LoRA
 from {{ cookiecutter.package_name }}.predict import predict
@@ -143,6 +150,12 @@ def test_a_backbone_fine_tunes_above_chance_and_predicts_with_the_images_moved(k
     data = next(value for key, value in state.items() if key.endswith("ImageFolderDataModule"))
     assert (data["mean"], data["std"]) == (PROCESSORS[kind]["image_mean"], PROCESSORS[kind]["image_std"])
     assert (data["image_size"], data["crop_size"]) == SETTINGS[kind]
+    # ONNX and torch.export files of the fine-tuned backbone score the test split as PyTorch does.
+    record = export_all(
+        load_trained(checkpoint), tmp_path / "export", onnx=importlib.util.find_spec("onnxruntime") is not None
+    )
+    for exported in record["files"]:
+        assert record["test_scores"][exported]["acc"] == pytest.approx(cli.trainer.callback_metrics["test/acc"].item())
     moved = tmp_path / "moved"
     shutil.copytree(images / "blue", moved)
     shutil.rmtree(images)  # the training images are gone: the checkpoint and the backbone folder are enough
@@ -150,3 +163,49 @@ def test_a_backbone_fine_tunes_above_chance_and_predicts_with_the_images_moved(k
     with path.open() as file:
         rows = list(csv.DictReader(file))
     assert len(rows) == 30 and sum(row["label"] == "blue" for row in rows) >= 24
+
+
+@pytest.mark.slow
+def test_the_readmes_transfer_learning_runs_offline_as_written(tmp_path: Path) -> None:
+    """The README's transfer-learning commands, run as written in a copy of the project.
+
+    `hf download` is the one command not run (no internet): the test puts a tiny DINOv2 (32 px crops
+    of 36 px squares, so it runs in seconds) in a Hugging Face cache of its own under the id the
+    README and transfer-learning.yaml name, as the download would; ARGS gets 8 epochs of batches of 16
+    (the backbone trains from the third).
+    """
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("- **Transfer learning**:", 1)[1].split("\n- **", 1)[0]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    download, train = [line.split("#")[0].strip() for line in block.strip().splitlines()]
+    model_id = download.removeprefix("hf download ").strip()
+    config = yaml.safe_load((CONFIGS / "experiments" / "transfer-learning.yaml").read_text())
+    assert config["model"]["init_args"]["net"]["init_args"]["model"] == model_id
+    assert config["data"]["init_args"]["pretrained"] == model_id
+
+    cache = tmp_path / "hf-cache"
+    repo = cache / f"models--{model_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = repo / "snapshots" / commit
+    torch.manual_seed(0)
+    small = transformers.Dinov2Config(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2)
+    small.num_attention_heads, small.intermediate_size = 4, 64
+    transformers.AutoModel.from_config(small).save_pretrained(snapshot)
+    processor = {"size": {"shortest_edge": 36}, "crop_size": {"height": 32, "width": 32}, "do_center_crop": True}
+    (snapshot / "preprocessor_config.json").write_text(json.dumps({**processor, **STATS}))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    project = tmp_path / "project"
+    shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(".venv", "logs", ".git", "wandb", "__pycache__"))
+    images = colour_folder(tmp_path / "images", per_class=40)
+    short = "--trainer.max_epochs=8 --data.init_args.batch_size=16"  # tiny data: 8 epochs of 6 steps
+    command = train.replace("--data.init_args.root=DIR", f"--data.init_args.root={images} {short}")
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    env.pop("PYTEST_ADDOPTS", None)
+    done = subprocess.run(
+        ["bash", "-c", f"{command} PYTHON={sys.executable}"], cwd=project, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    (summary,) = (project / "logs").rglob("test_metrics.json")
+    metrics = json.loads(summary.read_text())["metrics"]
+    assert metrics["test/acc"] > 0.5  # three classes: chance is 1/3

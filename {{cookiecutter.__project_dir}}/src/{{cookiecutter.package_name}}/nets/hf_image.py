@@ -55,6 +55,8 @@ class HFImageClassifier(HFNet):
         super().__init__()
         transformers, _ = libraries(type(self).__name__)
         found = locate(model, revision)
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # its load report lists the new head as missing: by design
         try:
             base = transformers.AutoModelForImageClassification.from_pretrained(
                 found.folder,
@@ -69,6 +71,8 @@ class HFImageClassifier(HFNet):
                 f"net.model: {found.folder} is not an image model transformers can classify with ({error}); "
                 "give a folder that save_pretrained wrote for a vision model (ViT, DINOv2, ConvNeXt, ResNet, ...)"
             ) from None
+        finally:
+            transformers.logging.set_verbosity(verbosity)
         channels = getattr(base.config, "num_channels", 3)
         if in_channels not in (1, channels):
             raise ConfigError(
