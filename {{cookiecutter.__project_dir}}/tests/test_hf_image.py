@@ -134,6 +134,17 @@ def test_lora_trains_the_adapters_and_the_head_and_its_state_holds_only_them(tmp
     assert torch.equal(again.eval()(images), net.eval()(images))
 
 
+def test_a_backbone_on_images_not_prepared_as_in_its_pretraining_is_refused_before_training(tmp_path: Path) -> None:
+    folder = save_tiny("convnext", tmp_path / "convnext")
+    images = colour_folder(tmp_path / "images", per_class=10)
+    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={images}"]
+    args += [f"--model.init_args.net={NET}", f"--model.init_args.net.init_args.model={folder}"]  # no data.pretrained
+    cli = main([*args, "--data.init_args.image_size=32", "--data.init_args.batch_size=8"], run=False)
+    with pytest.raises(ConfigError, match=r"32 px, crop 28, its own mean and std.*set data.init_args.pretrained"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(PROCESSORS))
 def test_a_backbone_fine_tunes_above_chance_and_predicts_with_the_images_moved(kind: str, tmp_path: Path) -> None:
