@@ -65,8 +65,8 @@ class ImageClassifier(TrainingModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        if stage == "fit":
-            check_preprocessing_fits(self.net, self.trainer.datamodule)
+        if stage == "fit" and self._trainer is not None:  # a module set up by hand has no trainer, nor data
+            check_preprocessing_fits(self.net, self._trainer.datamodule)
 
     def shared_step(self, batch: tuple[torch.Tensor, torch.Tensor], metrics: MetricCollection) -> torch.Tensor:
         images, labels = batch  # (B, C, H, W), (B,)
