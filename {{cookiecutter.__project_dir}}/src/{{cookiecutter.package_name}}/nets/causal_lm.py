@@ -18,7 +18,7 @@ import torch
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.pretrained import locate
-from {{ cookiecutter.package_name }}.nets.hf import HFNet, LoRA, libraries
+from {{ cookiecutter.package_name }}.nets.hf import HFNet, LoRA, from_files, libraries
 
 __all__ = ["HFCache", "HFCausalLM", "LoRA"]
 
@@ -75,19 +75,13 @@ class HFCausalLM(HFNet):
                 f"net.base_dtype={base_dtype} without LoRA would train {base_dtype} weights; keep float32 and set "
                 "trainer.precision: bf16-mixed, or give net.lora"
             )
-        try:
-            base = transformers.AutoModelForCausalLM.from_pretrained(
-                found.folder,
-                local_files_only=True,
-                dtype=getattr(torch, base_dtype),
-                trust_remote_code=False,  # a folder's own Python never runs (engine.pretrained.check_data_only)
-                use_safetensors=True,  # never a pickled pytorch_model.bin
-            )
-        except (OSError, ValueError, KeyError) as error:
-            raise ConfigError(
-                f"net.model: {found.folder} is not a complete causal language model ({error}); "
-                "give a folder that save_pretrained wrote, or fetch the model again"
-            ) from None
+        base = from_files(
+            transformers.AutoModelForCausalLM,
+            found,
+            "a complete causal language model",
+            "give a folder that save_pretrained wrote, or fetch the model again",
+            dtype=getattr(torch, base_dtype),
+        )
         rows = base.get_input_embeddings().num_embeddings
         if vocab_size is not None and vocab_size > rows:
             raise ConfigError(

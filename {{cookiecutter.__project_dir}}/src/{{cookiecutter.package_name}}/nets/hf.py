@@ -114,6 +114,24 @@ class HFNet(nn.Module):
             )
 
 
+def from_files(auto_class: Any, found: Pretrained, kind: str, fix: str, **options: Any) -> nn.Module:
+    """``auto_class.from_pretrained`` of ``found``'s folder, offline and never running the folder's code.
+
+    Raises:
+        ValueError: the folder does not hold a ``kind`` model (names it, the error, and ``fix``).
+    """
+    try:
+        return auto_class.from_pretrained(
+            found.folder,
+            local_files_only=True,
+            trust_remote_code=False,  # a folder's own Python never runs (engine.pretrained.check_data_only)
+            use_safetensors=True,  # never a pickled pytorch_model.bin
+            **options,
+        )
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigError(f"net.model: {found.folder} is not {kind} ({error}); {fix}") from None
+
+
 def _base_keys_are_not_missing(module: HFNet, incompatible: Any) -> None:
     """A LoRA checkpoint lacks the base's entries by design: drop them from the missing keys."""
     if not module.base_keys:

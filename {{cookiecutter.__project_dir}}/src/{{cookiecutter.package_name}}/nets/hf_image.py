@@ -15,7 +15,7 @@ from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.pretrained import locate
-from {{ cookiecutter.package_name }}.nets.hf import HFNet, LoRA, libraries
+from {{ cookiecutter.package_name }}.nets.hf import HFNet, LoRA, from_files, libraries
 
 HEAD = "classifier"  # the new head's name in every transformers image classifier
 
@@ -58,19 +58,14 @@ class HFImageClassifier(HFNet):
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # its load report lists the new head as missing: by design
         try:
-            base = transformers.AutoModelForImageClassification.from_pretrained(
-                found.folder,
+            base = from_files(
+                transformers.AutoModelForImageClassification,
+                found,
+                "an image model transformers can classify with",
+                "give a folder that save_pretrained wrote for a vision model (ViT, DINOv2, ConvNeXt, ResNet, ...)",
                 num_labels=num_classes,
                 ignore_mismatched_sizes=True,  # a folder's own head for other classes is replaced
-                local_files_only=True,
-                trust_remote_code=False,  # a folder's own Python never runs (engine.pretrained.check_data_only)
-                use_safetensors=True,  # never a pickled pytorch_model.bin
             )
-        except (OSError, ValueError, KeyError) as error:
-            raise ConfigError(
-                f"net.model: {found.folder} is not an image model transformers can classify with ({error}); "
-                "give a folder that save_pretrained wrote for a vision model (ViT, DINOv2, ConvNeXt, ResNet, ...)"
-            ) from None
         finally:
             transformers.logging.set_verbosity(verbosity)
         channels = getattr(base.config, "num_channels", 3)
