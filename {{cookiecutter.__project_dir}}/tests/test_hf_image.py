@@ -106,6 +106,17 @@ def test_a_folder_without_a_readable_preprocessing_is_named(tmp_path: Path) -> N
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"size": dict(height=32, width=48)}))
     with pytest.raises(ConfigError, match=r"size \{'height': 32, 'width': 48\} is not square"):
         image_preprocessing(tmp_path)
+    hostile = {  # a file that is not what transformers writes: named in one line, never decoded into memory
+        "not JSON": ("{size", "is not readable JSON"),
+        "a list": ("[]", "is not a JSON object"),
+        "a size in text": (json.dumps({"size": dict(height="32", width="32")}), "must be whole pixels"),
+        "a million pixels a side": (json.dumps({"size": dict(height=10**6, width=10**6)}), "from 1 to 4096"),
+    }
+    hostile["an edge in text"] = (json.dumps({"size": dict(shortest_edge="x"), "crop_pct": 0.9}), "whole pixels")
+    for text, message in hostile.values():
+        (tmp_path / "preprocessor_config.json").write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            image_preprocessing(tmp_path)
 
 
 @pytest.mark.parametrize("kind", sorted(PROCESSORS))

@@ -366,7 +366,7 @@ class ChatAPI(ls.LitAPI):
         """A step of every answer in progress: its next piece (an OK output), and for an answer that
         ended (its last piece given, its client gone, or an error) a FINISH_STREAMING or ERROR output."""
         outputs: list[Output] = []
-        gone = set(self.spec.cancelled.keys()) if self.spec.cancelled else set()
+        gone = set(self.spec.cancelled.keys())  # one round trip to the manager per step
         for uid, answer in list(self.answers.items()):
             request_id = answer.request.metadata[REQUEST_ID]
             self.progress[self.slot] = time.monotonic()

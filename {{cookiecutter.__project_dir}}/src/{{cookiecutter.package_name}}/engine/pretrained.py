@@ -23,6 +23,7 @@ from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFi
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 # Weights as a pickle: loading one can run code, so only safetensors are loaded.
 PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+MAX_IMAGE_SIDE = 4096  # pixels: a preprocessor_config.json asking for more is refused, not decoded into memory
 HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
 
@@ -143,8 +144,13 @@ def image_preprocessing(folder: Path, key: str = "data.pretrained") -> dict[str,
             f"{key}: {folder} has no preprocessor_config.json, which says how its images were prepared in "
             "pretraining (size, crop, mean, std); copy it from the model's hub page or set data.image_size yourself"
         )
-    config = json.loads(path.read_text(encoding="utf-8"))
     where = f"{key}: {path}"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ConfigError(f"{where} is not readable JSON ({error}); copy the file again from the model") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{where} is not a JSON object; copy the file again from the model")
     if not config.get("do_rescale", True) or abs(config.get("rescale_factor", 1 / 255) - 1 / 255) > 1e-9:
         raise ConfigError(f"{where} does not rescale pixels to [0, 1] (rescale_factor 1/255), as this DataModule does")
     size, crop = config.get("size", {}), config.get("crop_size")
@@ -158,6 +164,8 @@ def image_preprocessing(folder: Path, key: str = "data.pretrained") -> dict[str,
         image_size, crop_size = size["height"], None
     elif "shortest_edge" in size:
         edge = size["shortest_edge"]
+        if not isinstance(edge, int) or edge < 1:
+            raise ConfigError(f"{where}: shortest_edge {edge!r} must be whole pixels from 1 to {MAX_IMAGE_SIDE}")
         if config.get("do_center_crop", crop is not None) and crop:
             if crop["height"] != crop.get("width"):
                 raise ConfigError(f"{where}: crop_size {crop} is not square; this DataModule crops squares")
@@ -170,7 +178,9 @@ def image_preprocessing(folder: Path, key: str = "data.pretrained") -> dict[str,
             image_size, crop_size = edge, edge  # the shorter side to S, then its centre square
     else:
         raise ConfigError(f"{where}: no size this DataModule understands (height and width, or shortest_edge)")
+    if not all(isinstance(side, int) and 0 < side <= MAX_IMAGE_SIDE for side in (image_size, crop_size or 1)):
+        raise ConfigError(f"{where}: sizes {image_size}, {crop_size} must be whole pixels from 1 to {MAX_IMAGE_SIDE}")
     normalize = config.get("do_normalize", True)
     mean = [float(v) for v in config.get("image_mean", [0.5] * 3)] if normalize else [0.0] * 3
     std = [float(v) for v in config.get("image_std", [0.5] * 3)] if normalize else [1.0] * 3
-    return {"image_size": int(image_size), "crop_size": crop_size, "mean": mean, "std": std}
+    return {"image_size": image_size, "crop_size": crop_size, "mean": mean, "std": std}
