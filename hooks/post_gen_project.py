@@ -32,6 +32,7 @@ TASK_FILES = {
         "src/{package}/nets/mlp.py",
         "src/{package}/nets/pretrained.py",
         "src/{package}/nets/hf_image.py",
+        "src/{package}/nets/timm_net.py",
         "tests/test_data.py",
         "tests/test_ddp.py",
         "tests/test_faults.py",

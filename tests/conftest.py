@@ -78,7 +78,7 @@ TEST_FILES += ["test_trust.py"]
 TASK_PACKAGE_FILES = {
     "image-classification": [
         *("data/digits.py", "data/image_folder.py", "models/classifier.py", "nets/cnn.py", "nets/mlp.py"),
-        *("nets/pretrained.py", "nets/hf.py", "nets/hf_image.py", "engine/pretrained.py"),
+        *("nets/pretrained.py", "nets/hf.py", "nets/hf_image.py", "nets/timm_net.py", "engine/pretrained.py"),
     ],
     "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py"],
     "language-model": [

@@ -138,16 +138,17 @@ def test_the_documented_torch_choices_reach_pip_and_uv_as_written(cookies, tmp_p
         ).stdout
         (line,) = [line for line in dry.splitlines() if installer in line and "torch" in line and "-e" not in line]
         assert line.endswith(cpu), line
-    # torchvision: the release built for the installed torch, which the same command pins.
-    dry = subprocess.run(
-        ["make", "-n", "torchvision"],
-        cwd=project,
-        env={**env, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert 'pip install torchvision "torch==$torch"' in dry
+    # torchvision (and timm beside it): the release built for the installed torch, which the same command pins.
+    for target, packages in (("torchvision", "torchvision"), ("timm", "timm torchvision")):
+        dry = subprocess.run(
+            ["make", "-n", target],
+            cwd=project,
+            env={**env, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert f'pip install {packages} "torch==$torch"' in dry
     assert "vision" not in tomllib.loads((project / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 
 

@@ -75,6 +75,58 @@ def shrunk_args(tmp_path: Path) -> list[str]:
     ]
 
 
+{% if cookiecutter.task == "image-classification" -%}
+def colour_folder(root: Path, per_class: int = 30, seed: int = 0) -> Path:
+    """root/{red,green,blue}/<n>.png: noisy 40x48 images of one dominant colour each: an easy split."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for channel, name in enumerate(("red", "green", "blue")):
+        (root / name).mkdir(parents=True)
+        for index in range(per_class):
+            pixels = rng.integers(0, 90, size=(40, 48, 3))
+            pixels[..., channel] += 150
+            Image.fromarray(pixels.clip(0, 255).astype(np.uint8), mode="RGB").save(root / name / f"{index}.png")
+    return root
+
+
+def assert_fine_tunes_exports_and_predicts(tmp_path: Path, images: Path, args: list[str]) -> tuple[Path, Path, list]:
+    """``fit`` with ``args`` on the colour folder ``images`` (:func:`colour_folder`, 30 a class), then check:
+    test accuracy above chance, ONNX and ``.pt2`` files that score the test split as PyTorch does, and
+    ``predict`` labelling the blue images blue once the training folder is gone.
+
+    Returns the best checkpoint, the folder of the moved blue images and predict's rows.
+    """
+    import csv
+    import importlib.util
+    import shutil
+
+    from {{ cookiecutter.package_name }}.cli import main
+    from {{ cookiecutter.package_name }}.engine.export import export_all
+    from {{ cookiecutter.package_name }}.engine.inference import load_trained
+    from {{ cookiecutter.package_name }}.predict import predict
+
+    cli = main(["fit", *args])
+    accuracy = cli.trainer.callback_metrics["test/acc"].item()
+    assert accuracy > 0.6  # three classes: chance is 1/3
+    checkpoint = Path(cli.trainer.checkpoint_callback.best_model_path)
+    onnx = importlib.util.find_spec("onnxruntime") is not None
+    record = export_all(load_trained(checkpoint), tmp_path / "export", onnx=onnx)
+    assert len(record["files"]) == 1 + onnx
+    for exported in record["files"]:
+        assert record["test_scores"][exported]["acc"] == pytest.approx(accuracy)
+    moved = tmp_path / "moved"
+    shutil.copytree(images / "blue", moved)
+    shutil.rmtree(images)  # the training images are gone: the checkpoint (and the backbone's files) are enough
+    path = predict(ckpt=checkpoint, inputs=str(moved), output=tmp_path / "p.csv", accelerator="cpu")
+    with path.open() as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == 30 and sum(row["label"] == "blue" for row in rows) >= 24
+    return checkpoint, moved, rows
+
+
+{% endif -%}
 def with_tests_importable() -> dict[str, str]:
     """The environment for a fresh process that may build the tests' own callbacks (``SignalAtStep``), which
     a run's saved config names, so a resumed run builds them again."""

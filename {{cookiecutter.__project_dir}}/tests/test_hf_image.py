@@ -2,8 +2,6 @@
 ``pretrained`` preprocessing: tiny random ViT, ConvNeXt and ResNet folders made with ``save_pretrained``."""
 
 import base64
-import csv
-import importlib.util
 import json
 import os
 import shutil
@@ -12,20 +10,15 @@ import sys
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS, ROOT, shrunk_args
-from PIL import Image
+from conftest import CONFIGS, ROOT, assert_fine_tunes_exports_and_predicts, colour_folder, shrunk_args
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
-from {{ cookiecutter.package_name }}.engine.export import export_all
-from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.engine.pretrained import image_preprocessing
 from {{ cookiecutter.package_name }}.nets import HFImageClassifier, LoRA
-from {{ cookiecutter.package_name }}.predict import predict
 
 transformers = pytest.importorskip("transformers", reason="the finetune extra (make install installs it)")
 pytest.importorskip("peft", reason="the finetune extra (make install installs it)")
@@ -76,18 +69,6 @@ def save_tiny(kind: str, folder: Path, classifier_labels: int | None = None) -> 
     processor = {"do_normalize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_resize": True}
     (folder / "preprocessor_config.json").write_text(json.dumps({**processor, **PROCESSORS[kind]}))
     return folder
-
-
-def colour_folder(root: Path, per_class: int = 30, seed: int = 0) -> Path:
-    """root/{red,green,blue}/<n>.png: noisy 40x48 images of one dominant colour each: an easy split."""
-    rng = np.random.default_rng(seed)
-    for channel, name in enumerate(("red", "green", "blue")):
-        (root / name).mkdir(parents=True)
-        for index in range(per_class):
-            pixels = rng.integers(0, 90, size=(40, 48, 3))
-            pixels[..., channel] += 150
-            Image.fromarray(pixels.clip(0, 255).astype(np.uint8), mode="RGB").save(root / name / f"{index}.png")
-    return root
 
 
 @pytest.mark.parametrize("kind", sorted(PROCESSORS))
@@ -167,26 +148,11 @@ def test_a_backbone_fine_tunes_above_chance_and_predicts_with_the_images_moved(k
     args += [f"--data.init_args.pretrained={folder}", f"--model.init_args.net={NET}"]
     args += [f"--model.init_args.net.init_args.model={folder}", "--model.init_args.optimizer.init_args.lr=0.003"]
     args += ["--trainer.max_epochs=4", "--data.init_args.batch_size=16"]
-    cli = main(["fit", *args])
-    assert cli.trainer.callback_metrics["test/acc"] > 0.6  # three classes: chance is 1/3
-    checkpoint = Path(cli.trainer.checkpoint_callback.best_model_path)
+    checkpoint, moved, rows = assert_fine_tunes_exports_and_predicts(tmp_path, images, args)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     data = next(value for key, value in state.items() if key.endswith("ImageFolderDataModule"))
     assert (data["mean"], data["std"]) == (PROCESSORS[kind]["image_mean"], PROCESSORS[kind]["image_std"])
     assert (data["image_size"], data["crop_size"]) == SETTINGS[kind]
-    # ONNX and torch.export files of the fine-tuned backbone score the test split as PyTorch does.
-    record = export_all(
-        load_trained(checkpoint), tmp_path / "export", onnx=importlib.util.find_spec("onnxruntime") is not None
-    )
-    for exported in record["files"]:
-        assert record["test_scores"][exported]["acc"] == pytest.approx(cli.trainer.callback_metrics["test/acc"].item())
-    moved = tmp_path / "moved"
-    shutil.copytree(images / "blue", moved)
-    shutil.rmtree(images)  # the training images are gone: the checkpoint and the backbone folder are enough
-    path = predict(ckpt=checkpoint, inputs=str(moved), output=tmp_path / "p.csv", accelerator="cpu")
-    with path.open() as file:
-        rows = list(csv.DictReader(file))
-    assert len(rows) == 30 and sum(row["label"] == "blue" for row in rows) >= 24
     if kind == "vit":  # the server (one architecture: it adds a server start to the test) answers as predict does
         from conftest import serving
 

@@ -93,14 +93,21 @@ class ImageFolderDataModule(ResumableDataModule):
             decoding ``root`` into memory (``image_size`` must be the one it was prepared with).
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
         pretrained: the folder or hub id (local cache) of the pretrained backbone (``net.model`` of
-            ``nets.HFImageClassifier``): its ``preprocessor_config.json`` sets ``image_size``,
+            ``nets.HFImageClassifier`` or ``nets.TimmNet``): its ``preprocessor_config.json``
+            (transformers) or its ``config.json``'s ``pretrained_cfg`` (timm) sets ``image_size``,
             ``crop_size`` and the per-channel mean and std (in place of the training split's), as the
             backbone saw images in pretraining (:func:`engine.pretrained.image_preprocessing`), and
             images are RGB. The checkpoint keeps them for predict, export and serve.
+        mean, std: per-channel mean and standard deviation of pixels in [0, 1] that a backbone was
+            pretrained with, in place of the training split's (for weights that come without a
+            preprocessing file, such as torchvision's: ImageNet's ``[0.485, 0.456, 0.406]`` and
+            ``[0.229, 0.224, 0.225]``); 3 values each (images become RGB) or 1 (grey). Set with
+            ``image_size`` and ``crop_size``; ``pretrained`` sets all four instead.
 
     Raises:
-        ValueError: ``image_size`` below 4, ``crop_size`` larger than ``image_size`` or ``crop_scale``
-            not within (0, 1] (named when the config is read); ``root`` is missing, holds no images or
+        ValueError: ``image_size`` below 4, ``crop_size`` larger than ``image_size``, ``crop_scale``
+            not within (0, 1], ``mean`` without ``std`` (or beside ``pretrained``), of other lengths
+            or with a ``std`` not above 0 (named when the config is read); ``root`` is missing, holds no images or
             a single class, a class folder has too
             few images to split, or (without ``skip_unreadable``) a file is not a readable image;
             the message names the folder or the file and the fix.
@@ -124,10 +131,12 @@ class ImageFolderDataModule(ResumableDataModule):
         pin_memory: bool = False,
         persistent_workers: bool = False,
         pretrained: str | None = None,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
     ) -> None:
         super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
         check_fractions(val_fraction, test_fraction)
-        self.pretrained_stats: tuple[list[float], list[float]] | None = None
+        self.pretrained_stats = given_stats(mean, std, pretrained)
         if pretrained is not None:  # sizes and statistics the backbone was pretrained with, in place of the data's
             preprocessing = image_preprocessing(locate(pretrained, key="data.pretrained").folder)
             image_size, crop_size = preprocessing["image_size"], preprocessing["crop_size"]
@@ -144,7 +153,7 @@ class ImageFolderDataModule(ResumableDataModule):
                 f"data.crop_scale={list(crop_scale)} must be [lowest, highest] with 0 < lowest <= highest <= 1"
             )
         self.save_hyperparameters()
-        if self.pretrained_stats is not None:  # LightningCLI gives hparams the config's values: set the backbone's
+        if pretrained is not None:  # LightningCLI gives hparams the config's values: set the backbone's
             self.hparams.image_size, self.hparams.crop_size = image_size, crop_size
         # Found by scanning root when first asked (the CLI asks while it builds the model), or
         # restored from a checkpoint (load_state_dict), which then never rescans for inference.
@@ -207,7 +216,9 @@ class ImageFolderDataModule(ResumableDataModule):
                 f"data.root={self.hparams.root}: class folders {class_names} are not the classes this model was "
                 f"trained on {self._class_names}; restore them, or predict on files (INPUTS=), which needs no folder"
             )
-        pretrained_mode = "RGB" if self.pretrained_stats else None  # a pretrained backbone's filters see colour
+        # A pretrained backbone's filters see what it was trained on: colour, or grey with one mean and std.
+        stats = self.pretrained_stats
+        pretrained_mode = None if stats is None else "L" if len(stats[0]) == 1 else "RGB"
         self.files, self._class_names, self._mode = files, class_names, self._mode or pretrained_mode or mode
 
     # ---- finding the files (headers only: cheap, and every bad file is named before training) -------
@@ -528,13 +539,37 @@ class ImageFolderDataModule(ResumableDataModule):
         """Restore the classes, mode and statistics the model was trained with: inference never rescans the folder."""
         super().load_state_dict(state_dict)
         trained_at = (state_dict.get("image_size"), state_dict.get("crop_size"))
-        if self.pretrained_stats is not None and "image_size" in state_dict and trained_at != self._sizes():
+        if self.hparams.pretrained is not None and "image_size" in state_dict and trained_at != self._sizes():
             raise ConfigError(
-                f"data.pretrained={self.hparams.pretrained}: its preprocessor_config.json now gives image_size and "
+                f"data.pretrained={self.hparams.pretrained}: its preprocessing file now gives image_size and "
                 f"crop_size {self._sizes()}, but the model was trained at {trained_at}: restore that folder's file"
             )
         self.mean, self.std = state_dict["mean"], state_dict["std"]
         self._class_names, self._mode = list(state_dict["class_names"]), state_dict["mode"]
+
+
+def given_stats(
+    mean: list[float] | None, std: list[float] | None, pretrained: str | None
+) -> tuple[list[float], list[float]] | None:
+    """``(mean, std)`` given in the config, checked; None to use the training split's (or ``pretrained``'s).
+
+    Raises:
+        ValueError: one without the other, beside ``pretrained``, not 1 or 3 values each, or a std not above 0.
+    """
+    if mean is None and std is None:
+        return None
+    if pretrained is not None:
+        raise ConfigError(
+            "data.mean and data.std come from data.pretrained's preprocessing file: set pretrained, or mean and std"
+        )
+    if mean is None or std is None or len(mean) != len(std) or len(mean) not in (1, 3):
+        raise ConfigError(
+            f"data.mean={mean} and data.std={std} must both be given, 3 values each (RGB) or 1 (grey): "
+            "the per-channel statistics of pixels in [0, 1] the backbone was pretrained with"
+        )
+    if min(std) <= 0:
+        raise ConfigError(f"data.std={std} must be above 0 in every channel")
+    return [float(v) for v in mean], [float(v) for v in std]
 
 
 def image_files(root: Path) -> list[Path]:

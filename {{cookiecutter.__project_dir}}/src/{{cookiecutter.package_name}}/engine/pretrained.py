@@ -12,6 +12,7 @@ compute nodes are offline. https://huggingface.co/docs/huggingface_hub/guides/do
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,14 +86,19 @@ def check_data_only(folder: Path, key: str = "net.model") -> None:
             folder (``auto_map``) for a ``model_type`` transformers does not implement, or the weights
             are pickled only (``pytorch_model.bin``, ``.pt``) with no ``.safetensors`` beside them.
     """
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    try:
+        from transformers.models.auto import configuration_auto
+
+        implemented = configuration_auto.CONFIG_MAPPING_NAMES
+    except ImportError:  # timm's folders without transformers: every auto_map is code to refuse
+        implemented = {}
 
     for name in ("config.json", "tokenizer_config.json"):
         try:
             config = json.loads((folder / name).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(config, dict) and config.get("auto_map") and config.get("model_type") not in CONFIG_MAPPING_NAMES:
+        if isinstance(config, dict) and config.get("auto_map") and config.get("model_type") not in implemented:
             raise ConfigError(
                 f"{key}: {folder / name} maps model_type {config.get('model_type')!r} to Python code in the folder "
                 "(auto_map), which this project never runs (trust_remote_code=False): use a model transformers "
@@ -123,34 +129,43 @@ def fingerprint(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def image_preprocessing(folder: Path, key: str = "data.pretrained") -> dict[str, Any]:
-    """How a vision model's images were prepared in pretraining, from its ``preprocessor_config.json``, as
-    the image-folder DataModule's settings: ``image_size``, ``crop_size`` (None: no crop), ``mean``, ``std``.
+def has_image_preprocessing(folder: Path) -> bool:
+    """Whether ``folder`` says how its images were prepared in pretraining (transformers' or timm's file)."""
+    return (folder / "preprocessor_config.json").is_file() or _timm_config(folder) is not None
 
-    transformers' image processors store it in one of three shapes (read as data; no processor class
-    is loaded): ``size: {height, width}`` (ViT: every image resized to that square), ``size:
-    {shortest_edge: S}`` with ``crop_pct`` p (ConvNeXt, ResNet: shorter side to S / p, centre crop S),
-    or ``size: {shortest_edge: S}`` with ``crop_size: {height, width}`` (DINOv2, CLIP: shorter side
-    to S, centre crop). Mean and std are per channel of pixels in [0, 1] (``do_normalize`` false: 0
-    and 1). https://huggingface.co/docs/transformers/main_classes/image_processor
+
+def image_preprocessing(folder: Path, key: str = "data.pretrained") -> dict[str, Any]:
+    """How a vision model's images were prepared in pretraining, as the image-folder DataModule's
+    settings: ``image_size``, ``crop_size`` (None: no crop), ``mean``, ``std``; from transformers'
+    ``preprocessor_config.json`` or else timm's ``config.json`` (its ``pretrained_cfg``), read as data.
+
+    transformers' image processors store it in one of three shapes (no processor class is loaded):
+    ``size: {height, width}`` (ViT: every image resized to that square), ``size: {shortest_edge: S}``
+    with ``crop_pct`` p (ConvNeXt, ResNet: shorter side to S / p, centre crop S), or ``size:
+    {shortest_edge: S}`` with ``crop_size: {height, width}`` (DINOv2, CLIP: shorter side to S, centre
+    crop). https://huggingface.co/docs/transformers/main_classes/image_processor. timm's
+    ``pretrained_cfg`` gives ``input_size`` [C, S, S] and ``crop_pct`` p: shorter side to floor(S / p),
+    centre crop S (``timm.data.create_transform``'s evaluation transform, ``crop_mode`` "center").
+    Mean and std are per channel of pixels in [0, 1] (transformers' ``do_normalize`` false: 0 and 1).
 
     Raises:
-        MissingFileError: the folder has no ``preprocessor_config.json``.
-        ConfigError: a size this DataModule cannot reproduce (not square), or pixels not rescaled to [0, 1].
+        MissingFileError: the folder has neither file.
+        ConfigError: a file that is not JSON, a size this DataModule cannot reproduce (not square, not
+            whole pixels from 1 to ``MAX_IMAGE_SIDE``, timm's "squash" or "border" crops), or pixels
+            not rescaled to [0, 1].
     """
     path = folder / "preprocessor_config.json"
     if not path.is_file():
+        timm_config = _timm_config(folder)
+        if timm_config is not None:
+            return _timm_preprocessing(timm_config, f"{key}: {folder / 'config.json'}")
         raise MissingFileError(
-            f"{key}: {folder} has no preprocessor_config.json, which says how its images were prepared in "
-            "pretraining (size, crop, mean, std); copy it from the model's hub page or set data.image_size yourself"
+            f"{key}: {folder} has no preprocessor_config.json (transformers) or config.json with a pretrained_cfg "
+            "(timm), which say how its images were prepared in pretraining (size, crop, mean, std); copy it "
+            "from the model's hub page, or set data.image_size, crop_size, mean and std yourself"
         )
     where = f"{key}: {path}"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ConfigError(f"{where} is not readable JSON ({error}); copy the file again from the model") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{where} is not a JSON object; copy the file again from the model")
+    config = _json_object(path, where)
     if not config.get("do_rescale", True) or abs(config.get("rescale_factor", 1 / 255) - 1 / 255) > 1e-9:
         raise ConfigError(f"{where} does not rescale pixels to [0, 1] (rescale_factor 1/255), as this DataModule does")
     size, crop = config.get("size", {}), config.get("crop_size")
@@ -178,9 +193,125 @@ def image_preprocessing(folder: Path, key: str = "data.pretrained") -> dict[str,
             image_size, crop_size = edge, edge  # the shorter side to S, then its centre square
     else:
         raise ConfigError(f"{where}: no size this DataModule understands (height and width, or shortest_edge)")
-    if not all(isinstance(side, int) and 0 < side <= MAX_IMAGE_SIDE for side in (image_size, crop_size or 1)):
-        raise ConfigError(f"{where}: sizes {image_size}, {crop_size} must be whole pixels from 1 to {MAX_IMAGE_SIDE}")
     normalize = config.get("do_normalize", True)
-    mean = [float(v) for v in config.get("image_mean", [0.5] * 3)] if normalize else [0.0] * 3
-    std = [float(v) for v in config.get("image_std", [0.5] * 3)] if normalize else [1.0] * 3
-    return {"image_size": image_size, "crop_size": crop_size, "mean": mean, "std": std}
+    mean = config.get("image_mean", [0.5] * 3) if normalize else [0.0] * 3
+    std = config.get("image_std", [0.5] * 3) if normalize else [1.0] * 3
+    return _settings(where, image_size, crop_size, mean, std)
+
+
+def _json_object(path: Path, where: str) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ConfigError(f"{where} is not readable JSON ({error}); copy the file again from the model") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{where} is not a JSON object; copy the file again from the model")
+    return config
+
+
+def _timm_config(folder: Path) -> dict[str, Any] | None:
+    """timm's ``pretrained_cfg`` from ``folder/config.json`` (a timm hub repository's), or None if it has none."""
+    path = folder / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None  # not timm's: image_preprocessing then names the missing file
+    return config.get("pretrained_cfg") if isinstance(config, dict) and "architecture" in config else None
+
+
+def _timm_preprocessing(config: Any, where: str) -> dict[str, Any]:
+    if not isinstance(config, dict):
+        raise ConfigError(f"{where}: pretrained_cfg is not a JSON object; copy the file again from the model")
+    input_size, crop_pct = config.get("input_size"), config.get("crop_pct", 0.875)
+    if not (isinstance(input_size, list) and len(input_size) == 3):
+        raise ConfigError(f"{where}: pretrained_cfg.input_size {input_size!r} is not [channels, height, width]")
+    if input_size[1] != input_size[2]:
+        raise ConfigError(f"{where}: input_size {input_size} is not square; this DataModule makes square images")
+    if isinstance(crop_pct, bool) or not isinstance(crop_pct, int | float) or not 0.1 <= crop_pct <= 1:
+        raise ConfigError(f"{where}: crop_pct {crop_pct!r} must be a number from 0.1 to 1")
+    if config.get("crop_mode", "center") != "center":
+        raise ConfigError(
+            f"{where}: crop_mode {config['crop_mode']!r}: this DataModule reproduces timm's 'center' crop only "
+            "(shorter side to input_size / crop_pct, then the centre square); set data.image_size and crop_size "
+            "yourself"
+        )
+    side = input_size[1]
+    image_size = math.floor(side / crop_pct) if isinstance(side, int) else side
+    return _settings(where, image_size, side, config.get("mean", [0.5] * 3), config.get("std", [0.5] * 3))
+
+
+def _settings(where: str, image_size: Any, crop_size: Any, mean: Any, std: Any) -> dict[str, Any]:
+    """The DataModule's settings, checked: whole pixels within ``MAX_IMAGE_SIDE``, 3 numbers each of mean and std."""
+    sides = (image_size, crop_size or 1)
+    if not all(isinstance(side, int) and not isinstance(side, bool) and 0 < side <= MAX_IMAGE_SIDE for side in sides):
+        raise ConfigError(f"{where}: sizes {image_size}, {crop_size} must be whole pixels from 1 to {MAX_IMAGE_SIDE}")
+    for name, values in (("mean", mean), ("std", std)):
+        if not (isinstance(values, list) and len(values) == 3 and all(isinstance(v, int | float) for v in values)):
+            raise ConfigError(f"{where}: {name} {values!r} is not 3 numbers, one per RGB channel")
+    if min(std) <= 0:
+        raise ConfigError(f"{where}: std {std} must be above 0 in every channel")
+    return {
+        "image_size": image_size,
+        "crop_size": crop_size,
+        "mean": [float(v) for v in mean],
+        "std": [float(v) for v in std],
+    }
+
+
+def read_weights(file: Path, architecture: str, key: str = "net.weights") -> dict[str, Any]:
+    """A weights file's tensors by name: ``.safetensors``, or a pickle read with ``torch.load(weights_only=True)``
+    (PyTorch's restricted unpickler: tensors and plain containers only, no code runs). A checkpoint
+    that nests them (``{"state_dict": ...}``, ``{"model": ...}``) is unwrapped.
+
+    Raises:
+        MissingFileError: no such file.
+        ConfigError: not a weights file, or one that cannot be read without running code.
+    """
+    import torch
+
+    if not file.is_file():
+        raise MissingFileError(f"{key}: {file} does not exist; give the weights file of {architecture}")
+    if not file.name.endswith((".safetensors", *PICKLED_SUFFIXES)):
+        raise ConfigError(f"{key}: {file} is not a weights file (.safetensors, .pth, .pt, .bin)")
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(file)
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # safetensors' and the unpickler's errors share no base class
+        raise ConfigError(
+            f"{key}: {file} is not a readable weights file ({type(error).__name__}: {str(error)[:200]}); a pickle "
+            "that needs code to load is refused: save its state_dict as .safetensors where you trust it"
+        ) from None
+    for nested in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(nested), dict):
+            state = state[nested]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(f"{key}: {file} holds no tensors by name (a state_dict); give {architecture}'s weights")
+    return state
+
+
+def load_all_weights(
+    model: Any, state: dict[str, Any], file: Path, architecture: str, key: str = "net.weights"
+) -> None:
+    """Load ``state`` into ``model``, every weight of each or an error: never a half-loaded backbone.
+
+    ``model.load_state_dict(strict=False)`` (what timm's own loader falls back to when the classifier
+    differs) would load a file of another model as nothing at all, with a log line at most.
+
+    Raises:
+        ConfigError: weights missing from the file, weights the model lacks, or shapes that differ.
+    """
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as error:  # shapes that differ
+        raise ConfigError(f"{key}: {file} does not fit {architecture}: {str(error)[:300]}") from None
+    if missing or unexpected:
+        raise ConfigError(
+            f"{key}: {file} is not {architecture}'s: {len(missing)} of its weights are missing "
+            f"({', '.join(missing[:3])}) and {len(unexpected)} unknown ({', '.join(unexpected[:3])})"
+        )

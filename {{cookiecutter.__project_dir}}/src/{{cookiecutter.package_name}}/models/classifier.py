@@ -12,7 +12,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
-from {{ cookiecutter.package_name }}.engine.pretrained import image_preprocessing
+from {{ cookiecutter.package_name }}.engine.pretrained import has_image_preprocessing, image_preprocessing
 
 
 class ImageClassifier(TrainingModule):
@@ -77,7 +77,7 @@ class ImageClassifier(TrainingModule):
 
 
 def check_preprocessing_fits(net: nn.Module, datamodule: Any) -> None:
-    """Refuse to train a pretrained backbone (a net whose ``folder`` has a ``preprocessor_config.json``) on
+    """Refuse to train a pretrained backbone (a net whose ``folder`` says how its images were prepared) on
     images not prepared as in its pretraining: other sizes or another normalisation would be learnt
     around, silently, instead of the features the backbone has.
 
@@ -85,14 +85,14 @@ def check_preprocessing_fits(net: nn.Module, datamodule: Any) -> None:
         ValueError: the DataModule's sizes, mean or std are not the backbone's (names the fix).
     """
     folder = getattr(net, "folder", None)
-    if folder is None or datamodule is None or not (folder / "preprocessor_config.json").is_file():
+    if folder is None or datamodule is None or not has_image_preprocessing(folder):
         return
     wanted = image_preprocessing(folder, key="net.model")
     hparams = getattr(datamodule, "hparams", {})
     given = (hparams.get("image_size"), hparams.get("crop_size"), getattr(datamodule, "pretrained_stats", None))
     if given != (wanted["image_size"], wanted["crop_size"], (wanted["mean"], wanted["std"])):
         raise ConfigError(
-            f"net.model {folder} was pretrained on images prepared as its preprocessor_config.json says "
+            f"net.model {folder} was pretrained on images prepared as its preprocessing file says "
             f"({wanted['image_size']} px, crop {wanted['crop_size']}, its own mean and std), but the data prepares "
             "them otherwise: set data.init_args.pretrained to the same model as net.model "
             "(configs/experiments/transfer-learning.yaml does)"

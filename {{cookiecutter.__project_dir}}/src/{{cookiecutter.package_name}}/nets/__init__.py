@@ -23,6 +23,7 @@ from .hf import LoRA
 from .hf_image import HFImageClassifier
 from .mlp import MLP
 from .pretrained import PretrainedNet
+from .timm_net import TimmNet
 
-__all__ = ["CNN", "MLP", "HFImageClassifier", "LoRA", "PretrainedNet"]
+__all__ = ["CNN", "MLP", "HFImageClassifier", "LoRA", "PretrainedNet", "TimmNet"]
 {%- endif %}
