@@ -46,6 +46,7 @@ TASK_FILES = {
         "tests/test_hf_image.py",
         "configs/experiments/image-folder.yaml",
         "configs/experiments/transfer-learning.yaml",
+        "configs/experiments/timm.yaml",
     ],
     "tabular": [
         "src/{package}/data/tabular.py",
@@ -79,7 +80,6 @@ TASK_FILES = {
 
 # The files some task families share (pretrained Hugging Face models), and those families.
 SHARED_TASK_FILES = {
-    "src/{package}/engine/pretrained.py": ("image-classification", "language-model"),
     "src/{package}/nets/hf.py": ("image-classification", "language-model"),
 }
 

@@ -66,6 +66,7 @@ PACKAGE_FILES += ["engine/environment.py"]
 PACKAGE_FILES += ["engine/module.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
 PACKAGE_FILES += ["engine/runs.py", "engine/serving.py", "engine/prepared.py", "engine/trust.py"]
+PACKAGE_FILES += ["engine/pretrained.py"]
 PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
     for name in ("__init__", "finetuning", "finite", "plots", "predictions", "preemption", "progress")
@@ -78,12 +79,12 @@ TEST_FILES += ["test_trust.py"]
 TASK_PACKAGE_FILES = {
     "image-classification": [
         *("data/digits.py", "data/image_folder.py", "models/classifier.py", "nets/cnn.py", "nets/mlp.py"),
-        *("nets/pretrained.py", "nets/hf.py", "nets/hf_image.py", "nets/timm_net.py", "engine/pretrained.py"),
+        *("nets/pretrained.py", "nets/hf.py", "nets/hf_image.py", "nets/timm_net.py"),
     ],
     "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py"],
     "language-model": [
         *("data/text.py", "data/corpora/moby_dick.txt.gz", "models/language_model.py", "nets/gpt.py"),
-        *("data/prompts.py", "data/tokenizer.py", "engine/pretrained.py", "nets/causal_lm.py", "generate.py"),
+        *("data/prompts.py", "data/tokenizer.py", "nets/causal_lm.py", "generate.py"),
         *("engine/openai_api.py", "nets/hf.py"),
     ],
 }
@@ -97,7 +98,9 @@ TASK_TEST_FILES = {
     "language-model": ["test_language_model.py", "test_finetune.py", "test_tokenizer.py", "test_openai_api.py"],
 }
 TASK_CONFIG_FILES = {
-    "image-classification": ["experiments/image-folder.yaml", "experiments/transfer-learning.yaml"],
+    "image-classification": [
+        *("experiments/image-folder.yaml", "experiments/transfer-learning.yaml", "experiments/timm.yaml"),
+    ],
     "tabular": ["experiments/tabular-csv.yaml", "experiments/tabular-regression.yaml"],
     "language-model": [
         "experiments/text-folder.yaml",

@@ -91,10 +91,12 @@ def colour_folder(root: Path, per_class: int = 30, seed: int = 0) -> Path:
     return root
 
 
-def assert_fine_tunes_exports_and_predicts(tmp_path: Path, images: Path, args: list[str]) -> tuple[Path, Path, list]:
+def assert_fine_tunes_exports_and_predicts(
+    tmp_path: Path, images: Path, args: list[str], onnx: bool = True
+) -> tuple[Path, Path, list]:
     """``fit`` with ``args`` on the colour folder ``images`` (:func:`colour_folder`, 30 a class), then check:
-    test accuracy above chance, ONNX and ``.pt2`` files that score the test split as PyTorch does, and
-    ``predict`` labelling the blue images blue once the training folder is gone.
+    test accuracy above chance, ONNX (with ``onnx`` and onnxruntime) and ``.pt2`` files that score the test
+    split as PyTorch does, and ``predict`` labelling the blue images blue once the training folder is gone.
 
     Returns the best checkpoint, the folder of the moved blue images and predict's rows.
     """
@@ -111,7 +113,7 @@ def assert_fine_tunes_exports_and_predicts(tmp_path: Path, images: Path, args: l
     accuracy = cli.trainer.callback_metrics["test/acc"].item()
     assert accuracy > 0.6  # three classes: chance is 1/3
     checkpoint = Path(cli.trainer.checkpoint_callback.best_model_path)
-    onnx = importlib.util.find_spec("onnxruntime") is not None
+    onnx = onnx and importlib.util.find_spec("onnxruntime") is not None
     record = export_all(load_trained(checkpoint), tmp_path / "export", onnx=onnx)
     assert len(record["files"]) == 1 + onnx
     for exported in record["files"]:
@@ -124,6 +126,44 @@ def assert_fine_tunes_exports_and_predicts(tmp_path: Path, images: Path, args: l
         rows = list(csv.DictReader(file))
     assert len(rows) == 30 and sum(row["label"] == "blue" for row in rows) >= 24
     return checkpoint, moved, rows
+
+
+def readme_commands(section: str) -> list[str]:
+    """The commands of the first bash block of the README's ``- **<section>**:`` item, comments dropped."""
+    text = (ROOT / "README.md").read_text().split(f"- **{section}**:", 1)[1].split("\n- **", 1)[0]
+    block = text.split("```bash", 1)[1].split("```", 1)[0]
+    return [line.split("#")[0].strip() for line in block.strip().splitlines()]
+
+
+def hub_snapshot(cache: Path, model_id: str) -> Path:
+    """The folder that ``hf download <model_id>`` fills in the Hugging Face cache ``cache`` (``HF_HUB_CACHE``),
+    with the cache's refs/main pointing at it; the caller writes the model's files into it."""
+    repo = cache / f"models--{model_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    return repo / "snapshots" / commit
+
+
+def run_readme_training(tmp_path: Path, command: str, cache: Path) -> dict[str, float]:
+    """Run a README ``make train`` command as written, in a copy of the project, offline with the Hugging Face
+    cache ``cache``, on :func:`colour_folder` images in place of its ``DIR`` (8 epochs of batches of 16);
+    return the test metrics it wrote."""
+    import shutil
+
+    project = tmp_path / "project"
+    shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(".venv", "logs", ".git", "wandb", "__pycache__"))
+    images = colour_folder(tmp_path / "images", per_class=40)
+    short = "--trainer.max_epochs=8 --data.init_args.batch_size=16"  # tiny data: 8 epochs of 6 steps
+    command = command.replace("--data.init_args.root=DIR", f"--data.init_args.root={images} {short}")
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    env.pop("PYTEST_ADDOPTS", None)
+    done = subprocess.run(
+        ["bash", "-c", f"{command} PYTHON={sys.executable}"], cwd=project, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    (summary,) = (project / "logs").rglob("test_metrics.json")
+    return json.loads(summary.read_text())["metrics"]
 
 
 {% endif -%}

@@ -10,7 +10,16 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import CONFIGS, assert_fine_tunes_exports_and_predicts, colour_folder, shrunk_args
+import yaml
+from conftest import (
+    CONFIGS,
+    assert_fine_tunes_exports_and_predicts,
+    colour_folder,
+    hub_snapshot,
+    readme_commands,
+    run_readme_training,
+    shrunk_args,
+)
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
@@ -281,3 +290,22 @@ def test_a_library_backbone_fine_tunes_exports_and_predicts_offline(case: str, t
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     data = next(value for key, value in state.items() if key.endswith("ImageFolderDataModule"))
     assert {key: data[key] for key in expected} == expected  # what predict, export and serve prepare images with
+
+
+@pytest.mark.slow
+@needs_timm
+def test_the_readmes_timm_transfer_learning_runs_offline_as_written(tmp_path: Path) -> None:
+    """The README's timm commands as written, in a copy of the project: ``make timm`` is what CI's
+    .ci/vision ran to make this environment; ``hf download`` is not run (no internet): the test puts a
+    tiny timm ResNet (32 px crops of 36 px squares) in a Hugging Face cache of its own under the id the
+    README and timm.yaml name, as the download would."""
+    install, download, train = readme_commands("Transfer learning from timm")
+    assert install == "make timm"
+    model_id = download.removeprefix("hf download ").strip()
+    config = yaml.safe_load((CONFIGS / "experiments" / "timm.yaml").read_text())
+    assert config["model"]["init_args"]["net"]["init_args"]["model"] == model_id
+    assert config["data"]["init_args"]["pretrained"] == model_id
+    cache = tmp_path / "hf-cache"
+    timm_hub_folder(hub_snapshot(cache, model_id), "test_resnet", TIMM_CFG)
+    metrics = run_readme_training(tmp_path, train, cache)
+    assert metrics["test/acc"] > 0.5  # three classes: chance is 1/3

@@ -195,6 +195,14 @@ class ImageFolderDataModule(ResumableDataModule):
     def num_channels(self) -> int:
         return 3 if self.mode == "RGB" else 1
 
+    @property
+    def image_preparation(self) -> dict[str, Any]:
+        """How images reach the net: ``image_size``, ``crop_size``, and the ``mean`` and ``std`` given by
+        ``pretrained`` or the config (None: the training split's). What a pretrained net is checked against
+        (:func:`engine.pretrained.check_preprocessing_fits`)."""
+        mean, std = self.pretrained_stats or (None, None)
+        return {"image_size": self.hparams.image_size, "crop_size": self.hparams.crop_size, "mean": mean, "std": std}
+
     def _find_files(self) -> None:
         """Scan ``root`` once; a model restored from a checkpoint keeps its own class names and mode.
 

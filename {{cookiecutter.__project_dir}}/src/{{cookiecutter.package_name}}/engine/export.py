@@ -99,7 +99,8 @@ def export_onnx(predictor: nn.Module, example: torch.Tensor, dynamic: dict[int, 
     """Write ``path`` (one ONNX file, weights inside) and return an onnxruntime runner of it (CPU).
 
     Raises:
-        ExportError: torch older than 2.9, or a missing export package.
+        ExportError: torch older than 2.9, a missing export package, or a model the exporter cannot
+            convert (names ``--onnx false``).
     """
     version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
     if version < ONNX_MIN_TORCH:
@@ -109,17 +110,27 @@ def export_onnx(predictor: nn.Module, example: torch.Tensor, dynamic: dict[int, 
         )
     require("onnxscript")
     onnxruntime = require("onnxruntime")
-    torch.onnx.export(
-        predictor,
-        (example,),
-        str(path),
-        dynamo=True,
-        external_data=False,
-        input_names=["inputs"],
-        output_names=["outputs"],
-        dynamic_shapes={"inputs": dynamic},
-        verbose=False,
-    )
+    try:
+        torch.onnx.export(
+            predictor,
+            (example,),
+            str(path),
+            dynamo=True,
+            external_data=False,
+            input_names=["inputs"],
+            output_names=["outputs"],
+            dynamic_shapes={"inputs": dynamic},
+            verbose=False,
+        )
+    except Exception as error:  # the exporter's own errors (tracing, decomposition, translation) share no base
+        # e.g. transformers' Swin: its window attention's views fail the exporter's decomposition with a
+        # free batch axis, while torch.export of the same model (model.pt2) works.
+        cause = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+        net = type(getattr(predictor, "net", predictor)).__name__
+        raise ExportError(
+            f"the ONNX exporter cannot convert {net} ({type(error).__name__}: {cause}); "
+            "export model.pt2 alone with --onnx false"
+        ) from error
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return lambda batch: session.run(None, {"inputs": batch.numpy()})[0]
 

@@ -28,6 +28,7 @@ from {{ cookiecutter.package_name }}.engine.contract import ShippableModel
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.optim import WarmupCosine, accepts, parameter_groups
 from {{ cookiecutter.package_name }}.engine.precision import clip_gradients_under_fsdp, fused_optimizer_allowed
+from {{ cookiecutter.package_name }}.engine.pretrained import check_preprocessing_fits
 
 try:  # set while LightningCLI instantiates the model: the net then arrives with its config
     from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
@@ -115,6 +116,8 @@ class TrainingModule(ShippableModel, L.LightningModule):
         return self.net(inputs)
 
     def setup(self, stage: str) -> None:
+        if stage == "fit" and self._trainer is not None:  # a module set up by hand has no trainer, nor data
+            check_preprocessing_fits(self.net, self._trainer.datamodule)
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
         if self.hparams.compile and stage == "fit":

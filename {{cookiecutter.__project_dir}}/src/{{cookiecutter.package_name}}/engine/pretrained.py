@@ -146,7 +146,8 @@ def image_preprocessing(folder: Path, key: str = "data.pretrained") -> dict[str,
     crop). https://huggingface.co/docs/transformers/main_classes/image_processor. timm's
     ``pretrained_cfg`` gives ``input_size`` [C, S, S] and ``crop_pct`` p: shorter side to floor(S / p),
     centre crop S (``timm.data.create_transform``'s evaluation transform, ``crop_mode`` "center").
-    Mean and std are per channel of pixels in [0, 1] (transformers' ``do_normalize`` false: 0 and 1).
+    Mean and std are per channel of pixels in [0, 1] (transformers' ``do_normalize`` false: 0 and 1;
+    EfficientNet's ``include_top`` divides by std once more: std squared).
 
     Raises:
         MissingFileError: the folder has neither file.
@@ -166,7 +167,9 @@ def image_preprocessing(folder: Path, key: str = "data.pretrained") -> dict[str,
         )
     where = f"{key}: {path}"
     config = _json_object(path, where)
-    if not config.get("do_rescale", True) or abs(config.get("rescale_factor", 1 / 255) - 1 / 255) > 1e-9:
+    factor = config.get("rescale_factor", 1 / 255)
+    rescaled = config.get("do_rescale", True) and not config.get("rescale_offset")
+    if not rescaled or not isinstance(factor, int | float) or abs(factor - 1 / 255) > 1e-9:
         raise ConfigError(f"{where} does not rescale pixels to [0, 1] (rescale_factor 1/255), as this DataModule does")
     size, crop = config.get("size", {}), config.get("crop_size")
     if isinstance(size, int):  # older processors: one number, the square's side
@@ -193,9 +196,11 @@ def image_preprocessing(folder: Path, key: str = "data.pretrained") -> dict[str,
             image_size, crop_size = edge, edge  # the shorter side to S, then its centre square
     else:
         raise ConfigError(f"{where}: no size this DataModule understands (height and width, or shortest_edge)")
-    normalize = config.get("do_normalize", True)
+    normalize, image_std = config.get("do_normalize", True), config.get("image_std", [0.5] * 3)
     mean = config.get("image_mean", [0.5] * 3) if normalize else [0.0] * 3
-    std = config.get("image_std", [0.5] * 3) if normalize else [1.0] * 3
+    std = image_std if normalize else [1.0] * 3
+    if config.get("include_top") and isinstance(image_std, list) and isinstance(std, list):
+        std = [a * b for a, b in zip(std, image_std, strict=False)]  # EfficientNet's: divided by std once more
     return _settings(where, image_size, crop_size, mean, std)
 
 
@@ -314,4 +319,39 @@ def load_all_weights(
         raise ConfigError(
             f"{key}: {file} is not {architecture}'s: {len(missing)} of its weights are missing "
             f"({', '.join(missing[:3])}) and {len(unexpected)} unknown ({', '.join(unexpected[:3])})"
+        )
+
+
+def check_preprocessing_fits(net: Any, datamodule: Any) -> None:
+    """Refuse to train a pretrained backbone (a net whose ``folder`` says how its images were prepared in
+    pretraining) on images prepared otherwise: other sizes or another normalisation would be learnt
+    around, silently, instead of using the features the backbone has. Called by ``TrainingModule.setup``
+    when fit starts, for every net and DataModule.
+
+    The DataModule says how it prepares images with an ``image_preparation`` property (``image_size``,
+    ``crop_size``, ``mean``, ``std``: the image-folder DataModule's); one without it (your own) cannot
+    be checked, and the log says what the backbone expects instead.
+
+    Raises:
+        ValueError: the DataModule's sizes, mean or std are not the backbone's (names the fix).
+    """
+    folder = getattr(net, "folder", None)
+    if folder is None or datamodule is None or not has_image_preprocessing(folder):
+        return
+    wanted = image_preprocessing(folder, key="net.model")
+    expected = f"{wanted['image_size']} px, crop {wanted['crop_size']}, mean {wanted['mean']}, std {wanted['std']}"
+    given = getattr(datamodule, "image_preparation", None)
+    if given is None:
+        from lightning.pytorch.utilities import rank_zero_info
+
+        rank_zero_info(
+            f"net.model {folder} was pretrained on images prepared as {expected}; {type(datamodule).__name__} does "
+            "not say how it prepares them (an image_preparation property), so make sure it does the same"
+        )
+    elif given != wanted:
+        raise ConfigError(
+            f"net.model {folder} was pretrained on images prepared as its preprocessing file says ({expected}), "
+            f"but the data prepares them otherwise ({given['image_size']} px, crop {given['crop_size']}, "
+            f"{'its own' if given['mean'] is None else 'another'} mean and std): set data.init_args.pretrained to "
+            "the same model as net.model (configs/experiments/transfer-learning.yaml does)"
         )

@@ -1,7 +1,5 @@
 """Image classification: cross-entropy and torchmetrics over a net mapping images to logits."""
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -12,7 +10,6 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
-from {{ cookiecutter.package_name }}.engine.pretrained import has_image_preprocessing, image_preprocessing
 
 
 class ImageClassifier(TrainingModule):
@@ -63,37 +60,9 @@ class ImageClassifier(TrainingModule):
         # Test only (no cost in training): callbacks.RunPlots draws it as confusion_matrix.png.
         self.test_metrics.add_metrics({"confusion_matrix": MulticlassConfusionMatrix(num_classes)})
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage == "fit" and self._trainer is not None:  # a module set up by hand has no trainer, nor data
-            check_preprocessing_fits(self.net, self._trainer.datamodule)
-
     def shared_step(self, batch: tuple[torch.Tensor, torch.Tensor], metrics: MetricCollection) -> torch.Tensor:
         images, labels = batch  # (B, C, H, W), (B,)
         logits = self(images)  # (B, num_classes)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
         metrics.update(logits.detach(), labels)
         return loss
-
-
-def check_preprocessing_fits(net: nn.Module, datamodule: Any) -> None:
-    """Refuse to train a pretrained backbone (a net whose ``folder`` says how its images were prepared) on
-    images not prepared as in its pretraining: other sizes or another normalisation would be learnt
-    around, silently, instead of the features the backbone has.
-
-    Raises:
-        ValueError: the DataModule's sizes, mean or std are not the backbone's (names the fix).
-    """
-    folder = getattr(net, "folder", None)
-    if folder is None or datamodule is None or not has_image_preprocessing(folder):
-        return
-    wanted = image_preprocessing(folder, key="net.model")
-    hparams = getattr(datamodule, "hparams", {})
-    given = (hparams.get("image_size"), hparams.get("crop_size"), getattr(datamodule, "pretrained_stats", None))
-    if given != (wanted["image_size"], wanted["crop_size"], (wanted["mean"], wanted["std"])):
-        raise ConfigError(
-            f"net.model {folder} was pretrained on images prepared as its preprocessing file says "
-            f"({wanted['image_size']} px, crop {wanted['crop_size']}, its own mean and std), but the data prepares "
-            "them otherwise: set data.init_args.pretrained to the same model as net.model "
-            "(configs/experiments/transfer-learning.yaml does)"
-        )
