@@ -1,11 +1,13 @@
-"""Training images/s of Hugging Face vision backbones at 224 px through the image bake, against a plain loop.
+"""Training images/s of pretrained-backbone nets at 224 px through the image bake, against a plain loop.
 
-For each backbone kind (a ViT, a ConvNeXt and a ResNet, random weights saved with ``save_pretrained``
-at small but real widths), three trainings of ``--steps`` steps on random 224 px images, batch
+For each backbone kind (``--kinds``; by default a Hugging Face ViT, ConvNeXt and ResNet, random
+weights saved with ``save_pretrained`` at small but real widths; ``timm-resnet18``, ``timm-vit`` (ViT-Tiny)
+and ``torchvision-resnet18`` through ``nets.TimmNet`` and ``nets.PretrainedNet`` with random weights,
+where timm and torchvision import), trainings of ``--steps`` steps on random 224 px images, batch
 ``--batch``, each in a fresh process so its peak resident memory is its own:
 
-- ``plain``: a plain PyTorch loop (forward, cross-entropy, backward, AdamW step) over the same
-  ``nets.HFImageClassifier``: the baseline;
+- ``plain``: a plain PyTorch loop (forward, cross-entropy, backward, AdamW step) over the same net:
+  the baseline;
 - ``full``: ``ImageClassifier`` + Lightning ``Trainer.fit`` (the bake's training path), every weight trained;
 - ``lora``: the same, LoRA adapters (r 8) on the attention projections and the head (ViT only: the
   convolutional backbones have no attention);
@@ -15,6 +17,7 @@ Images/s are timed after ``--warmup`` steps; peak RSS is ``ru_maxrss`` of the pr
 within one run (framework / plain loop, LoRA and frozen / full memory) are what to read across machines.
 
     PYTHONPATH=<image bake>/src python docs/bench_vision_backbones.py digits_classifier [--steps 12]
+        [--kinds timm-resnet18 timm-vit torchvision-resnet18]
 """
 
 import argparse
@@ -29,7 +32,12 @@ from pathlib import Path
 
 import torch
 
-KINDS = ("vit", "convnext", "resnet")
+KINDS = ("vit", "convnext", "resnet")  # Hugging Face folders
+LIBRARY_KINDS = {  # kind: (net class, its arguments), random weights
+    "timm-resnet18": ("TimmNet", {"model": "resnet18"}),
+    "timm-vit": ("TimmNet", {"model": "vit_tiny_patch16_224"}),
+    "torchvision-resnet18": ("PretrainedNet", {"architecture": "resnet18", "weights": None}),
+}
 
 
 def save_backbone(kind: str, folder: Path) -> None:
@@ -58,8 +66,12 @@ def run_one(package: str, kind: str, folder: str, mode: str, steps: int, warmup:
     torch.manual_seed(0)
     images = torch.randn((steps + warmup) * batch, 3, 224, 224)
     labels = torch.randint(0, 10, (len(images),))
-    lora = nets.LoRA(r=8, target_modules=["q_proj", "v_proj"]) if mode == "lora" else None
-    net = nets.HFImageClassifier(folder, num_classes=10, lora=lora)
+    if kind in LIBRARY_KINDS:
+        name, arguments = LIBRARY_KINDS[kind]
+        net = getattr(nets, name)(num_classes=10, **arguments)
+    else:
+        lora = nets.LoRA(r=8, target_modules=["q_proj", "v_proj"]) if mode == "lora" else None
+        net = nets.HFImageClassifier(folder, num_classes=10, lora=lora)
     times: list[float] = []
     if mode == "plain":
         optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-3)
@@ -99,6 +111,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=[*KINDS, *LIBRARY_KINDS])
     parser.add_argument("--one", nargs=3, metavar=("KIND", "FOLDER", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -108,9 +121,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch {args.batch}, 224 px, "
               f"{args.steps} timed steps after {args.warmup}")  # fmt: skip
-        for kind in KINDS:
+        for kind in args.kinds:
             folder = Path(scratch) / kind
-            save_backbone(kind, folder)
+            if kind in KINDS:
+                save_backbone(kind, folder)
             results = {}
             for mode in ("plain", "full", "lora", "frozen") if kind == "vit" else ("plain", "full", "frozen"):
                 command = [sys.executable, __file__, args.package, "--one", kind, str(folder), mode]
