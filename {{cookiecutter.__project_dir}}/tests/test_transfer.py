@@ -239,6 +239,13 @@ def test_a_timm_weights_file_loads_all_but_the_classifier_and_a_wrong_one_is_ref
     with pytest.raises(ConfigError, match=r"not a readable weights file .*a pickle that needs code to load is refused"):
         TimmNet("test_efficientnet", weights=str(code))
     assert not (tmp_path / "ran").exists()
+    # A hub folder whose config.json asks timm to load another file (outside the folder): refused.
+    folder = timm_hub_folder(tmp_path / "hub", "test_efficientnet", TIMM_CFG)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_args"] = {"checkpoint_path": str(code)}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"model_args sets checkpoint_path, which choose what timm loads"):
+        TimmNet(str(folder), num_classes=3)
 
 
 class Exploit:

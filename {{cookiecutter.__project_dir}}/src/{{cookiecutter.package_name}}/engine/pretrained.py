@@ -166,7 +166,7 @@ def image_preprocessing(folder: Path, key: str = "data.pretrained") -> dict[str,
             "from the model's hub page, or set data.image_size, crop_size, mean and std yourself"
         )
     where = f"{key}: {path}"
-    config = _json_object(path, where)
+    config = json_object(path, where)
     factor = config.get("rescale_factor", 1 / 255)
     rescaled = config.get("do_rescale", True) and not config.get("rescale_offset")
     if not rescaled or not isinstance(factor, int | float) or abs(factor - 1 / 255) > 1e-9:
@@ -204,7 +204,8 @@ def image_preprocessing(folder: Path, key: str = "data.pretrained") -> dict[str,
     return _settings(where, image_size, crop_size, mean, std)
 
 
-def _json_object(path: Path, where: str) -> dict[str, Any]:
+def json_object(path: Path, where: str) -> dict[str, Any]:
+    """The JSON object in ``path``, or ConfigError naming ``where`` (not JSON, or not an object)."""
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as error:

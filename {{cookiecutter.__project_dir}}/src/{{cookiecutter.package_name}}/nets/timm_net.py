@@ -18,7 +18,6 @@ Every weight of the file must fit the architecture (its classifier aside): a fil
 is refused by name, never half-loaded (:func:`engine.pretrained.load_all_weights`).
 """
 
-import json
 import sys
 from pathlib import Path
 
@@ -26,7 +25,12 @@ import torch
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.pretrained import load_all_weights, locate, read_weights
+from {{ cookiecutter.package_name }}.engine.pretrained import json_object, load_all_weights, locate, read_weights
+
+# timm.create_model's own arguments and its builder's (timm 1.0): what to load and how to build, never
+# the architecture's shape; a hub folder's model_args may not set them.
+BUILD_ARGUMENTS = {"pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path", "cache_dir", "scriptable"}
+BUILD_ARGUMENTS |= {"exportable", "no_jit", "features_only", "out_indices", "feature_cfg", "pretrained_strict"}
 
 
 class TimmNet(nn.Module):
@@ -104,13 +108,15 @@ def import_timm():
 
 
 def hub_architecture(folder: Path) -> tuple[str, dict]:
-    """(architecture, model_args) from a timm hub folder's ``config.json``, read as data."""
+    """(architecture, model_args) from a timm hub folder's ``config.json``, read as data.
+
+    ``model_args`` may shape the architecture (``img_size``, ``drop_rate``, ...) but never name what
+    timm loads or how it builds: its own loading arguments (``checkpoint_path``, ``pretrained_cfg``,
+    ``cache_dir``, ...) would make a downloaded file read a file outside its folder.
+    """
     path = folder / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ConfigError(f"net.model: {path} is not readable JSON ({error}); copy it again from the model") from None
-    if not isinstance(config, dict) or not isinstance(config.get("architecture"), str):
+    config = json_object(path, f"net.model: {path}")
+    if not isinstance(config.get("architecture"), str):
         raise ConfigError(
             f"net.model: {path} names no timm architecture; give a timm hub folder (config.json with "
             "architecture and pretrained_cfg, model.safetensors), or nets.HFImageClassifier for a transformers one"
@@ -118,6 +124,12 @@ def hub_architecture(folder: Path) -> tuple[str, dict]:
     model_args = config.get("model_args") or {}
     if not isinstance(model_args, dict):
         raise ConfigError(f"net.model: {path}: model_args is not a JSON object")
+    loading = sorted(set(model_args) & BUILD_ARGUMENTS)
+    if loading:
+        raise ConfigError(
+            f"net.model: {path}: model_args sets {', '.join(loading)}, which choose what timm loads or builds, not "
+            "the architecture: remove them (this net loads the folder's model.safetensors itself)"
+        )
     return config["architecture"], {k: v for k, v in model_args.items() if k not in ("num_classes", "pretrained")}
 
 
