@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
-from {{ cookiecutter.package_name }}.sweep import sweep
+from {{ cookiecutter.package_name }}.sweep import study_lock, sweep
 
 LEARNING_RATE = {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}
 
@@ -44,13 +44,15 @@ def write_sweep(tmp_path: Path, n_trials: int = 3) -> Path:
 
 
 def trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
-    if not (tmp_path / "sweeps" / "tiny" / "study.db").exists():
+    """The tiny study's trials, read under the sweep's own lock: a sweep may be creating its tables."""
+    sweep_dir = tmp_path / "sweeps" / "tiny"
+    if not (sweep_dir / "study.db").exists():
         return []
-    database = tmp_path / "sweeps" / "tiny" / "study.db"
-    try:
-        return optuna.load_study(study_name="tiny", storage=f"sqlite:///{database}").get_trials()
-    except KeyError:  # the database exists, the study not yet
-        return []
+    with study_lock(sweep_dir):
+        try:
+            return optuna.load_study(study_name="tiny", storage=f"sqlite:///{sweep_dir / 'study.db'}").get_trials()
+        except KeyError:  # the database exists, the study not yet
+            return []
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ import io
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 from unittest import mock
@@ -167,6 +168,19 @@ def sweep(
     return study
 
 
+@contextlib.contextmanager
+def study_lock(sweep_dir: Path) -> Iterator[None]:
+    """Hold the exclusive ``flock`` on ``<sweep_dir>/.study.lock`` that :func:`open_study` takes.
+
+    Anything else that opens the study while a sweep may be starting (a script that reads its
+    trials, a test) takes it too: Optuna's RDBStorage creates missing tables on open, so a reader
+    racing the first worker dies on the same ``UNIQUE constraint failed: alembic_version``.
+    """
+    with open(sweep_dir / ".study.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def open_study(
     sweep_dir: Path, study_name: str, url: str, heartbeat_interval: int, grace_period: int, **study: Any
 ) -> tuple[RDBStorage, optuna.Study]:
@@ -183,8 +197,7 @@ def open_study(
     """
     wait = {"timeout": 60}  # seconds SQLite waits for another worker's write
     engine = {"connect_args": wait} if url.startswith("sqlite") else None
-    with open(sweep_dir / ".study.lock", "w") as lock, warnings.catch_warnings():
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with study_lock(sweep_dir), warnings.catch_warnings():
         # optuna marks heartbeat_interval experimental (ExperimentalWarning) since 2.9; it is what
         # lets a killed trial be found and retried.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
