@@ -128,6 +128,20 @@ def assert_fine_tunes_exports_and_predicts(
     return checkpoint, moved, rows
 
 
+def assert_serves_as_predicted(checkpoint: Path, folder: Path, moved: Path, rows: list) -> None:
+    """The server on ``checkpoint`` labels the moved images (base64 in one ``/predict`` request) as ``predict``'s
+    ``rows`` did: the same preprocessing, read from the checkpoint in another process."""
+    import base64
+
+    files = [moved / row["id"] for row in rows]
+    body = json.dumps({"inputs": [base64.b64encode(file.read_bytes()).decode() for file in files]}).encode()
+    with serving(checkpoint, folder) as (port, _, _):
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/predict", data=body)
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            labels = json.loads(answer.read())["labels"]
+    assert labels == [row["label"] for row in rows]
+
+
 def readme_commands(section: str) -> list[str]:
     """The commands of the first bash block of the README's ``- **<section>**:`` item, comments dropped."""
     text = (ROOT / "README.md").read_text().split(f"- **{section}**:", 1)[1].split("\n- **", 1)[0]

@@ -1,11 +1,9 @@
 """Pretrained Hugging Face vision backbones (nets.HFImageClassifier) with the image-folder DataModule's
 ``pretrained`` preprocessing: tiny random ViT, ConvNeXt and ResNet folders made with ``save_pretrained``."""
 
-import base64
 import importlib.util
 import json
 import logging
-import urllib.request
 from pathlib import Path
 
 import lightning as L
@@ -15,6 +13,7 @@ import yaml
 from conftest import (
     CONFIGS,
     assert_fine_tunes_exports_and_predicts,
+    assert_serves_as_predicted,
     colour_folder,
     hub_snapshot,
     readme_commands,
@@ -211,15 +210,7 @@ def test_a_backbone_fine_tunes_above_chance_and_predicts_with_the_images_moved(k
     assert (data["mean"], data["std"]) == expected_statistics(kind)
     assert (data["image_size"], data["crop_size"]) == SETTINGS[kind]
     if kind == "vit":  # the server (one architecture: it adds a server start to the test) answers as predict does
-        from conftest import serving
-
-        files = [moved / row["id"] for row in rows]
-        body = json.dumps({"inputs": [base64.b64encode(file.read_bytes()).decode() for file in files]}).encode()
-        with serving(checkpoint, tmp_path) as (port, _, _):
-            request = urllib.request.Request(f"http://127.0.0.1:{port}/predict", data=body)
-            with urllib.request.urlopen(request, timeout=120) as answer:
-                labels = json.loads(answer.read())["labels"]
-        assert labels == [row["label"] for row in rows]
+        assert_serves_as_predicted(checkpoint, tmp_path, moved, rows)
 
 
 @pytest.mark.slow

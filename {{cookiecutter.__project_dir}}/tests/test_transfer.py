@@ -14,6 +14,7 @@ import yaml
 from conftest import (
     CONFIGS,
     assert_fine_tunes_exports_and_predicts,
+    assert_serves_as_predicted,
     colour_folder,
     hub_snapshot,
     readme_commands,
@@ -293,10 +294,12 @@ def test_a_library_backbone_fine_tunes_exports_and_predicts_offline(case: str, t
         args += ["--data.init_args.crop_size=32", f"--data.init_args.mean={IMAGENET['mean']}"]
         args += [f"--data.init_args.std={IMAGENET['std']}"]
         expected = {"image_size": 36, "crop_size": 32, **IMAGENET}
-    checkpoint, _, _ = assert_fine_tunes_exports_and_predicts(tmp_path, images, args)
+    checkpoint, moved, rows = assert_fine_tunes_exports_and_predicts(tmp_path, images, args)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     data = next(value for key, value in state.items() if key.endswith("ImageFolderDataModule"))
     assert {key: data[key] for key in expected} == expected  # what predict, export and serve prepare images with
+    if case == "timm-hub-folder-vit":  # one server start: the hub folder's net, in another process
+        assert_serves_as_predicted(checkpoint, tmp_path, moved, rows)
 
 
 @pytest.mark.slow
