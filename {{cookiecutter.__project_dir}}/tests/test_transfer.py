@@ -16,6 +16,7 @@ from conftest import (
     assert_fine_tunes_exports_and_predicts,
     assert_serves_as_predicted,
     colour_folder,
+    fit_in_subprocess,
     hub_snapshot,
     readme_commands,
     run_readme_training,
@@ -63,6 +64,35 @@ def test_backbone_is_frozen_until_the_unfreeze_epoch_then_trains_at_its_ratio(tm
     # The schedule drives the backbone's groups too, with the head's shape: same factor of each peak.
     head_factor = groups[0]["lr"] / groups[0]["initial_lr"]
     assert groups[2]["lr"] / groups[2]["initial_lr"] == pytest.approx(head_factor)
+
+
+class ReplicaGaps(L.Callback):
+    """Under DDP, after each training epoch: the largest difference between the processes' copies of any
+    parameter, written by rank 0 to ``path`` as a JSON list (one float an epoch; 0.0 when all agree)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.gaps = Path(path), []
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        flat = torch.cat([parameter.detach().flatten() for parameter in pl_module.parameters()])
+        copies = trainer.strategy.all_gather(flat)  # (world size, parameters)
+        self.gaps.append((copies - copies[0]).abs().max().item())
+        if trainer.is_global_zero:
+            self.path.write_text(json.dumps(self.gaps))
+
+
+@pytest.mark.slow
+def test_under_ddp_the_unfrozen_backbone_stays_the_same_on_every_process(tmp_path: Path) -> None:
+    """DDP syncs only the parameters that needed gradients when it wrapped the model: a backbone unfrozen
+    later (Lightning's BaseFinetuning sets requires_grad) would train apart on each process, in silence
+    (Lightning issue #20340), unless BackboneFreeze averages its gradients itself."""
+    freeze = {"class_path": f"{BackboneFreeze.__module__}.BackboneFreeze", "init_args": {"unfreeze_at_epoch": 1}}
+    gaps = {"class_path": "test_transfer.ReplicaGaps", "init_args": {"path": str(tmp_path / "gaps.json")}}
+    args = [*shrunk_args(tmp_path), f"--config={CONFIGS / 'presets' / 'ddp.yaml'}", "--trainer.accelerator=cpu"]
+    args += ["--trainer.devices=2", "--trainer.max_epochs=3", "--test_after_fit=false"]
+    args += [f"--trainer.callbacks+={json.dumps(freeze)}", f"--trainer.callbacks+={json.dumps(gaps)}"]
+    fit_in_subprocess(args)
+    assert json.loads((tmp_path / "gaps.json").read_text()) == [0.0, 0.0, 0.0]
 
 
 def test_a_net_without_a_backbone_is_refused_before_training(tmp_path: Path) -> None:

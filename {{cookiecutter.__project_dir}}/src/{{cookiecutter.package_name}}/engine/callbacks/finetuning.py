@@ -3,6 +3,7 @@
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import BaseFinetuning
+from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
@@ -23,6 +24,12 @@ class BackboneFreeze(BaseFinetuning):
     them with the same shape.
 
     Any net with a ``backbone`` module works: ``nets.CNN`` (its convolution stages), ``nets.PretrainedNet``.
+
+    Under DDP the unfrozen backbone's gradients are averaged over the processes here: DDP syncs only
+    the parameters that needed gradients when it wrapped the model, and the backbone was frozen then,
+    so each process would otherwise train its own backbone apart from the others, in silence (Lightning
+    issue #20340; ``tests/test_transfer.py`` checks every process ends with the same parameters).
+    FSDP and DeepSpeed are not covered: use a strategy of the DDP family with this callback.
 
     Args:
         unfreeze_at_epoch: the first epoch (0-based) in which the backbone trains.
@@ -65,3 +72,21 @@ class BackboneFreeze(BaseFinetuning):
         for group in parameter_groups(backbone.named_parameters()):
             group.setdefault("weight_decay", first.get("weight_decay", 0.0))
             optimizer.add_param_group({**group, "lr": peak, "initial_lr": peak})
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """Average the unfrozen backbone's gradients over the DDP processes, once an optimizer step.
+
+        Runs before gradient clipping, as DDP's own sync does. Gradients DDP has synced already (a
+        backbone that was never frozen when DDP wrapped the model) are equal everywhere, so their mean
+        leaves them as they are.
+        """
+        if not isinstance(trainer.strategy, DDPStrategy) or trainer.world_size == 1:
+            return
+        grads = [p.grad for p in self.backbone(pl_module).parameters() if p.requires_grad and p.grad is not None]
+        for dtype in sorted({grad.dtype for grad in grads}, key=str):  # one all-reduce a dtype, not a tensor
+            same = [grad for grad in grads if grad.dtype == dtype]
+            mean = trainer.strategy.reduce(torch.cat([grad.flatten() for grad in same]), reduce_op="mean")
+            for grad, synced in zip(same, mean.split([grad.numel() for grad in same]), strict=True):
+                grad.copy_(synced.view_as(grad))
