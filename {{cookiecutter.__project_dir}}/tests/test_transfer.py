@@ -17,8 +17,10 @@ from conftest import (
     assert_serves_as_predicted,
     colour_folder,
     fit_in_subprocess,
+    fit_stopped_by_signal,
     hub_snapshot,
     readme_commands,
+    resume_as_printed,
     run_readme_training,
     shrunk_args,
 )
@@ -64,6 +66,25 @@ def test_backbone_is_frozen_until_the_unfreeze_epoch_then_trains_at_its_ratio(tm
     # The schedule drives the backbone's groups too, with the head's shape: same factor of each peak.
     head_factor = groups[0]["lr"] / groups[0]["initial_lr"]
     assert groups[2]["lr"] / groups[2]["initial_lr"] == pytest.approx(head_factor)
+
+
+@pytest.mark.slow  # a subprocess stopped by a signal, then two fits
+@pytest.mark.parametrize("step", [15, 25], ids=["in-the-unfreeze-epoch", "after-it"])
+def test_a_run_resumed_at_or_after_the_unfreeze_ends_as_the_unbroken_run(tmp_path: Path, step: int) -> None:
+    """setup() freezes the backbone before a checkpoint loads: the resumed epochs must train it again (and add
+    no group twice), to the weights of a run never stopped. SIGTERM after ``step`` of 3 epochs of 10 steps;
+    the backbone unfreezes at epoch 1 (step 10)."""
+    freeze = {"class_path": f"{BackboneFreeze.__module__}.BackboneFreeze", "init_args": {"unfreeze_at_epoch": 1}}
+    common = ["--test_after_fit=false", "--trainer.max_epochs=3", f"--trainer.callbacks+={json.dumps(freeze)}"]
+    unbroken = main(["fit", *shrunk_args(tmp_path / "unbroken"), *common])
+    interrupted = fit_stopped_by_signal([*shrunk_args(tmp_path / "stopped"), *common], step=step)
+    resumed = main(["fit", *resume_as_printed(interrupted)])
+    assert resumed.trainer.global_step == unbroken.trainer.global_step == 30
+    assert all(parameter.requires_grad for parameter in resumed.model.net.parameters())
+    expected, got = unbroken.model.net.state_dict(), resumed.model.net.state_dict()
+    assert expected.keys() == got.keys()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], msg=key)
 
 
 class ReplicaGaps(L.Callback):

@@ -63,15 +63,30 @@ class BackboneFreeze(BaseFinetuning):
         self.freeze(self.backbone(pl_module), train_bn=self.train_bn)
 
     def finetune_function(self, pl_module: L.LightningModule, epoch: int, optimizer: torch.optim.Optimizer) -> None:
-        if epoch != self.unfreeze_at_epoch:
+        """From ``unfreeze_at_epoch`` on, the backbone trains; its groups join the optimizer once.
+
+        A run resumed at or after that epoch was frozen again by ``setup`` (before the checkpoint loads),
+        while ``BaseFinetuning`` put the backbone's saved groups back in the optimizer: the backbone is
+        made trainable again (by :meth:`on_train_start`, as a run resumed mid-epoch starts no epoch),
+        and no group is added twice.
+        """
+        if epoch < self.unfreeze_at_epoch:
             return
         backbone = self.backbone(pl_module)
         self.make_trainable(backbone)
+        in_optimizer = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
+        if any(id(parameter) in in_optimizer for parameter in backbone.parameters()):
+            return  # unfrozen in an earlier epoch, or restored from the checkpoint of a resumed run
         first = optimizer.param_groups[0]
         peak = first.get("initial_lr", first["lr"]) * self.backbone_lr_ratio
         for group in parameter_groups(backbone.named_parameters()):
             group.setdefault("weight_decay", first.get("weight_decay", 0.0))
             optimizer.add_param_group({**group, "lr": peak, "initial_lr": peak})
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A resumed run continues unfrozen from where it stopped: Lightning restores the epoch before this hook."""
+        for optimizer in trainer.optimizers:
+            self.finetune_function(pl_module, trainer.current_epoch, optimizer)
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
