@@ -69,12 +69,17 @@ def test_backbone_is_frozen_until_the_unfreeze_epoch_then_trains_at_its_ratio(tm
 
 
 @pytest.mark.slow  # a subprocess stopped by a signal, then two fits
-@pytest.mark.parametrize("step", [15, 25], ids=["in-the-unfreeze-epoch", "after-it"])
-def test_a_run_resumed_at_or_after_the_unfreeze_ends_as_the_unbroken_run(tmp_path: Path, step: int) -> None:
+@pytest.mark.parametrize(
+    ("unfreeze_at_epoch", "step"), [(1, 15), (1, 25), (0, 5)], ids=["in-the-unfreeze-epoch", "after-it", "from-0"]
+)
+def test_a_run_resumed_at_or_after_the_unfreeze_ends_as_the_unbroken_run(
+    tmp_path: Path, unfreeze_at_epoch: int, step: int
+) -> None:
     """setup() freezes the backbone before a checkpoint loads: the resumed epochs must train it again (and add
-    no group twice), to the weights of a run never stopped. SIGTERM after ``step`` of 3 epochs of 10 steps;
-    the backbone unfreezes at epoch 1 (step 10)."""
-    freeze = {"class_path": f"{BackboneFreeze.__module__}.BackboneFreeze", "init_args": {"unfreeze_at_epoch": 1}}
+    no group twice, and save the groups the checkpoint needs), to the weights of a run never stopped.
+    SIGTERM after ``step`` of 3 epochs of 10 steps."""
+    init_args = {"unfreeze_at_epoch": unfreeze_at_epoch}
+    freeze = {"class_path": f"{BackboneFreeze.__module__}.BackboneFreeze", "init_args": init_args}
     common = ["--test_after_fit=false", "--trainer.max_epochs=3", f"--trainer.callbacks+={json.dumps(freeze)}"]
     unbroken = main(["fit", *shrunk_args(tmp_path / "unbroken"), *common])
     interrupted = fit_stopped_by_signal([*shrunk_args(tmp_path / "stopped"), *common], step=step)
