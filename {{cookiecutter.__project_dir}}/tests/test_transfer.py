@@ -112,8 +112,9 @@ def test_under_ddp_the_unfrozen_backbone_stays_the_same_on_every_process(tmp_pat
     """DDP syncs only the parameters that needed gradients when it wrapped the model: a backbone unfrozen
     later (Lightning's BaseFinetuning sets requires_grad) would train apart on each process, in silence
     (Lightning issue #20340), unless BackboneFreeze averages its gradients itself."""
-    freeze = {"class_path": f"{BackboneFreeze.__module__}.BackboneFreeze", "init_args": {"unfreeze_at_epoch": 1}}
-    gaps = {"class_path": "test_transfer.ReplicaGaps", "init_args": {"path": str(tmp_path / "gaps.json")}}
+    unfreeze, path = {"unfreeze_at_epoch": 1}, {"path": str(tmp_path / "gaps.json")}
+    freeze = {"class_path": f"{BackboneFreeze.__module__}.BackboneFreeze", "init_args": unfreeze}
+    gaps = {"class_path": "test_transfer.ReplicaGaps", "init_args": path}
     args = [*shrunk_args(tmp_path), f"--config={CONFIGS / 'presets' / 'ddp.yaml'}", "--trainer.accelerator=cpu"]
     args += ["--trainer.devices=2", "--trainer.max_epochs=3", "--test_after_fit=false"]
     args += [f"--trainer.callbacks+={json.dumps(freeze)}", f"--trainer.callbacks+={json.dumps(gaps)}"]
