@@ -221,13 +221,20 @@ class Cluster:
         text = self.command("scontrol", "show", "job", "-o", str(job_id)).stdout
         return dict(re.findall(r"(\w+(?::\w+)?)=(\S*)", text))
 
-    def wait(self, job_id: int, states: set[str], timeout: float) -> dict[str, str]:
-        """Poll the job until its state is one of ``states``; raise TimeoutError with its record if not."""
+    def wait(self, job_id: int, states: set[str], timeout: float, log: Path | None = None) -> dict[str, str]:
+        """Poll the job until its state is one of ``states``.
+
+        Raises:
+            TimeoutError: not in time; the job is cancelled (the next test would queue behind it)
+                and the message holds its record and the end of ``log``.
+        """
         deadline = time.monotonic() + timeout
         job = self.job(job_id)
         while job["JobState"] not in states:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job['JobState']} after {timeout} s: {job}")
+                self.cancel(job_id)
+                tail = log.read_text()[-4000:] if log and log.exists() else ""
+                raise TimeoutError(f"job {job_id} still {job['JobState']} after {timeout} s: {job}\n{tail}")
             time.sleep(0.5)
             job = self.job(job_id)
         return job

@@ -31,7 +31,7 @@ CPU_ARGS = ["--trainer.accelerator=cpu"]
 # Records, per process, the global step at which training (re)started, the SLURM restart count
 # and the labels of the first batch it trained on (which samples a resumed process continues with).
 STEP_RECORDER = """
-import json, os
+import json, os, signal, time
 from pathlib import Path
 import lightning as L
 
@@ -47,6 +47,29 @@ class RecordStart(L.Callback):
             file.write(json.dumps({"restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
                                    "rank": trainer.global_rank, "global_step": trainer.global_step,
                                    "labels": batch[1].tolist()}) + "\\n")
+
+
+class HoldForSignal(L.Callback):
+    # Makes the pre-emption test independent of the machine's speed: the first run (restart 0)
+    # waits before step HOLD_STEP until this process's SIGUSR1 handler has run, so the signal
+    # always lands mid-training, however fast or slow training is.
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if os.environ.get("SLURM_RESTART_COUNT", "0") != "0" or trainer.global_step != int(os.environ["HOLD_STEP"]):
+            return
+        received = []
+        handler = signal.getsignal(signal.SIGUSR1)  # the PreemptionCheckpoint's, which this one calls
+
+        def observe(signum, frame):
+            received.append(signum)
+            if callable(handler):
+                handler(signum, frame)
+
+        signal.signal(signal.SIGUSR1, observe)
+        Path(os.environ["RECORD_FILE"] + f".held{trainer.global_rank}").touch()
+        deadline = time.monotonic() + 120
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.05)
+        signal.signal(signal.SIGUSR1, handler)
 """
 
 
@@ -92,16 +115,22 @@ def job_env(project: Path, record: Path) -> dict[str, str]:
 RECORD_CALLBACK = "--trainer.callbacks+=record_start.RecordStart"
 
 
-def submit(cluster: Cluster, project: Path, *args: str, record: Path) -> int:
+def submit(cluster: Cluster, project: Path, *args: str, record: Path, env: dict[str, str] | None = None) -> int:
     """``sbatch`` the script directly, with the CPU overrides."""
     script_args = [*CPU_ARGS, RECORD_CALLBACK, *args]
-    return cluster.sbatch(
-        *CPU_JOB, "scripts/slurm/train.sbatch", *script_args, cwd=project, env=job_env(project, record)
-    )
+    env = {**job_env(project, record), **(env or {})}
+    return cluster.sbatch(*CPU_JOB, "scripts/slurm/train.sbatch", *script_args, cwd=project, env=env)
+
+
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
+
+
+def log_path(project: Path, job_id: int) -> Path:
+    return project / "logs" / "slurm" / f"{SLUG}-{job_id}.out"
 
 
 def output(project: Path, job_id: int) -> str:
-    return (project / "logs" / "slurm" / f"{SLUG}-{job_id}.out").read_text()
+    return log_path(project, job_id).read_text()
 
 
 def steps_per_epoch(world_size: int) -> int:
@@ -137,7 +166,7 @@ def test_sbatch_trains_on_two_tasks_with_world_size_two(cluster: Cluster, projec
         env={**cluster.env, **job_env(project, record)},
     )
     job_id = int(re.search(r"Submitted batch job (\d+)", make.stdout).group(1))
-    job = cluster.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, timeout=300)
+    job = cluster.wait(job_id, ENDED, timeout=300, log=log_path(project, job_id))
     log = output(project, job_id)
     assert job["JobState"] == "COMPLETED", f"{job}\n{log[-4000:]}"
     assert job["ExitCode"] == "0:0"
@@ -158,21 +187,31 @@ def test_sbatch_trains_on_two_tasks_with_world_size_two(cluster: Cluster, projec
 def test_preempted_job_saves_requeues_and_resumes(cluster: Cluster, project: Path, tmp_path: Path) -> None:
     import torch
 
-    epochs = 200  # long enough (2,000 CNN steps, tens of seconds) that the signal lands mid-training
     record = tmp_path / "starts.jsonl"
-    job_id = submit(cluster, project, f"--trainer.max_epochs={epochs}", record=record)
+    epochs = 4
+    per_epoch = steps_per_epoch(2)
+    hold = per_epoch + per_epoch // 2  # mid-way through the second epoch, after the first last.ckpt
+    job_id = submit(
+        cluster,
+        project,
+        f"--trainer.max_epochs={epochs}",
+        "--trainer.callbacks+=record_start.HoldForSignal",
+        record=record,
+        env={"HOLD_STEP": str(hold)},
+    )
     run = project / "logs" / SLUG / f"slurm-{job_id}"
 
-    # Pre-empt once training is under way (the first epoch's last.ckpt exists), as SLURM does
-    # before a time limit with --signal=SIGUSR1@<seconds>.
-    deadline = time.monotonic() + 180
-    while not (run / "checkpoints" / "last.ckpt").exists():
-        assert time.monotonic() < deadline, f"training did not start:\n{output(project, job_id)[-4000:]}"
+    # Pre-empt while both processes hold at that step, as SLURM does before a time limit with
+    # --signal=SIGUSR1@<seconds> (every task gets the signal).
+    held = [Path(f"{record}.held{rank}") for rank in (0, 1)]
+    deadline = time.monotonic() + 300
+    while not all(path.exists() for path in held):
+        assert time.monotonic() < deadline, f"training did not reach step {hold}:\n{output(project, job_id)[-4000:]}"
         assert cluster.job(job_id)["JobState"] in {"PENDING", "RUNNING"}, output(project, job_id)[-4000:]
         time.sleep(0.2)
     cluster.command("scancel", f"--signal={signal.SIGUSR1.name.removeprefix('SIG')}", str(job_id))
 
-    job = cluster.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, timeout=300)
+    job = cluster.wait(job_id, ENDED, timeout=300, log=log_path(project, job_id))
     log = output(project, job_id)
     assert job["JobState"] == "COMPLETED", f"{job}\n{log[-4000:]}"
     assert job["Restarts"] == "1", f"{job}\n{log[-4000:]}\n{cluster.logs()}"
@@ -180,8 +219,8 @@ def test_preempted_job_saves_requeues_and_resumes(cluster: Cluster, project: Pat
     # Saved at a step boundary, on the signal, in the run folder.
     (saved_path,) = (run / "checkpoints").glob("interrupted-step*.ckpt")
     saved = torch.load(saved_path, map_location="cpu", weights_only=True)
-    total = epochs * steps_per_epoch(2)
-    assert 0 < saved["global_step"] < total, "the signal arrived after training ended: nothing was pre-empted"
+    total = epochs * per_epoch
+    assert saved["global_step"] == hold + 1  # the step each process held before, completed
     assert saved_path.name == f"interrupted-step{saved['global_step']}.ckpt"
     assert f"SIGUSR1 received: saved {saved_path.relative_to(project)} at global step {saved['global_step']}" in log
     assert f"Requeued SLURM job {job_id}" in log
@@ -257,12 +296,11 @@ def test_a_sweep_array_shares_one_study_created_once(cluster: Cluster, project: 
         cwd=project,
         env={"PYTHON": sys.executable, "PRESETS": ""},
     )
-    final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
     deadline, states = time.monotonic() + 300, {}
     while time.monotonic() < deadline:
         shown = cluster.command("scontrol", "show", "job", "-o", str(job_id)).stdout.splitlines()
         states = dict(re.findall(r"ArrayTaskId=(\d+) .*?JobState=(\w+)", "\n".join(shown)))
-        if len(states) == 2 and set(states.values()) <= final:
+        if len(states) == 2 and set(states.values()) <= ENDED:
             break
         time.sleep(1)
     logs = "\n".join(path.read_text() for path in (project / "logs" / "slurm").glob(f"*-sweep-{job_id}_*.out"))
