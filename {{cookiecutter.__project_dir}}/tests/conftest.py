@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -199,6 +200,21 @@ def fit_in_subprocess(args: list[str], timeout: int = 300) -> None:
         timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+class ReplicaGaps(L.Callback):
+    """Under DDP, after each training epoch: the largest difference between the processes' copies of any
+    parameter, written by rank 0 to ``path`` as a JSON list (one float an epoch; 0.0 when all agree)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.gaps = Path(path), []
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        flat = torch.cat([parameter.detach().flatten() for parameter in pl_module.parameters()])
+        copies = trainer.strategy.all_gather(flat)  # (world size, parameters)
+        self.gaps.append((copies - copies[0]).abs().max().item())
+        if trainer.is_global_zero:
+            self.path.write_text(json.dumps(self.gaps))
 
 
 def fit_stopped_by_signal(args: list[str], step: int, name: str = "SIGTERM", timeout: int = 300) -> Path:

@@ -15,6 +15,7 @@ from conftest import (
     assert_fine_tunes_exports_and_predicts,
     assert_serves_as_predicted,
     colour_folder,
+    fit_in_subprocess,
     hub_snapshot,
     readme_commands,
     run_readme_training,
@@ -211,6 +212,30 @@ def test_a_backbone_fine_tunes_above_chance_and_predicts_with_the_images_moved(k
     assert (data["image_size"], data["crop_size"]) == SETTINGS[kind]
     if kind == "vit":  # the server (one architecture: it adds a server start to the test) answers as predict does
         assert_serves_as_predicted(checkpoint, tmp_path, moved, rows)
+
+
+@pytest.mark.slow
+def test_under_ddp_a_backbone_frozen_then_unfrozen_fine_tunes_as_one_model(tmp_path: Path) -> None:
+    """Two gloo processes fine-tune the tiny ViT, frozen for epoch 0 then unfrozen (BackboneFreeze): every
+    process checks the folder's preprocessing, the copies stay equal each epoch (DDP alone would let the
+    unfrozen backbone drift, Lightning issue #20340) and the test split, shared out, is classified above
+    chance."""
+    folder = save_tiny("vit", tmp_path / "vit")
+    images = colour_folder(tmp_path / "images")
+    freeze = {"class_path": "{{ cookiecutter.package_name }}.engine.callbacks.BackboneFreeze"}
+    freeze["init_args"] = {"unfreeze_at_epoch": 1}
+    gaps = {"class_path": "conftest.ReplicaGaps", "init_args": {"path": str(tmp_path / "gaps.json")}}
+    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={images}"]
+    args += [f"--data.init_args.pretrained={folder}", f"--model.init_args.net={NET}"]
+    args += [f"--model.init_args.net.init_args.model={folder}", "--model.init_args.optimizer.init_args.lr=0.003"]
+    args += [f"--config={CONFIGS / 'presets' / 'ddp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2"]
+    args += ["--trainer.max_epochs=4", "--data.init_args.batch_size=8"]
+    args += [f"--trainer.callbacks+={json.dumps(freeze)}", f"--trainer.callbacks+={json.dumps(gaps)}"]
+    fit_in_subprocess(args)
+    assert json.loads((tmp_path / "gaps.json").read_text()) == [0.0] * 4
+    summary = json.loads(next((tmp_path / "logs").rglob("test_metrics.json")).read_text())
+    assert summary["world_size"] == 2
+    assert summary["metrics"]["test/acc"] > 0.6  # three colours: chance is 1/3
 
 
 @pytest.mark.slow

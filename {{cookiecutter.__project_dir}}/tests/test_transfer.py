@@ -92,21 +92,6 @@ def test_a_run_resumed_at_or_after_the_unfreeze_ends_as_the_unbroken_run(
         torch.testing.assert_close(got[key], expected[key], msg=key)
 
 
-class ReplicaGaps(L.Callback):
-    """Under DDP, after each training epoch: the largest difference between the processes' copies of any
-    parameter, written by rank 0 to ``path`` as a JSON list (one float an epoch; 0.0 when all agree)."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self.gaps = Path(path), []
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        flat = torch.cat([parameter.detach().flatten() for parameter in pl_module.parameters()])
-        copies = trainer.strategy.all_gather(flat)  # (world size, parameters)
-        self.gaps.append((copies - copies[0]).abs().max().item())
-        if trainer.is_global_zero:
-            self.path.write_text(json.dumps(self.gaps))
-
-
 @pytest.mark.slow
 def test_under_ddp_the_unfrozen_backbone_stays_the_same_on_every_process(tmp_path: Path) -> None:
     """DDP syncs only the parameters that needed gradients when it wrapped the model: a backbone unfrozen
@@ -114,7 +99,7 @@ def test_under_ddp_the_unfrozen_backbone_stays_the_same_on_every_process(tmp_pat
     (Lightning issue #20340), unless BackboneFreeze averages its gradients itself."""
     unfreeze, path = {"unfreeze_at_epoch": 1}, {"path": str(tmp_path / "gaps.json")}
     freeze = {"class_path": f"{BackboneFreeze.__module__}.BackboneFreeze", "init_args": unfreeze}
-    gaps = {"class_path": "test_transfer.ReplicaGaps", "init_args": path}
+    gaps = {"class_path": "conftest.ReplicaGaps", "init_args": path}
     args = [*shrunk_args(tmp_path), f"--config={CONFIGS / 'presets' / 'ddp.yaml'}", "--trainer.accelerator=cpu"]
     args += ["--trainer.devices=2", "--trainer.max_epochs=3", "--test_after_fit=false"]
     args += [f"--trainer.callbacks+={json.dumps(freeze)}", f"--trainer.callbacks+={json.dumps(gaps)}"]
