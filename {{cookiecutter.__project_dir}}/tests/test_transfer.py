@@ -116,6 +116,19 @@ def test_a_net_without_a_backbone_is_refused_before_training(tmp_path: Path) -> 
     assert cli.trainer.global_step == 0
 
 
+def test_a_strategy_that_cannot_unfreeze_is_refused_before_anything_is_frozen(tmp_path: Path) -> None:
+    """FSDP fixes which parameters train when it wraps the model: the unfreeze would never reach the
+    backbone. Lightning builds FSDP on GPUs only, so its setup hook is called as fit would."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    cli = main([*shrunk_args(tmp_path)], run=False)
+    with pytest.raises(ConfigError, match=r"under FSDPStrategy: .*--config configs/presets/ddp.yaml"):
+        BackboneFreeze().setup(SimpleNamespace(strategy=FSDPStrategy()), cli.model, "fit")
+    assert all(parameter.requires_grad for parameter in cli.model.parameters())
+
+
 EXPERIMENT = CONFIGS / "experiments" / "image-folder.yaml"
 NETS = "{{ cookiecutter.package_name }}.nets"
 IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}  # torchvision's weights' statistics

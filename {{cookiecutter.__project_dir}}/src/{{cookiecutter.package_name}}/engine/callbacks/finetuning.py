@@ -3,7 +3,7 @@
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import BaseFinetuning
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
@@ -23,13 +23,16 @@ class BackboneFreeze(BaseFinetuning):
     ``engine.optim.parameter_groups``), with ``initial_lr`` set so ``engine.WarmupCosine`` schedules
     them with the same shape.
 
-    Any net with a ``backbone`` module works: ``nets.CNN`` (its convolution stages), ``nets.PretrainedNet``.
+    Any net with a ``backbone`` module works: ``nets.CNN`` (its convolution stages), ``nets.PretrainedNet``,
+    ``nets.TimmNet``, ``nets.HFImageClassifier``.
 
     Under DDP the unfrozen backbone's gradients are averaged over the processes here: DDP syncs only
     the parameters that needed gradients when it wrapped the model, and the backbone was frozen then,
     so each process would otherwise train its own backbone apart from the others, in silence (Lightning
     issue #20340; ``tests/test_transfer.py`` checks every process ends with the same parameters).
-    FSDP and DeepSpeed are not covered: use a strategy of the DDP family with this callback.
+    Other strategies (FSDP, DeepSpeed, model parallel) are refused when fit starts: they fix which
+    parameters train when they wrap the model (FSDP flattens each wrapped block's parameters into one
+    tensor whose ``requires_grad`` is set then), so the later unfreeze would not reach them.
 
     Args:
         unfreeze_at_epoch: the first epoch (0-based) in which the backbone trains.
@@ -37,7 +40,8 @@ class BackboneFreeze(BaseFinetuning):
         train_bn: keep the frozen backbone's BatchNorm layers updating their statistics (False: frozen too).
 
     Raises:
-        ValueError: when fit starts, if the model's net has no ``backbone`` module.
+        ValueError: when fit starts, if the model's net has no ``backbone`` module, or the strategy is
+            not single-device or of the DDP family.
     """
 
     def __init__(self, unfreeze_at_epoch: int = 1, backbone_lr_ratio: float = 0.1, train_bn: bool = False) -> None:
@@ -58,6 +62,15 @@ class BackboneFreeze(BaseFinetuning):
                 "module to freeze; use a net with one (nets.CNN, nets.PretrainedNet) or remove the callback"
             )
         return backbone
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not isinstance(trainer.strategy, SingleDeviceStrategy | DDPStrategy):
+            raise ConfigError(
+                f"BackboneFreeze cannot unfreeze a backbone under {type(trainer.strategy).__name__}: it fixes "
+                "which parameters train when it wraps the model; train with the ddp preset "
+                "(--config configs/presets/ddp.yaml), or remove the callback to fine-tune every weight from the start"
+            )
+        super().setup(trainer, pl_module, stage)
 
     def freeze_before_training(self, pl_module: L.LightningModule) -> None:
         self.freeze(self.backbone(pl_module), train_bn=self.train_bn)
