@@ -117,15 +117,19 @@ def test_a_net_without_a_backbone_is_refused_before_training(tmp_path: Path) -> 
 
 
 def test_a_strategy_that_cannot_unfreeze_is_refused_before_anything_is_frozen(tmp_path: Path) -> None:
-    """FSDP fixes which parameters train when it wraps the model: the unfreeze would never reach the
-    backbone. Lightning builds FSDP on GPUs only, so its setup hook is called as fit would."""
+    """FSDP and DeepSpeed fix which parameters train when they wrap the model: the unfreeze would never
+    reach the backbone. Lightning builds FSDP on GPUs only, so its setup hook is called as fit would."""
     from types import SimpleNamespace
 
-    from lightning.pytorch.strategies import FSDPStrategy
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
     cli = main([*shrunk_args(tmp_path)], run=False)
     with pytest.raises(ConfigError, match=r"under FSDPStrategy: .*--config configs/presets/ddp.yaml"):
         BackboneFreeze().setup(SimpleNamespace(strategy=FSDPStrategy()), cli.model, "fit")
+    # A DDPStrategy subclass that shards too; built without deepspeed, which this environment lacks.
+    deepspeed = DeepSpeedStrategy.__new__(DeepSpeedStrategy)
+    with pytest.raises(ConfigError, match=r"under DeepSpeedStrategy: "):
+        BackboneFreeze().setup(SimpleNamespace(strategy=deepspeed), cli.model, "fit")
     assert all(parameter.requires_grad for parameter in cli.model.parameters())
 
 

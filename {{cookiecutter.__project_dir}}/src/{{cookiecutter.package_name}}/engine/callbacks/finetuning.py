@@ -3,7 +3,7 @@
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import BaseFinetuning
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
@@ -41,7 +41,7 @@ class BackboneFreeze(BaseFinetuning):
 
     Raises:
         ValueError: when fit starts, if the model's net has no ``backbone`` module, or the strategy is
-            not single-device or of the DDP family.
+            not single-device or of the DDP family (DeepSpeed, a DDPStrategy subclass, is refused too).
     """
 
     def __init__(self, unfreeze_at_epoch: int = 1, backbone_lr_ratio: float = 0.1, train_bn: bool = False) -> None:
@@ -64,9 +64,10 @@ class BackboneFreeze(BaseFinetuning):
         return backbone
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if not isinstance(trainer.strategy, SingleDeviceStrategy | DDPStrategy):
+        strategy = trainer.strategy  # DeepSpeedStrategy is a DDPStrategy subclass, which shards like FSDP
+        if not isinstance(strategy, SingleDeviceStrategy | DDPStrategy) or isinstance(strategy, DeepSpeedStrategy):
             raise ConfigError(
-                f"BackboneFreeze cannot unfreeze a backbone under {type(trainer.strategy).__name__}: it fixes "
+                f"BackboneFreeze cannot unfreeze a backbone under {type(strategy).__name__}: it fixes "
                 "which parameters train when it wraps the model; train with the ddp preset "
                 "(--config configs/presets/ddp.yaml), or remove the callback to fine-tune every weight from the start"
             )
