@@ -224,7 +224,8 @@ def test_under_ddp_a_backbone_frozen_then_unfrozen_fine_tunes_as_one_model(tmp_p
     images = colour_folder(tmp_path / "images")
     freeze = {"class_path": "{{ cookiecutter.package_name }}.engine.callbacks.BackboneFreeze"}
     freeze["init_args"] = {"unfreeze_at_epoch": 1}
-    gaps = {"class_path": "conftest.ReplicaGaps", "init_args": {"path": str(tmp_path / "gaps.json")}}
+    path = {"path": str(tmp_path / "gaps.json")}
+    gaps = {"class_path": "conftest.ReplicaGaps", "init_args": path}
     args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={images}"]
     args += [f"--data.init_args.pretrained={folder}", f"--model.init_args.net={NET}"]
     args += [f"--model.init_args.net.init_args.model={folder}", "--model.init_args.optimizer.init_args.lr=0.003"]
