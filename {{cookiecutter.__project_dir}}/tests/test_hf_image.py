@@ -216,10 +216,9 @@ def test_a_backbone_fine_tunes_above_chance_and_predicts_with_the_images_moved(k
 
 @pytest.mark.slow
 def test_under_ddp_a_backbone_frozen_then_unfrozen_fine_tunes_as_one_model(tmp_path: Path) -> None:
-    """Two gloo processes fine-tune the tiny ViT, frozen for epoch 0 then unfrozen (BackboneFreeze): every
-    process checks the folder's preprocessing, the copies stay equal each epoch (DDP alone would let the
-    unfrozen backbone drift, Lightning issue #20340) and the test split, shared out, is classified above
-    chance."""
+    """Two gloo processes fine-tune the tiny ViT, frozen for epoch 0 then unfrozen (BackboneFreeze): the
+    copies stay equal each epoch (DDP alone would let the unfrozen backbone drift, Lightning issue #20340)
+    and the test split, shared out, is classified above chance."""
     folder = save_tiny("vit", tmp_path / "vit")
     images = colour_folder(tmp_path / "images")
     freeze = {"class_path": "{{ cookiecutter.package_name }}.engine.callbacks.BackboneFreeze"}
