@@ -25,7 +25,7 @@ from {{ cookiecutter.package_name }}.data.text import TokenWindows, checked_text
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.models import LanguageModel
-from {{ cookiecutter.package_name }}.models.language_model import decode, greedy
+from {{ cookiecutter.package_name }}.models.language_model import BitsPerByte, Perplexity, decode, greedy
 from {{ cookiecutter.package_name }}.nets import GPT
 from {{ cookiecutter.package_name }}.predict import main as predict_main
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
@@ -352,3 +352,31 @@ def test_gpu_preset_trains_the_gpt(tmp_path: Path, compiled: bool) -> None:
     summary = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
     # 20 steps of a one-block GPT: below the 8 bits of a uniform guess over 256 bytes, and finite.
     assert math.isfinite(summary["metrics"]["test/loss"]) and summary["metrics"]["test/bpb"] < 7.0
+    # Compiled in place: the checkpoint's keys are eager's, loadable without the compiler.
+    saved = torch.load(Path(cli.trainer.checkpoint_callback.dirpath) / "last.ckpt", weights_only=True)["state_dict"]
+    assert set(saved) == set(LanguageModel(net=GPT(n_layer=1, n_head=2, n_embd=32, block_size=32)).state_dict())
+
+
+def test_bits_per_byte_and_perplexity_weigh_each_batch_by_its_bytes_and_tokens() -> None:
+    bpb, ppl = BitsPerByte(), Perplexity()
+    for nats, text_bytes, tokens in ((30.0, 10, 5), (10.0, 40, 40)):
+        bpb.update(torch.tensor(nats) / text_bytes, weight=torch.tensor(text_bytes))
+        ppl.update(torch.tensor(nats) / tokens, weight=torch.tensor(tokens))
+    assert bpb.compute().item() == pytest.approx(40.0 / 50 / math.log(2))  # total nats / total bytes, in bits
+    assert ppl.compute().item() == pytest.approx(math.exp(40.0 / 45))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# torch's own notice that its sync debug mode is a prototype (it may miss syncs, never invents one).
+@pytest.mark.filterwarnings("ignore:Synchronization debug mode is a prototype feature")
+def test_a_training_step_synchronises_the_gpu_only_where_the_engine_says() -> None:
+    # The metric updates of every step stay on the device: torchmetrics' MeanMetric checked each
+    # update for NaNs with a host sync, so the GPU idled while the host launched the backward pass.
+    model = LanguageModel(net=GPT(n_layer=1, n_head=2, n_embd=32, block_size=32)).cuda()
+    batch = tuple(torch.randint(0, 256, (4, 32), device="cuda") for _ in range(2))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model.shared_step(batch, model.train_metrics).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

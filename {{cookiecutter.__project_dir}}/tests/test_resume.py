@@ -5,7 +5,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import shrunk_args
+from conftest import CONFIGS, shrunk_args
 from test_preemption import SignalAtStep
 
 from {{ cookiecutter.package_name }}.cli import CLI, main
@@ -108,4 +108,21 @@ def test_a_users_own_datamodule_resumes_exactly_mid_epoch(tmp_path: Path) -> Non
         interrupted.trainer.fit(interrupted.model, datamodule=interrupted.datamodule)
     # As the interrupt says: the run's own config (the class switch is in it), nothing else.
     resumed = main(["fit", f"--config={own_config(run_dir(interrupted.trainer))}", "--resume=true"])
+    assert_same_end_state(reference, resumed)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the gpu preset)")
+@pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_the_gpu_preset_resumes_exactly_mid_epoch(tmp_path: Path) -> None:
+    # Mixed precision ({{ cookiecutter.precision }}), TF32, fused AdamW, pinned memory: the same end state.
+    # cuDNN's autotuning (benchmark) may pick another algorithm per run: off, as deterministic asks.
+    gpu = [f"--config={CONFIGS / 'presets' / 'gpu.yaml'}", "--trainer.accelerator=gpu", "--trainer.benchmark=false"]
+    reference = main(["fit", *shrunk_args(tmp_path / "reference"), *EXACT, *gpu])
+    args = [*shrunk_args(tmp_path / "resumed"), *EXACT, *gpu]
+    interrupted = main(args, run=False)
+    interrupted.trainer.callbacks.append(SignalAtStep(step=15))
+    with pytest.raises(Preempted):
+        interrupted.trainer.fit(interrupted.model, datamodule=interrupted.datamodule)
+    resumed = main(["fit", *args, "--resume=true"])
     assert_same_end_state(reference, resumed)

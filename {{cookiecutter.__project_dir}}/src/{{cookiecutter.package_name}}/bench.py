@@ -91,13 +91,14 @@ def project_args(config: list[Path], folder: Path, steps: int, extra: list[str])
 
 
 def flops_per_step(cli) -> int | None:
-    """FLOPs of one training batch's forward and backward, or None for a compiled net (not counted).
+    """FLOPs of one training batch's forward and backward, or None for a compiled or FSDP-sharded net (not counted).
 
     Counted by torch's ``FlopCounterMode`` through Lightning's ``measure_flops`` on a real batch of
     the training loader, so the count matches the configured model and batch exactly.
     """
     model, data = cli.model, cli.datamodule
-    if model.hparams.get("compile"):
+    # Sharded parameters (FSDP) are whole only inside the strategy's forward: not counted.
+    if model.hparams.get("compile") or "FSDP" in type(cli.trainer.strategy).__name__:
         return None
     batch = next(iter(data.train_dataloader()))
     batch = data.transform_batch(move_data_to_device(batch, model.device), training=True)
@@ -110,8 +111,8 @@ def run_project(config: list[Path], steps: int, extra: list[str]) -> dict[str, A
     """``fit`` through the project's CLI, as ``make train`` runs it: step intervals (s) and what they measured.
 
     Returns ``intervals``, ``batch_size``, ``tokens_per_sample`` (when the DataModule serves token
-    windows: it has a ``block_size``; else None), ``flops_per_step`` (:func:`flops_per_step`) and
-    ``precision``.
+    windows: it has a ``block_size``; else None), ``flops_per_step`` (:func:`flops_per_step`),
+    ``precision`` and ``peak_gpu_gib`` (on CUDA, else None).
     """
     with tempfile.TemporaryDirectory() as folder:
         cli = main(project_args(config, Path(folder), steps, extra), run=False)
@@ -127,6 +128,8 @@ def run_project(config: list[Path], steps: int, extra: list[str]) -> dict[str, A
         "tokens_per_sample": getattr(cli.datamodule, "block_size", None),
         "flops_per_step": flops,
         "precision": str(cli.trainer.precision),
+        # The most GPU memory the run's tensors held at once (activations, gradients, optimizer state).
+        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
     }
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
-from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics import Metric, MetricCollection
 
 from {{ cookiecutter.package_name }}.data.tokenizer import BPE, ChatTemplate, Tokenizer, load_tokenizer, saved_bpe
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
@@ -25,7 +25,31 @@ from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
 IGNORE = -100  # a target the loss skips (a prompt position in supervised fine-tuning, padding)
 
 
-class BitsPerByte(MeanMetric):
+class WeightedMean(Metric):
+    """Sum of ``value * weight`` over sum of ``weight``, accumulated on the device without a host sync.
+
+    torchmetrics' ``MeanMetric`` checks each update for NaNs with ``.any()`` in Python: a host-device
+    synchronisation in the middle of every training step, so the GPU sits idle while the host
+    launches the backward pass. A NaN loss is caught by ``StopOnNonFinite`` instead.
+    """
+
+    full_state_update = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("weight", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, value: torch.Tensor, weight: torch.Tensor) -> None:
+        """Add a scalar ``value`` with its scalar ``weight`` (tokens or bytes it averages over)."""
+        self.total += value.double() * weight
+        self.weight += weight
+
+    def compute(self) -> torch.Tensor:
+        return (self.total / self.weight).float()
+
+
+class BitsPerByte(WeightedMean):
     """Total next-token cross-entropy over total text bytes, in bits: ``update(nats / bytes, weight=bytes)``.
 
     The mean of nats per byte weighted by bytes is total nats / total bytes; divided by ln 2 it is
@@ -36,7 +60,7 @@ class BitsPerByte(MeanMetric):
         return super().compute() / math.log(2)
 
 
-class Perplexity(MeanMetric):
+class Perplexity(WeightedMean):
     """exp(mean next-token cross-entropy in nats): ``update(nats, weight=tokens)``.
 
     (torchmetrics' ``Perplexity`` takes the logits and recomputes their softmax; the loss is
