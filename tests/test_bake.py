@@ -73,6 +73,7 @@ def check_bake(project: Path, answers: dict) -> None:
     assert gpu["trainer"]["precision"] == answers["precision"]
 
     assert LICENSE_FIRST_LINE[answers["license"]] in (project / "LICENSE").read_text().splitlines()[0]
+    check_make_targets_run_commands(project)
 
     # The GitHub workflow is valid against GitHub's workflow schema (vendored by check-jsonschema: offline).
     checker = [str(Path(sys.executable).with_name("check-jsonschema")), "--builtin-schema", "vendor.github-workflows"]
@@ -82,6 +83,30 @@ def check_bake(project: Path, answers: dict) -> None:
     for command in (["ruff", "check", "."], ["ruff", "format", "--check", "."]):
         done = subprocess.run([sys.executable, "-m", *command], cwd=project, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def check_make_targets_run_commands(project: Path) -> None:
+    """Every target the Makefile declares is a rule of its own, listed by make help, and runs a command.
+
+    A Jinja tag that swallowed a newline once glued `test:` onto the previous recipe's last line:
+    `make test` printed "Nothing to be done" and exited 0, in the user's shell and in the bake's CI.
+    """
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
+    env["PATH"] = "/usr/bin:/bin"  # a dry run prints the commands; no uv needed
+    makefile = (project / "Makefile").read_text()
+    (phony,) = re.findall(r"^\.PHONY: (.+)$", makefile, re.MULTILINE)
+    shown = subprocess.run(["make", "help"], cwd=project, env=env, capture_output=True, text=True, check=True).stdout
+    listed = {line.split()[0] for line in shown.splitlines()}
+    for target in phony.split():
+        assert target in listed, f"make help does not list {target}: its rule is not at the start of a line"
+        dry = subprocess.run(["make", "-n", target], cwd=project, env=env, capture_output=True, text=True)
+        assert dry.returncode == 0 and dry.stdout.strip(), f"make {target} runs nothing: {dry.stdout}{dry.stderr}"
+        assert "Nothing to be done" not in dry.stdout, f"make {target}: {dry.stdout}"
+    assert re.search(
+        r"^\S+ -m pytest -m \"not slow\"",
+        subprocess.run(["make", "-n", "test"], cwd=project, env=env, capture_output=True, text=True, check=True).stdout,
+        re.MULTILINE,
+    )
 
 
 def test_default_bake(cookies) -> None:

@@ -3,6 +3,7 @@ each installed as its user installs it, from its uv.lock into its own environmen
 make test, make train and a task's own command there."""
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -27,8 +28,9 @@ def test_second_bake_tabular_passes_its_own_tests_and_trains_in_its_own_environm
     project = bake(cookies, **SECOND)
     python = install_own_environment(project)
     make(project, "lint", python=python)
-    # The quick tests here, as for the default bake (slow ones: .ci/slow and .ci/floors).
-    make(project, "test", python=python)
+    # The quick tests here, as for the default bake (slow ones: .ci/slow and .ci/floors). A make
+    # target glued to the previous recipe once ran nothing here and exited 0: tests must have run.
+    assert re.search(r"\b\d+ passed\b", make(project, "test", python=python))
     # The bundled breast cancer table, the default 40 epochs (about 15 s on 2 cores).
     make(project, "train", python=python)
     (summary_path,) = (project / "logs").rglob("test_metrics.json")
@@ -61,8 +63,9 @@ def test_third_bake_language_model_passes_its_own_tests_trains_and_generates(coo
     python = install_own_environment(project)
     assert subprocess.run([python, "-c", "import wandb"], capture_output=True).returncode != 0
     make(project, "lint", python=python)
-    # The quick tests here, as for the default bake (slow ones: .ci/slow and .ci/floors).
-    make(project, "test", python=python)
+    # The quick tests here, as for the default bake (slow ones: .ci/slow and .ci/floors). A make
+    # target glued to the previous recipe once ran nothing here and exited 0: tests must have run.
+    assert re.search(r"\b\d+ passed\b", make(project, "test", python=python))
     # `make train` on the bundled corpus with a one-block GPT for 150 steps (29 s): it learns
     # common letter sequences, below the corpus's unigram entropy of 4.53 bits per byte (3.76
     # measured). The default model's full run reaches 2.26 (docs/benchmarks.md).
