@@ -59,7 +59,7 @@ ALLOWED_LINES = (
     r"Seed set to \d+",
     r"(GPU|TPU|HPU) available: .*",
     r"srun is on this machine's PATH, but this run was not started by it: .*",
-    r"Run folder: \S+ \(wandb offline: `wandb sync \S+` uploads it\)",
+    r"Run folder: \S+( \(wandb offline: `wandb sync \S+` uploads it\))?",  # the suffix with wandb only
     r"Columns of .*, (classification|regression)\):",  # a table's columns and how each is used
     r"(numeric, standardised|categorical, one-hot|dropped \(data.drop_columns\)).*",
     r"[┏┃┡│└].*",  # the model summary's and the test metrics' tables

@@ -7,6 +7,9 @@ never be imported (``engine/trust.py``).
 """
 
 import importlib.util
+import os
+import random
+import re
 import shutil
 import subprocess
 import sys
@@ -120,6 +123,50 @@ def _instantiator(module: str) -> Callable[[Checkpoint], str]:
     return plant
 
 
+def _non_ascii_name(module: str) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        checkpoint["hyper_parameters"]["optimizer"] = f"{module}.Évil"  # imported before Évil is looked up
+        return f"hyper_parameters.optimizer names {module}.Évil"
+
+    return plant
+
+
+def _config_file(module: str, relative: bool) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        # A path where a class is expected: jsonargparse reads the file as a config and imports what it names.
+        folder = Path(importlib.util.find_spec(module).origin).parent  # finding runs none of the module
+        config = folder / "evilnet.yaml"
+        config.write_text(f"class_path: {module}.Net\n")
+        named = os.path.relpath(config) if relative else str(config)
+        checkpoint["hyper_parameters"]["net"] = named
+        # Refused when the parser would read it; where it does not read it (generate's parser), it is
+        # refused as a class path that is none. Either way the key and the path are named.
+        return rf"net\b.*{re.escape(named)}"
+
+    return plant
+
+
+def _through_a_trusted_prefix(module: str) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        # The project's package, walked through to a function of another module: it is sys.exit.
+        arguments = {"lr_lambda": "{{ cookiecutter.package_name }}.engine.trust.sys.exit"}
+        schedule = {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": arguments}
+        checkpoint["hyper_parameters"]["lr_scheduler"] = schedule
+        return r"lr_lambda names {{ cookiecutter.package_name }}\.engine\.trust\.sys\.exit, which is sys\.exit"
+
+    return plant
+
+
+def _class_reexported_by_torch_nn(module: str) -> Callable[[Checkpoint], str]:
+    def plant(checkpoint: Checkpoint) -> str:
+        # A class by a torch.nn name, defined elsewhere (logging): trusted by where it is defined.
+        name = "torch.nn.parallel.distributed.logging.FileHandler"
+        checkpoint["hyper_parameters"]["lr_scheduler"] = {"class_path": name, "init_args": {"filename": "x.log"}}
+        return "lr_scheduler.class_path names torch.nn.parallel.distributed.logging.FileHandler, which is the class"
+
+    return plant
+
+
 FORMS = {
     "net class_path": _net,
     "legacy hparams key": _legacy,
@@ -130,7 +177,16 @@ FORMS = {
     "list element": _list_element,
     "DataModule class": _datamodule,
     "instantiator": _instantiator,
+    "non-ASCII name": _non_ascii_name,
+    "config file, absolute path": lambda module: _config_file(module, relative=False),
+    "config file, relative path": lambda module: _config_file(module, relative=True),
+    "a trusted prefix walked through": _through_a_trusted_prefix,
+    "a class re-exported by torch.nn": _class_reexported_by_torch_nn,
 }
+# The forms the guard catches by itself where the imports and reads happen, with the walk switched off
+# (the legacy key and the instantiator are refused by the walk alone: Lightning reads them, not jsonargparse).
+# The DataModule's class is not parsed by the CLI, and Lightning 2.6.6 itself refuses one not yet imported.
+GUARDED_FORMS = [form for form in FORMS if form not in ("legacy hparams key", "instantiator", "DataModule class")]
 
 
 @pytest.fixture
@@ -227,6 +283,9 @@ CASES = [
     pytest.param(form, command, marks=() if form == QUICK_FORM or command == QUICK_COMMAND else pytest.mark.slow)
     for form in FORMS
     for command in COMMANDS
+    # make resume builds the run from its own config: the checkpoint's arguments are never parsed, so a
+    # path in them is never read (test_a_run_folders_config_is_data_too covers what resume does parse).
+    if not (command == "resume" and form.startswith("config file"))
 ]
 
 
@@ -301,3 +360,135 @@ def test_python_m_predict_refuses_a_planted_module_beside_the_project_in_one_lin
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "lr_lambda names labtools.f" in lines[0] and "--trust labtools" in lines[0], lines
         assert not (tmp_path / "imported").exists()
+
+
+def _without_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switch check_checkpoint off everywhere it is called: only the guard of engine.trust.loading is left."""
+    import {{ cookiecutter.package_name }}.cli as cli_module
+    import {{ cookiecutter.package_name }}.engine.inference as inference
+
+    for where in (cli_module, inference):
+        monkeypatch.setattr(where, "check_checkpoint", lambda *args, **kwargs: None)
+
+
+GUARD_COMMANDS = ["load_trained", "test --ckpt_path", "fit --ckpt_path"]
+
+
+@pytest.mark.parametrize("command", GUARD_COMMANDS)
+@pytest.mark.parametrize("form", GUARDED_FORMS)
+def test_the_guard_alone_refuses_every_form_where_the_import_happens(
+    trained_run: Path,
+    tmp_path: Path,
+    planted: tuple[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    form: str,
+    command: str,
+) -> None:
+    # Fails with engine.trust.loading replaced by a no-op: each form then imports the planted module
+    # (or, for the resolved names, runs sys.exit / builds a logging.FileHandler).
+    module, marker = planted
+    folder, path, _ = hostile_copy(trained_run, tmp_path, form, module)
+    _without_the_walk(monkeypatch)
+    with user_error("does not allow: refused before importing or reading it"):
+        try:
+            COMMANDS[command](folder, path)
+        except UntrustedCheckpointError as error:
+            raise SystemExit(2) from error
+    assert not marker.exists() and module not in sys.modules, f"{command} imported the planted module ({form})"
+
+
+def _hostile_value(rng: random.Random, module: str, folder: Path) -> Any:
+    """One of the ways a value can name the planted module, chosen by ``rng``."""
+    name = rng.choice(["Net", "Ñet", "f", "Évil", "sub.Net"])
+    config = folder / f"form{rng.randrange(10**6)}.yaml"
+    config.write_text(f"class_path: {module}.Net\n")
+    forms = [
+        f"{module}.{name}",
+        {"class_path": f"{module}.{name}", "init_args": {}},
+        "{class_path: " + f"{module}.{name}" + "}",
+        [rng.choice([1, "x", None]), f"{module}.{name}"],
+        str(config),
+        os.path.relpath(config),
+        {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": {"lr_lambda": f"{module}.{name}"}},
+    ]
+    return rng.choice(forms)
+
+
+def _plant_at_random(rng: random.Random, checkpoint: Checkpoint, value: Any) -> str:
+    """Put ``value`` under an existing or a new key of a random depth; returns the key path."""
+    key = rng.choice(["hyper_parameters", "datamodule_hyper_parameters"])
+    tree, where = checkpoint[key], key
+    for _ in range(rng.randrange(3)):  # descend into the config where it is a dict
+        inner = [k for k, v in tree.items() if isinstance(v, dict) and not k.startswith("_")]
+        if not inner:
+            break
+        chosen = rng.choice(inner)
+        tree, where = tree[chosen], f"{where}.{chosen}"
+    existing = [k for k in tree if not k.startswith("_")]
+    leaf = rng.choice([*existing, "class_path", "init_args", "extra", "dict_kwargs"])
+    tree[leaf] = value
+    return f"{where}.{leaf}"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_generated_forms_never_import_the_planted_module(
+    trained_run: Path, tmp_path: Path, planted: tuple[str, Path], monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    # Forms nobody listed: the planted name at random keys and depths, in random shapes, with the
+    # walk on and then off (the guard alone). The load fails, and nothing of the module runs.
+    module, marker = planted
+    rng = random.Random(seed)
+    folder = Path(importlib.util.find_spec(module).origin).parent
+    path = tmp_path / "generated.ckpt"
+    checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
+    where = _plant_at_random(rng, checkpoint, _hostile_value(rng, module, folder))
+    torch.save(checkpoint, path)
+    with pytest.raises(Exception):  # noqa: B017 - any refusal; jsonargparse may refuse the key first
+        load_trained(path)
+    assert not marker.exists(), f"imported through {where}"
+    _without_the_walk(monkeypatch)
+    with pytest.raises(Exception):  # noqa: B017
+        load_trained(path)
+    assert not marker.exists() and module not in sys.modules, f"imported through {where} with the guard alone"
+
+
+def test_formatting_an_error_imports_nothing_the_input_names(
+    trained_run: Path, tmp_path: Path, planted: tuple[str, Path]
+) -> None:
+    # jsonargparse's message quotes the value; the formatter once imported the module it saw there.
+    module, marker = planted
+    folder, path, _ = hostile_copy(trained_run, tmp_path, "net class_path", module)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    checkpoint["hyper_parameters"]["net"] = last_checkpoint_net(trained_run)
+    checkpoint["hyper_parameters"]["compile"] = f"module '{module}' has no attribute 'x'"  # a bool, in the message
+    torch.save(checkpoint, path)
+    with pytest.raises(SystemExit) as exit_info:
+        COMMANDS["test --ckpt_path"](folder, path)
+    assert exit_info.value.code == 2
+    assert not marker.exists() and module not in sys.modules
+
+
+def last_checkpoint_net(run: Path) -> Any:
+    return torch.load(last_checkpoint(run), map_location="cpu", weights_only=True)["hyper_parameters"]["net"]
+
+
+# Lightning's warnings for a run folder resumed after it was copied elsewhere (its checkpoints' dirpath).
+@pytest.mark.filterwarnings("ignore:The dirpath has changed from")
+@pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_a_run_folders_config_is_data_too(trained_run: Path, tmp_path: Path, planted: tuple[str, Path]) -> None:
+    # make resume builds what <run>/config.yaml names: a callback added there is refused, not run.
+    module, marker = planted
+    folder = tmp_path / "run"
+    shutil.copytree(trained_run, folder)
+    (config,) = folder.rglob("config.yaml")
+    text = config.read_text()
+    assert "\n  callbacks:\n" in text
+    config.write_text(text.replace("\n  callbacks:\n", f"\n  callbacks:\n  - class_path: {module}.Net\n", 1))
+    with user_error(rf"config\.yaml: .*names {module}\.Net, which the trust rule .* does not allow"):
+        _resume(folder, last_checkpoint(folder))
+    assert not marker.exists() and module not in sys.modules
+    # Its own callbacks (Lightning's and this project's) still resume.
+    config.write_text(text)
+    resumed = main(["fit", *shrunk_args(folder), "--trainer.max_epochs=2", "--resume=true", "--test_after_fit=false"])
+    assert resumed.trainer.current_epoch == 2

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import lightning as L
+import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -54,7 +55,16 @@ from {{ cookiecutter.package_name }}.engine.runs import (
     run_to_resume,
     with_own_config,
 )
-from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, trusted_by_config
+from {{ cookiecutter.package_name }}.engine.trust import (
+    LIGHTNING_OWN,
+    UntrustedCheckpointError,
+    check_checkpoint,
+    checkpoint_arguments,
+    loading,
+    refusal_while_loading,
+    trusted_by_config,
+    trusted_by_config_files,
+)
 
 # Lightning's own names for checkpoints that are not a file path (trainer.fit(ckpt_path=...)).
 _NAMED_CHECKPOINTS = ("best", "last", "hpc", "registry")
@@ -68,6 +78,9 @@ class Parser(LightningArgumentParser):
     """
 
     def error(self, message: str, ex: Exception | None = None):
+        refusal = refusal_while_loading(ex or message)  # a checkpoint or run folder named code: say so
+        if refusal is not None:
+            raise UntrustedCheckpointError(refusal) from ex
         if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):
             super().error(message, ex)  # a nested parser's error, caught and handled by jsonargparse
         parser = getattr(ex, "subcommand_parser", None) or self
@@ -81,6 +94,8 @@ class CLI(LightningCLI):
 
     # fit --resume=true: the run's own config, and the arguments given on top of it that may change its model.
     resumed_with: tuple[Path, list[str]] | None = None
+    # (arguments, their file) when the objects are built from a checkpoint or a run folder: data, under the trust rule.
+    _building_from: tuple[object, Path | str] | None = None
 
     def add_arguments_to_parser(self, parser) -> None:
 {%- if cookiecutter.task == "tabular" %}
@@ -138,6 +153,9 @@ class CLI(LightningCLI):
             raise ConfigError(
                 "--resume and --ckpt_path: give only one (--resume picks the latest run's newest checkpoint)"
             )
+        # What the user vouches for: their own arguments and configs/ files. A run folder's config.yaml
+        # and a checkpoint are data, whoever wrote them (engine/trust.py).
+        self.trusted = (*trusted_by_config(self.config[subcommand]), *trusted_by_config_files()) if subcommand else ()
         if subcommand == "fit" and self.config.fit.get("resume") and not slurm_job_id():
             # A run continues as it was configured: rebuilt from its own saved config, the other
             # arguments on top (a requeued SLURM job runs the very command it started with).
@@ -145,16 +163,35 @@ class CLI(LightningCLI):
             if config is not None:
                 rank_zero_info(f"Resuming with the run's own config, {config}, and the other arguments given")
                 given = sys.argv[1:] if args is None else list(args)
-                super().parse_arguments(parser, with_own_config(given, config))
+                with loading(_yaml_or_text(config), config, self.trusted, also=LIGHTNING_OWN):
+                    super().parse_arguments(parser, with_own_config(given, config))
                 others = [arg for arg in given if arg != "fit" and not arg.startswith(("--config", "--resume"))]
                 # The --model ones change a model most directly; else any (a --data one changes the classes).
                 self.resumed_with = (config, [arg for arg in others if arg.startswith("--model")] or others)
-        # The run's own config is the user's input: the modules it names may appear in the checkpoint too.
-        self.trusted = trusted_by_config(self.config[subcommand]) if subcommand else ()
+                self._building_from = (_yaml_or_text(config), config)
         if _is_checkpoint_file(ckpt_path):
             check_checkpoint(read_checkpoint(ckpt_path), ckpt_path, self.trusted)
 
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI parses the checkpoint's arguments into the config: under the trust rule.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not _is_checkpoint_file(ckpt_path) or not Path(ckpt_path).is_file():
+            return super()._parse_ckpt_path()
+        arguments = checkpoint_arguments(read_checkpoint(ckpt_path))
+        with loading(arguments, ckpt_path, self.trusted, also=LIGHTNING_OWN):
+            super()._parse_ckpt_path()
+        self._building_from = (arguments, ckpt_path)
+
     def instantiate_classes(self) -> None:
+        # Objects built from a checkpoint's arguments or a run folder's config: under the trust rule too.
+        building_from = getattr(self, "_building_from", None)
+        if building_from is None:
+            return self._instantiate_classes()
+        with loading(*building_from, self.trusted, also=LIGHTNING_OWN):
+            self._instantiate_classes()
+
+    def _instantiate_classes(self) -> None:
         # jsonargparse wraps what a constructor raises in its own ValueError. Our own argument checks
         # (a UserError such as ConfigError, raised by nets/ too) become one line; anything else is a
         # bug in a constructor and keeps its traceback.
@@ -251,6 +288,15 @@ def _user_error_in_chain(error: BaseException) -> UserError | None:
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None
+
+
+def _yaml_or_text(config: Path) -> object:
+    """A run folder's config as data (its text when it is not YAML: the parser then says what is wrong)."""
+    text = config.read_text()
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def _option_keys(parser) -> list[str]:

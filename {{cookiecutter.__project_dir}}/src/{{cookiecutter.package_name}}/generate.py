@@ -17,7 +17,7 @@ from jsonargparse import auto_cli
 from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
-from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, trusted_modules
+from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, checkpoint_arguments, loading, trusted_modules
 from {{ cookiecutter.package_name }}.models import LanguageModel
 
 
@@ -52,11 +52,13 @@ def generate(
     """
     path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
     # A missing, truncated or foreign file is named, and every name in it checked, before anything is imported.
-    check_checkpoint(read_checkpoint(path), path, trusted_modules(trust))
+    checkpoint = read_checkpoint(path)
+    check_checkpoint(checkpoint, path, trusted_modules(trust))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     target = torch.device(device)
-    model = LanguageModel.load_from_checkpoint(path, map_location=target, weights_only=True)
+    with loading(checkpoint_arguments(checkpoint), path, trusted_modules(trust)):
+        model = LanguageModel.load_from_checkpoint(path, map_location=target, weights_only=True)
     if seed is not None:
         torch.manual_seed(seed)
     tokenizer = model.tokenizer  # the training data's: bytes, or the pretrained model's own

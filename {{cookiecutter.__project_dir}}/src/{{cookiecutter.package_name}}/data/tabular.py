@@ -44,7 +44,7 @@ from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.prepared import ArrayRecords, PreparedWriter, fingerprint, open_prepared
-from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint
+from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, checkpoint_arguments, loading
 
 TargetType = Literal["auto", "classification", "regression"]
 # An integer target with at most this many distinct values is a class label (target_type "auto").
@@ -628,7 +628,8 @@ class TabularDataModule(ResumableDataModule):
         checkpoint = read_checkpoint(path)
         check_checkpoint(checkpoint, path, trust)  # the one check every load goes through
         hparams = checkpoint.get("datamodule_hyper_parameters", {})
-        datamodule = cls(**{key: value for key, value in hparams.items() if not key.startswith("_")})
+        with loading(checkpoint_arguments(checkpoint), path, trust):
+            datamodule = cls(**{key: value for key, value in hparams.items() if not key.startswith("_")})
         datamodule.load_state_dict(checkpoint[cls.__qualname__])
         return datamodule
 

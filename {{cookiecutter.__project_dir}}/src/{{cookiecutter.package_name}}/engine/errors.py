@@ -15,7 +15,6 @@ becomes one line; any other exception, a ``ValueError`` from a bug included, kee
 """
 
 import difflib
-import importlib
 import inspect
 import itertools
 import re
@@ -23,6 +22,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -174,13 +174,22 @@ def readable_parser_message(message: str, known_keys: Iterable[str] = ()) -> str
     return problem if key in problem else f"{key}: {problem}"
 
 
+def _loaded(module: str) -> Any:
+    """The module if it is already imported, else None.
+
+    An error message is made of input (a config's or a checkpoint's values): formatting one must not
+    import what it names, which would run that module's code (engine/trust.py).
+    """
+    return sys.modules.get(module)
+
+
 def _unimportable(key: str, class_path: str) -> str:
-    """'<key>: cannot import <class_path>' with the closest name of its module, when the module exists."""
+    """'<key>: cannot import <class_path>' with the closest name of its module, when that module is loaded."""
     module, _, name = class_path.rpartition(".")
-    try:
-        names = [attribute for attribute in dir(importlib.import_module(module)) if not attribute.startswith("_")]
-    except (ImportError, ValueError, TypeError):
+    loaded = _loaded(module)
+    if loaded is None:
         return f"{key}: cannot import {class_path}; give the full class path, e.g. package.module.ClassName"
+    names = [attribute for attribute in dir(loaded) if not attribute.startswith("_")]
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     hint = f"did you mean {module}.{close[0]}?" if close else f"{module} has no {name}"
     return f"{key}: cannot import {class_path}; {hint}"
@@ -201,12 +210,12 @@ def _unknown_key(key: str, known_keys: Iterable[str], cls: str | None = None) ->
 
 
 def _class_arguments(class_path: str) -> list[str]:
-    """The keyword arguments ``class_path``'s constructor accepts ([] when it cannot be imported)."""
+    """The keyword arguments ``class_path``'s constructor accepts ([] when its module is not loaded)."""
     module, _, name = class_path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name)
+        cls = getattr(_loaded(module), name)
         return [p.name for p in inspect.signature(cls).parameters.values() if p.kind is not p.VAR_KEYWORD]
-    except (ImportError, AttributeError, ValueError, TypeError):
+    except (AttributeError, ValueError, TypeError):
         return []
 
 
