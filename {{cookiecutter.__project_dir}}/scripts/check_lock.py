@@ -10,7 +10,11 @@ refuses, in one line naming the package and the URL (exit 2):
   ``UV_INDEX_URL``, ``UV_EXTRA_INDEX_URL``), or PyPI (``https://pypi.org/simple``) while no index
   replaces it as the default;
 - a file (sdist or wheel) whose URL is not on the host of one of those indexes (PyPI's files are on
-  ``files.pythonhosted.org``);
+  ``files.pythonhosted.org``), or is not in canonical form: only then do Python's ``urlsplit`` and
+  uv (which reads URLs as browsers do, WHATWG) agree on the host. ``https://evil.example\\@files.
+  pythonhosted.org/...`` is files.pythonhosted.org to ``urlsplit`` and evil.example to uv; so a
+  file URL must be ``http(s)://`` + a lowercase host name + a path, with no backslash, userinfo,
+  port, whitespace, non-ASCII letter, ``.``/``..`` segment or percent-encoded separator;
 - a git, URL, path or directory source that pyproject.toml does not name itself (the project's own
   ``editable = "."`` / ``virtual = "."`` source passes).
 
@@ -21,6 +25,7 @@ Run by `make install` (after `uv lock --check`), the pre-commit hook and the pro
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,6 +41,12 @@ PYPI_HOSTS = {"pypi.org", "files.pythonhosted.org"}
 FILE_HOSTS = {"pypi.org": PYPI_HOSTS}  # an index whose files live elsewhere
 INDEX_VARIABLES = ("UV_DEFAULT_INDEX", "UV_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL")
 OWN_SOURCES = ("editable", "virtual")
+# http(s)://host/path: a lowercase host name alone (no userinfo, no port), then path characters and
+# %XX escapes; ENCODED_SEPARATOR refuses the escapes that a URL parser may turn into structure.
+CANONICAL_URL = re.compile(
+    r"https?://[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?:/(?:[A-Za-z0-9._~+=,!$&'()*;:@/-]|%[0-9A-Fa-f]{2})*)?"
+)
+ENCODED_SEPARATOR = re.compile(r"%(?:2f|5c|2e|40|3a|3f|23|25|00)", re.IGNORECASE)
 
 
 class LockError(Exception):
@@ -54,6 +65,14 @@ def named_indexes(pyproject: dict[str, Any], environ: dict[str, str]) -> list[st
     if not replaced:
         indexes.append(PYPI)
     return [index.rstrip("/") for index in indexes]
+
+
+def canonical_url(url: str) -> bool:
+    """Whether ``url`` is in the one form whose host every URL parser reads the same (module docstring)."""
+    if not CANONICAL_URL.fullmatch(url) or ENCODED_SEPARATOR.search(url):
+        return False
+    segments = urlsplit(url).path.split("/")
+    return "." not in segments and ".." not in segments
 
 
 def check_lock(lock: dict[str, Any], pyproject_text: str, environ: dict[str, str]) -> int:
@@ -85,6 +104,12 @@ def check_lock(lock: dict[str, Any], pyproject_text: str, environ: dict[str, str
         files = [package.get("sdist", {}), *package.get("wheels", [])]
         for file in files:
             url = file.get("url")
+            if url and kind == "registry" and not canonical_url(str(url)):
+                raise LockError(
+                    f"uv.lock: {name} is fetched from {url!r}, not a URL in canonical form (a backslash, userinfo, "
+                    "a port, an encoded separator...), whose host uv may read differently from this check: the lock "
+                    "was edited; restore it (git checkout uv.lock) or `make lock`"
+                )
             if url and kind == "registry" and urlsplit(url).hostname not in hosts:
                 raise LockError(
                     f"uv.lock: {name} is fetched from {url}, not from the host of an index pyproject.toml names "

@@ -1,6 +1,7 @@
 """The locked environment: uv.lock matches pyproject.toml, and each run records what it ran with."""
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -8,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import lightning
 import pytest
@@ -92,6 +94,73 @@ def test_every_locked_package_comes_from_an_index_pyproject_names(tmp_path: Path
     mirror = {**env, "UV_INDEX": "https://mirror.example.com/simple"}
     mirrored = subprocess.run(command, capture_output=True, text=True, env=mirror)
     assert (mirrored.returncode == 0) == (edit == "another index"), mirrored.stderr
+
+
+WHEEL = "packages/aa/bb/rich-14.0.0-py3-none-any.whl"
+# Each URL once as a lock could hold it: the canonical one, and edits whose host a URL parser reads
+# another way than Python's urlsplit does, or that merely look unusual.
+URLS = [
+    f"https://files.pythonhosted.org/{WHEEL}",
+    f"https://evil.example\\@files.pythonhosted.org/{WHEEL}",  # urlsplit: pythonhosted; uv: evil.example
+    f"https://files.pythonhosted.org%2f@evil.example/{WHEEL}",
+    f"https://user@files.pythonhosted.org/{WHEEL}",
+    f"https://files.pythonhosted.org:443/{WHEEL}",
+    f"https://files.pythonhosted.org:8443/{WHEEL}",
+    f"https://FILES.pythonhosted.org/{WHEEL}",
+    f"https://files.pythonhosted.org./{WHEEL}",
+    f"https://files.pythonhosted.org/packages/aa/../../{WHEEL}",
+    f"https://files.pythonhosted.org/packages%2f..%2f{WHEEL}",
+    f"https://files.pythonhosted.org\t/{WHEEL}",
+    f"https://files.pythonhosted.org/{WHEEL}#frag",
+]
+
+
+def _host_uv_contacts(uv: str, url: str, tmp_path: Path) -> str | None:
+    """The host of the URL uv would download ``url`` from (its offline error names it), or None if uv refuses it."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("UV_")}
+    if not (tmp_path / "venv").is_dir():
+        python = subprocess.run([uv, "venv", "-q", str(tmp_path / "venv")], capture_output=True, env=env)
+        assert python.returncode == 0, python.stderr
+    done = subprocess.run(
+        [
+            uv,
+            "pip",
+            "install",
+            "--offline",
+            "--no-cache",
+            "--python",
+            str(tmp_path / "venv" / "bin" / "python"),
+            f"rich @ {url}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    found = re.search(r"wasn't found in the cache: (\S+)", done.stderr)
+    return urlsplit(found[1]).hostname if found else None
+
+
+def test_a_lock_url_passes_only_where_uv_contacts_the_host_the_check_read(tmp_path: Path) -> None:
+    # The check and uv read the same host, or the check refuses the URL (uv reads URLs as browsers do).
+    uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+    if uv is None:
+        pytest.skip("uv is not installed (make install uses it when it is on the PATH)")
+    spec = importlib.util.spec_from_file_location("check_lock", LOCK.parent / "scripts" / "check_lock.py")
+    check_lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_lock)
+    verdicts = {}
+    for url in URLS:
+        text = LOCKED.replace(next(re.finditer(r'url = "(https://files[^"]+)"', LOCKED))[1], url.replace("\\", "\\\\"))
+        try:
+            check_lock.check_lock(check_lock.tomllib.loads(text), (LOCK.parent / "pyproject.toml").read_text(), {})
+            verdicts[url] = True
+        except check_lock.LockError:
+            verdicts[url] = False
+        if verdicts[url]:
+            assert _host_uv_contacts(uv, url, tmp_path) == urlsplit(url).hostname, url
+    assert verdicts[URLS[0]] and sum(verdicts.values()) == 1, verdicts  # only the canonical form passes
+    assert _host_uv_contacts(uv, URLS[1], tmp_path) == "evil.example"  # what the check protects from
 
 
 def test_the_record_names_the_lock_and_each_installed_version_that_differs_from_it(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from conftest import (
     user_error,
     with_tests_importable,
 )
-from PIL import Image
+from PIL import Image, ImageFile
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
@@ -422,7 +422,7 @@ def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
         bomb = base64.b64encode(bomb_png(100_000, 100_000)).decode()
         refused = {
             "not base64": ("@@@", "inputs[0] must be an image file (PNG, JPEG, ...) as base64 text"),
-            "not an image": (base64.b64encode(b"hello").decode(), "inputs[0] is not an image file Pillow reads"),
+            "not an image": (base64.b64encode(b"hello").decode(), "inputs[0] is not a PNG, JPEG, GIF, BMP or TIFF"),
             "too large": (png_base64(np.zeros((80, 80), np.uint8)), "80x80 = 6400 pixels; the server takes at most"),
             "a bomb": (bomb, "too many pixels; the server takes at most 4096"),
         }
@@ -507,6 +507,18 @@ def test_a_request_may_hold_image_files_decoded_as_inputs_files_are(tmp_path: Pa
         check_inputs([wide, wide, wide], {**schema, "max_request_pixels": 2 * 576})
     with pytest.raises(ValueError, match=r"^inputs\[0\]: the image file does not decode"):
         data.inputs_from_json([base64.b64encode(files[0].read_bytes()[:200]).decode()])  # truncated after the header
+    # Formats Pillow decodes on open are refused by their header: an ICO decodes the PNG it wraps.
+    png = io.BytesIO()
+    Image.new("RGBA", (256, 256)).save(png, "PNG")  # the size its directory entry says (0: 256)
+    entry = struct.pack("<BBBBHHII", 0, 0, 0, 0, 1, 32, len(png.getvalue()), 22)
+    ico = struct.pack("<HHH", 0, 1, 1) + entry + png.getvalue()
+    assert Image.open(io.BytesIO(ico)).size == (256, 256)  # Pillow reads it, by decoding the PNG inside
+    decoded = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ImageFile.ImageFile, "load", lambda self: decoded.append(self.format))
+        with pytest.raises(ValueError, match=r"^inputs\[0\] is not a PNG, JPEG, GIF, BMP or TIFF image file"):
+            check_inputs([base64.b64encode(ico).decode()], schema)
+    assert decoded == []
 
 
 def write_bad(kind: str, root: Path) -> Path:
