@@ -27,7 +27,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data.tokenizer import ByteTokenizer, ChatTemplate
 from {{ cookiecutter.package_name }}.engine.inference import Predictor, Trained, load_trained
 from {{ cookiecutter.package_name }}.models import LanguageModel
-from {{ cookiecutter.package_name }}.models.language_model import decode
+from {{ cookiecutter.package_name }}.models.language_model import decode, sampler
 from {{ cookiecutter.package_name }}.models.language_model import greedy as greedy_choice
 from {{ cookiecutter.package_name }}.nets import GPT
 
@@ -97,6 +97,14 @@ def random_gpt() -> tuple[LanguageModel, Predictor]:
     torch.manual_seed(0)
     model = LanguageModel(GPT(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0)).eval()
     return model, Predictor(torch.nn.Identity(), model.net, model.output_head())
+
+
+def test_extreme_sampling_settings_inside_their_ranges_sample_the_likeliest_token() -> None:
+    # A temperature of 1e-40 once made the logits inf and softmax NaN; a top_p of 1e-300 (0 in
+    # float32) dropped every token: both were 500s at the server.
+    logits = torch.randn(4, 256) * 10
+    for choose in (sampler(1e-40), sampler(1.0, top_p=1e-300), sampler(1e-40, top_k=5, top_p=1e-300)):
+        assert torch.equal(choose(logits), greedy_choice(logits))
 
 
 def test_streamed_pieces_join_into_the_whole_answer_and_stop_strings_cut_it(random_gpt) -> None:
@@ -267,6 +275,7 @@ REFUSED = {  # the request's extra fields -> (status, the param named)
     "an unknown model": ({"model": "gpt-4o"}, 404, "model"),
     "temperature out of range": ({"temperature": 3}, 400, "temperature"),
     "top_p out of range": ({"top_p": 0}, 400, "top_p"),
+    "a seed past 64 bits": ({"seed": 2**64}, 400, "seed"),
     "several choices": ({"n": 2}, 400, "n"),
     "tools": (
         {"tools": [{"type": "function", "function": dict(name="f", description="", parameters={})}]},
@@ -313,6 +322,16 @@ def test_refused_requests_get_the_openai_error_shape_naming_the_field(chat_serve
             model=NAME, messages=[{"role": "user", "content": "x" * 5000}], stream=True
         )
     assert client(port).chat.completions.create(model=NAME, messages=CHAT, max_tokens=3).choices[0].message.content
+    # Values inside the ranges are answered, streamed or not: the greedy answer for a vanishing
+    # temperature, the likeliest token for a top_p that rounds to 0 in float32.
+    likeliest = client(port).chat.completions.create(model=NAME, messages=CHAT, max_tokens=8, temperature=0)
+    for extremes in ({"temperature": 1e-40}, {"temperature": 1.0, "top_p": 1e-300}):
+        whole = client(port).chat.completions.create(model=NAME, messages=CHAT, max_tokens=8, **extremes)
+        assert whole.choices[0].message.content == likeliest.choices[0].message.content, extremes
+        chunks = client(port).chat.completions.create(model=NAME, messages=CHAT, max_tokens=8, stream=True, **extremes)
+        assert (
+            "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+        )
 
 
 @pytest.mark.slow

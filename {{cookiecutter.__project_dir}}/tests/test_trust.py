@@ -465,6 +465,9 @@ def test_formatting_an_error_imports_nothing_the_input_names(
     with pytest.raises(SystemExit) as exit_info:
         COMMANDS["test --ckpt_path"](folder, path)
     assert exit_info.value.code == 2
+    # make predict: one line naming the file and the key, not jsonargparse's traceback.
+    with user_error(rf"^{re.escape(str(path))}: its saved arguments do not build \(.*compile"):
+        COMMANDS["predict"](folder, path)
     assert not marker.exists() and module not in sys.modules
 
 

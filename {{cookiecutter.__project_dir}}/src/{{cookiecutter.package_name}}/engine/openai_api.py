@@ -172,6 +172,8 @@ class ChatSpec(ls.OpenAISpec):
             raise OpenAIError(400, f"temperature must be in [0, 2], got {request.temperature}", "temperature")
         if request.top_p is not None and not 0 < request.top_p <= 1:
             raise OpenAIError(400, f"top_p must be in (0, 1], got {request.top_p}", "top_p")
+        if request.seed is not None and not -(2**63) <= request.seed < 2**64:  # what torch.manual_seed takes
+            raise OpenAIError(400, f"seed must be in [-2**63, 2**64 - 1], got {request.seed}", "seed")
         stops = stop_strings(request.stop)
         # Each token is checked against every start of every stop string: a long one is cheap to send, costly to serve.
         if len(stops) > MAX_STOPS or not all(0 < len(stop) <= MAX_STOP_CHARS for stop in stops):

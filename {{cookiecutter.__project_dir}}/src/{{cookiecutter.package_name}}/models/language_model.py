@@ -390,7 +390,9 @@ def sampler(
         return greedy
 
     def sample(logits: torch.Tensor) -> torch.Tensor:  # (B, V) -> (B, 1)
-        logits = logits / temperature
+        # From the largest logit, which becomes 0: a temperature of 1e-40 overflows the others to
+        # -inf, never the likeliest to inf (inf / inf in softmax would be NaN).
+        logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
         if top_k is not None:
             kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]  # (B, 1)
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -398,6 +400,7 @@ def sampler(
             ordered, order = logits.sort(dim=-1, descending=True)  # (B, V)
             probabilities = ordered.softmax(dim=-1)
             outside = probabilities.cumsum(dim=-1) - probabilities >= top_p  # the likelier ones reach p already
+            outside[:, 0] = False  # the likeliest token stays whatever p is (1e-300 is 0 in float32)
             drop = torch.zeros_like(outside).scatter(-1, order, outside)  # back in vocabulary order
             logits = logits.masked_fill(drop, float("-inf"))
         return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator)
