@@ -315,6 +315,34 @@ def test_a_checkpoint_refuses_a_base_whose_weights_changed(tiny: Path, tmp_path:
         load_trained(checkpoint)
 
 
+def _fifo(folder: Path) -> str:
+    os.mkfifo(folder / "extra.bin")  # the fingerprint's read of it would never end
+    return r"extra\.bin is not a regular file"
+
+
+def _link_out(folder: Path) -> str:
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to("/etc/hostname")
+    return r"model\.safetensors leads out of .* \(to /etc/hostname\)"
+
+
+def _index_out(folder: Path) -> str:
+    shutil.copy(folder / "model.safetensors", folder.parent / "outside.safetensors")
+    weight_map = {"weight_map": {"lm_head.weight": "../outside.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(weight_map))
+    return r"index\.json names the weight file '\.\./outside\.safetensors', which is not a file of"
+
+
+@pytest.mark.parametrize("spoil", [_fifo, _link_out, _index_out], ids=["FIFO", "symlink out", "index out"])
+def test_a_model_folder_is_read_through_its_own_regular_files_only(tiny: Path, tmp_path: Path, spoil) -> None:
+    # A downloaded folder is data: what it makes the loader read is refused in one line, before anything reads it.
+    folder = tmp_path / "model"
+    shutil.copytree(tiny, folder)
+    message = spoil(folder)
+    with user_error(rf"^(data\.tokenizer|net\.model): {re.escape(str(folder))}.*{message}"):
+        main(["fit", *finetune_args(tmp_path, folder), *SHORT])
+
+
 def adapter_gradients(net: HFCausalLM, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of predicting ``tokens`` (B, T) shifted by one, and the gradient of each trainable parameter."""
     net.zero_grad()

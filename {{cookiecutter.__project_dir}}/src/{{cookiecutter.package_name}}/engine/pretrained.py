@@ -71,21 +71,27 @@ def locate(source: str, revision: str | None = None, key: str = "net.model") -> 
             f"{key}: {source} is neither a folder nor in the local Hugging Face cache (HF_HOME); runs never "
             f"download. Fetch it once where there is internet: `hf download {source}{at}`, or give its folder"
         ) from None
-    check_data_only(folder, key)
+    # A hub snapshot's files are links into the repository's blobs/ (two folders up): inside it is inside.
+    check_data_only(folder, key, root=folder.parent.parent)
     return Pretrained(source, folder, folder.name)
 
 
-def check_data_only(folder: Path, key: str = "net.model") -> None:
-    """Refuse a model folder whose loading would run code from it: custom model code, or pickled weights.
+def check_data_only(folder: Path, key: str = "net.model", root: Path | None = None) -> None:
+    """Refuse a model folder whose loading would run code from it or read anything outside it.
 
     Every ``from_pretrained`` of this project passes ``trust_remote_code=False`` and
     ``use_safetensors=True`` too; this names the problem in one line before transformers reads anything.
+    Only regular files inside the folder are read: a symlink out of it (``root``: the hub cache's
+    repository folder for a snapshot), a FIFO or a device (a read that never ends), and a weight index
+    (``model.safetensors.index.json``) naming a file elsewhere are refused.
 
     Raises:
         ConfigError: ``config.json`` / ``tokenizer_config.json`` maps the model to Python files in the
-            folder (``auto_map``) for a ``model_type`` transformers does not implement, or the weights
-            are pickled only (``pytorch_model.bin``, ``.pt``) with no ``.safetensors`` beside them.
+            folder (``auto_map``) for a ``model_type`` transformers does not implement, the weights
+            are pickled only (``pytorch_model.bin``, ``.pt``) with no ``.safetensors`` beside them, or
+            a file is not a regular file inside the folder.
     """
+    check_files_inside(folder, key, root or folder)
     try:
         from transformers.models.auto import configuration_auto
 
@@ -112,6 +118,29 @@ def check_data_only(folder: Path, key: str = "net.model") -> None:
             "when loaded: only .safetensors are loaded. Convert them where you trust the file: "
             "`AutoModelForCausalLM.from_pretrained(folder).save_pretrained(new_folder)` writes model.safetensors"
         )
+
+
+def check_files_inside(folder: Path, key: str, root: Path) -> None:
+    """Every entry of ``folder`` is a regular file (or a folder) that resolves inside ``root``, and every
+    shard a ``*.index.json`` names is one of them (see :func:`check_data_only`)."""
+    inside = root.resolve()
+    for entry in sorted(folder.iterdir()):
+        resolved = entry.resolve()
+        if not resolved.is_relative_to(inside):
+            raise ConfigError(f"{key}: {entry} leads out of {folder} (to {resolved}): only its own files are read")
+        if not (resolved.is_file() or resolved.is_dir()):  # a FIFO, a socket, a device
+            raise ConfigError(f"{key}: {entry} is not a regular file: only the folder's own files are read")
+    for index in sorted(folder.glob("*.index.json")):
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError):
+            raise ConfigError(f"{key}: {index} is not a weight index (JSON with a weight_map)") from None
+        for shard in sorted(str(name) for name in shards):
+            if Path(shard).name != shard or not (folder / shard).is_file():
+                raise ConfigError(
+                    f"{key}: {index} names the weight file {shard!r}, which is not a file of {folder}: "
+                    "only the folder's own files are read"
+                )
 
 
 def fingerprint(folder: Path) -> str:
