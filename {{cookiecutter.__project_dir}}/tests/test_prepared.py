@@ -14,7 +14,15 @@ from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.engine import prepared as core
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
-from {{ cookiecutter.package_name }}.engine.prepared import ArrayRecords, PreparedWriter, fingerprint, open_prepared
+from {{ cookiecutter.package_name }}.engine.prepared import (
+    NAMES,
+    ArrayRecords,
+    PreparedWriter,
+    fingerprint,
+    numbers,
+    one_of,
+    open_prepared,
+)
 
 KIND, SETTINGS = "Toy", {"size": 4}
 
@@ -26,7 +34,7 @@ def write_toy(out: Path, source: Path, rows: int = 100, shard_bytes: int = 1000)
     with PreparedWriter(out, KIND, SETTINGS, fingerprint(source, source.glob("*")), shard_bytes=shard_bytes) as w:
         for start in range(0, rows, 30):  # appends that do not line up with the shards
             w.append("train", x=arrays["x"][start : start + 30], y=arrays["y"][start : start + 30])
-        w.state(classes=["a", "b"])
+        w.state(classes=["a", "b"], mode="L", std=[0.5])
     return arrays
 
 
@@ -43,7 +51,7 @@ def test_records_read_back_exactly_across_shards_and_in_loader_workers(tmp_path:
     prepared = open_prepared(tmp_path / "prep", KIND, SETTINGS, lambda root: root.glob("*"))
     fields = prepared.split("train")
     assert len(fields["x"].files) == 7  # 64-byte records, 15 per 1,000-byte shard
-    assert prepared.state == {"classes": ["a", "b"]} and prepared.count("train") == 100
+    assert prepared.state == {"classes": ["a", "b"], "mode": "L", "std": [0.5]} and prepared.count("train") == 100
     assert np.array_equal(fields["x"][:], arrays["x"]) and np.array_equal(fields["y"][:], arrays["y"])
     assert np.array_equal(fields["x"][13:47], arrays["x"][13:47])  # a read across three shards
     assert np.array_equal(fields["x"][-1], arrays["x"][-1]) and fields["y"][44] == 44
@@ -143,6 +151,7 @@ def test_damage_is_named_before_training(tmp_path: Path, source: Path) -> None:
 
 # ---- a prepared folder is data: every manifest field and every shard checked before training ----------
 FIELDS = {"x": ("<f4",), "y": ("<i8",)}
+STATE = {"classes": NAMES, "mode": one_of("L", "RGB"), "std": numbers(positive=True)}  # as an image DataModule reads it
 
 
 def rewrite_manifest(out: Path, change) -> None:
@@ -186,6 +195,18 @@ MALFORMED = {
     ),
     "no splits": (lambda m: m.pop("splits"), r"manifest.json: splits is missing or not a mapping"),
     "no checksum": (lambda m: first_shard(m).pop("sha256"), r"shards\[0\].sha256 is missing or not a SHA-256"),
+    "class names that are one string": (
+        lambda m: m["state"].update(classes="xy"),
+        r"state.classes is 'xy', not a list of distinct names",
+    ),
+    "a state the DataModule does not know": (
+        lambda m: m["state"].update(mode="CMYK"),
+        r"state.mode is 'CMYK', not one of 'L', 'RGB'",
+    ),
+    "a std that is text": (
+        lambda m: m["state"].update(std="abc"),
+        r"state.std is 'abc', not a list of finite positive numbers",
+    ),
     "a field the DataModule does not read": (
         lambda m: m["splits"]["train"]["fields"].update(z=m["splits"]["train"]["fields"]["x"]),
         r"fields.z is not a field this DataModule reads \(x, y\)",
@@ -202,7 +223,15 @@ def test_a_malformed_manifest_is_one_line_naming_the_field(tmp_path: Path, sourc
     change, expected = MALFORMED[case]
     rewrite_manifest(out, change)
     with pytest.raises(DataError, match=expected):
-        open_prepared(out, KIND, SETTINGS, fields=FIELDS)
+        open_prepared(out, KIND, SETTINGS, fields=FIELDS, state=STATE)
+
+
+def test_a_manifest_nested_deeper_than_python_reads_is_one_line(tmp_path: Path, source: Path) -> None:
+    out = tmp_path / "prep"
+    write_toy(out, source)
+    (out / "manifest.json").write_text("[" * 200_000)  # a RecursionError in json.loads
+    with pytest.raises(DataError, match=r"manifest.json does not read \(nested too deep\); run `make prepare"):
+        open_prepared(out, KIND, SETTINGS)
 
 
 def test_a_shard_must_be_a_plain_file_inside_the_folder_with_the_contents_prepare_wrote(

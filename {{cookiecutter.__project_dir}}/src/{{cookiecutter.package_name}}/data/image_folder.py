@@ -54,7 +54,16 @@ from {{ cookiecutter.package_name }}.engine.contract import image_file_bytes, op
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.inference import CenterCrop, Standardize
-from {{ cookiecutter.package_name }}.engine.prepared import ArrayRecords, PreparedWriter, fingerprint, open_prepared
+from {{ cookiecutter.package_name }}.engine.prepared import (
+    NAMES,
+    ArrayRecords,
+    PreparedWriter,
+    fingerprint,
+    numbers,
+    one_of,
+    open_prepared,
+    prepare_command,
+)
 from {{ cookiecutter.package_name }}.engine.pretrained import image_preprocessing, locate
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -341,10 +350,24 @@ class ImageFolderDataModule(ResumableDataModule):
                 image_files,
                 source=self.hparams.root,
                 fields={"images": ("|u1",), "labels": ("<i8",)},
-                state=("class_names", "mode", "mean", "std"),
+                state={
+                    "class_names": NAMES,
+                    "mode": one_of("L", "RGB"),
+                    "mean": numbers(),
+                    "std": numbers(positive=True),
+                },
                 splits=SPLITS,
             )
             prepared.check_below("labels", len(prepared.state["class_names"]), "the number of classes")
+            channels = 1 if prepared.state["mode"] == "L" else 3
+            for key in ("mean", "std"):
+                value = prepared.state[key]
+                if value is not None and len(value) != channels:
+                    remake = prepare_command(type(self).__name__)
+                    raise DataError(
+                        f"data.prepared={self.hparams.prepared}: state.{key} has {len(value)} values for "
+                        f"{prepared.state['mode']} images of {channels} channel(s); run `{remake}`"
+                    )
             self._prepared = prepared
         return self._prepared
 

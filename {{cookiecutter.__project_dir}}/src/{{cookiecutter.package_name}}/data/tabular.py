@@ -43,7 +43,7 @@ from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
-from {{ cookiecutter.package_name }}.engine.prepared import ArrayRecords, PreparedWriter, fingerprint, open_prepared
+from {{ cookiecutter.package_name }}.engine.prepared import MAPPING, ArrayRecords, PreparedWriter, fingerprint, open_prepared
 from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, checkpoint_arguments, loading
 
 TargetType = Literal["auto", "classification", "regression"]
@@ -563,7 +563,7 @@ class TabularDataModule(ResumableDataModule):
                 lambda f: [f],
                 source=self.hparams.path,
                 fields=fields,
-                state=("preprocessing",),
+                state={"preprocessing": MAPPING},
                 splits=("train", "val", "test"),
             )
             preprocessing = prepared.state["preprocessing"]

@@ -53,6 +53,7 @@ from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.data import check_fractions
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.prepared import (
+    COUNT,
     DiskArray,
     PreparedWriter,
     fingerprint,
@@ -481,7 +482,7 @@ class TextDataModule(LanguageDataModule):
                     self._files,
                     source=hp.path,
                     fields={"tokens": ("|u1", "<u2", "<u4"), "?counts": ("<u2",)},
-                    state=("bytes", "vocab_size"),
+                    state={"bytes": COUNT, "vocab_size": COUNT},
                     splits=SPLITS,
                 )
                 prepared.check_below("tokens", prepared.state["vocab_size"], "the vocabulary size")

@@ -45,6 +45,7 @@ source the run's config names is the one recorded (a manifest cannot make a run 
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -266,7 +267,7 @@ def open_prepared(
     source_files: Callable[[Path], Iterable[Path]] | None = None,
     source: str | Path | None = None,
     fields: dict[str, Sequence[str]] | None = None,
-    state: Sequence[str] = (),
+    state: dict[str, "StateCheck"] | None = None,
     splits: Sequence[str] = (),
 ) -> Prepared:
     """Open the prepared data set at ``path`` after checking, before any training, that it can be trained on.
@@ -285,7 +286,8 @@ def open_prepared(
             ``dtype.str``, e.g. ``"|u1"``); a field it does not list is refused, one it lists but marks
             optional by a leading ``"?"`` in its name may be absent.
             None: any numeric fields, any splits.
-        state: keys the DataModule reads from the manifest's ``state``.
+        state: what the DataModule reads from the manifest's ``state``: each key and a check of its
+            value (:data:`NAMES`, :func:`one_of`, :func:`numbers`, :data:`COUNT`, :data:`MAPPING`).
         splits: the splits the DataModule reads ("train", "val", "test").
 
     Raises:
@@ -305,15 +307,16 @@ def open_prepared(
         raise DataError(
             f"data.prepared={path}: not a prepared data set (no {MANIFEST}: an interrupted prepare?); run `{remake}`"
         ) from None
-    except (OSError, ValueError) as error:
-        raise DataError(f"data.prepared={path}/{MANIFEST} does not read ({error}); run `{remake}`") from None
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: JSON nested deeper than Python goes
+        problem = "nested too deep" if isinstance(error, RecursionError) else str(error)
+        raise DataError(f"data.prepared={path}/{MANIFEST} does not read ({problem}); run `{remake}`") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION or manifest.get("kind") != kind:
         found = manifest if isinstance(manifest, dict) else {}
         raise DataError(
             f"data.prepared={path}: prepared for {found.get('kind')} (format {found.get('format')}), "
             f"not {kind} (format {FORMAT_VERSION}); run `{remake}`"
         )
-    _check_manifest(manifest, path, remake, fields, state, splits)
+    _check_manifest(manifest, path, remake, fields, state or {}, splits)
     for key, value in settings.items():
         made = manifest["settings"].get(key)
         if _jsonable(value) != made:
@@ -364,7 +367,7 @@ def _check_manifest(
     path: Path,
     remake: str,
     fields: dict[str, Sequence[str]] | None,
-    state: Sequence[str] = (),
+    state: dict[str, "StateCheck"],
     required_splits: Sequence[str] = (),
 ) -> None:
     """Every manifest field a reader relies on, well-formed; raises DataError naming the first that is not."""
@@ -378,6 +381,10 @@ def _check_manifest(
     missing_state = [key for key in state if key not in manifest["state"]]
     if missing_state:
         raise bad("state", f"lacks {', '.join(missing_state)}")
+    for key, check in state.items():
+        wanted = check(manifest["state"][key])
+        if wanted is not None:
+            raise bad(f"state.{key}", f"is {str(manifest['state'][key])[:80]!r}, not {wanted}")
     splits = manifest["splits"]
     expected = None if fields is None else {name.lstrip("?"): dtypes for name, dtypes in fields.items()}
     required = set() if fields is None else {name for name in fields if not name.startswith("?")}
@@ -428,6 +435,45 @@ def _check_manifest(
                         raise bad(f"{at}.{key}", "is missing or not a SHA-256")
             if sum(shard["count"] for shard in shards) != count:
                 raise bad(f"{where}.shards", f"hold {sum(s['count'] for s in shards)} records, the split {count}")
+
+
+# ---- checks of the manifest's ``state``: each returns None, or what the value should have been ------------
+StateCheck = Callable[[Any], str | None]
+
+
+def NAMES(value: Any) -> str | None:  # noqa: N802 -- used as a constant
+    """A non-empty list of distinct, non-empty strings (class names)."""
+    ok = isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)
+    return None if ok and len(set(value)) == len(value) else "a list of distinct names"
+
+
+def COUNT(value: Any) -> str | None:  # noqa: N802
+    return None if _natural(value) else "a count"
+
+
+def MAPPING(value: Any) -> str | None:  # noqa: N802
+    return None if isinstance(value, dict) else "a mapping"
+
+
+def one_of(*choices: Any) -> StateCheck:
+    def check(value: Any) -> str | None:
+        return None if value in choices else "one of " + ", ".join(map(repr, choices))
+
+    return check
+
+
+def numbers(positive: bool = False) -> StateCheck:
+    """A non-empty list of finite numbers (``positive``: each above 0), or None."""
+
+    def check(value: Any) -> str | None:
+        if value is None:
+            return None
+        items = value if isinstance(value, list) else []
+        finite = [isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in items]
+        ok = isinstance(value, list) and value and all(finite) and (not positive or all(v > 0 for v in value))
+        return None if ok else f"a list of finite{' positive' if positive else ''} numbers"
+
+    return check
 
 
 def _natural(value: Any) -> bool:
@@ -494,13 +540,13 @@ def verify(path: str | Path, workers: int | None = None) -> tuple[int, int]:
     path = Path(path).expanduser()
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise DataError(f"--verify {path}: no readable {MANIFEST} ({error})") from None
+    except (OSError, ValueError, RecursionError) as error:
+        raise DataError(f"--verify {path}: no readable {MANIFEST} ({type(error).__name__})") from None
     kind = manifest.get("kind") if isinstance(manifest, dict) else None
     remake = prepare_command(str(kind))
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
         raise DataError(f"--verify {path}: not a prepared data set of format {FORMAT_VERSION}; run `{remake}`")
-    _check_manifest(manifest, path, remake, None)
+    _check_manifest(manifest, path, remake, None, {})
     shards = [
         (_shard_file(path, split, shard["file"], remake), shard)
         for split, entry in manifest["splits"].items()
