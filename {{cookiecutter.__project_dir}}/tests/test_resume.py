@@ -1,5 +1,6 @@
 """Exact resume: a run stopped mid-epoch or at an epoch boundary and resumed ends identical to an uninterrupted run."""
 
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -75,7 +76,11 @@ def test_mid_epoch_interruption_resumes_exactly(reference: CLI, tmp_path: Path) 
         interrupted.trainer.fit(interrupted.model, datamodule=interrupted.datamodule)
     assert interrupted.trainer.global_step == 16
 
-    resumed = main(["fit", *args, "--resume=true"])  # `make resume`: no path given
+    # `make resume`: no path given, the arguments on the command line (LightningCLI warned of "both args and
+    # command line arguments" when the run's own config replaced them: a warning is an error here).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", [sys.argv[0], "fit", *args, "--resume=true"])
+        resumed = main()
     assert run_dir(resumed.trainer) == run_dir(interrupted.trainer)
     assert_same_end_state(reference, resumed)
 

@@ -163,8 +163,14 @@ class CLI(LightningCLI):
             if config is not None:
                 rank_zero_info(f"Resuming with the run's own config, {config}, and the other arguments given")
                 given = sys.argv[1:] if args is None else list(args)
-                with loading(_yaml_or_text(config), config, self.trusted, also=LIGHTNING_OWN):
-                    super().parse_arguments(parser, with_own_config(given, config))
+                # The command line, rewritten, is passed as args: sys.argv is set aside meanwhile, or
+                # LightningCLI would warn that both were given (they are the same command).
+                argv, sys.argv = sys.argv, sys.argv[:1]
+                try:
+                    with loading(_yaml_or_text(config), config, self.trusted, also=LIGHTNING_OWN):
+                        super().parse_arguments(parser, with_own_config(given, config))
+                finally:
+                    sys.argv = argv
                 others = [arg for arg in given if arg != "fit" and not arg.startswith(("--config", "--resume"))]
                 # The --model ones change a model most directly; else any (a --data one changes the classes).
                 self.resumed_with = (config, [arg for arg in others if arg.startswith("--model")] or others)
