@@ -328,7 +328,8 @@ def _link_out(folder: Path) -> str:
 
 def _index_out(folder: Path) -> str:
     shutil.copy(folder / "model.safetensors", folder.parent / "outside.safetensors")
-    weight_map = {"weight_map": {"lm_head.weight": "../outside.safetensors"}}
+    outside = {"lm_head.weight": "../outside.safetensors"}
+    weight_map = {"weight_map": outside}
     (folder / "model.safetensors.index.json").write_text(json.dumps(weight_map))
     return r"index\.json names the weight file '\.\./outside\.safetensors', which is not a file of"
 

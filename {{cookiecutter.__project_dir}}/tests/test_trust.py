@@ -161,7 +161,8 @@ def _class_reexported_by_torch_nn(module: str) -> Callable[[Checkpoint], str]:
     def plant(checkpoint: Checkpoint) -> str:
         # A class by a torch.nn name, defined elsewhere (logging): trusted by where it is defined.
         name = "torch.nn.parallel.distributed.logging.FileHandler"
-        checkpoint["hyper_parameters"]["lr_scheduler"] = {"class_path": name, "init_args": {"filename": "x.log"}}
+        arguments = {"filename": "x.log"}
+        checkpoint["hyper_parameters"]["lr_scheduler"] = {"class_path": name, "init_args": arguments}
         return "lr_scheduler.class_path names torch.nn.parallel.distributed.logging.FileHandler, which is the class"
 
     return plant
@@ -404,12 +405,12 @@ def _hostile_value(rng: random.Random, module: str, folder: Path) -> Any:
     config.write_text(f"class_path: {module}.Net\n")
     forms = [
         f"{module}.{name}",
-        {"class_path": f"{module}.{name}", "init_args": {}},
+        {"class_path": f"{module}.{name}", "init_args": dict()},
         "{class_path: " + f"{module}.{name}" + "}",
         [rng.choice([1, "x", None]), f"{module}.{name}"],
         str(config),
         os.path.relpath(config),
-        {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": {"lr_lambda": f"{module}.{name}"}},
+        {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": dict(lr_lambda=f"{module}.{name}")},
     ]
     return rng.choice(forms)
 
