@@ -304,6 +304,15 @@ def test_predict_on_your_own_inputs(shipped, tmp_path: Path) -> None:
 {%- endif %}
     path = predict(ckpt=trained.checkpoint, inputs=str(inputs), output=tmp_path / "out.jsonl", accelerator="cpu")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
+    # Without --output: a file of these inputs' own in the run folder; the test split's is not replaced.
+    checkpoint = tmp_path / "run" / "checkpoints" / "best.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    shutil.copy(trained.checkpoint, checkpoint)
+    split = predict(ckpt=checkpoint, accelerator="cpu")
+    before = split.read_bytes()
+    own = predict(ckpt=checkpoint, inputs=str(inputs), accelerator="cpu")
+    assert own.parent == split.parent == tmp_path / "run" and own.name.startswith(f"predictions-{inputs.name}-")
+    assert split.read_bytes() == before and len(own.read_text().splitlines()) >= len(rows)
     assert [{key: value for key, value in row.items() if key != "id"} for row in rows] == expected
 {%- if cookiecutter.task == "language-model" %}
     assert [row["id"] for row in rows] == ["Call me", "The whale"]

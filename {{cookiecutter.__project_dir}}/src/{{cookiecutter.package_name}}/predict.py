@@ -43,7 +43,7 @@ def predict(
             too) or one image file, resized as in training.
 {%- endif %}
         output: the file, .csv or .jsonl; default predictions.{{ 'jsonl' if cookiecutter.task == 'language-model' else 'csv' }} in the checkpoint's run
-            folder.
+            folder, and for ``inputs`` a file of their own there (``PredictionWriter.default_path``).
         accelerator: Lightning accelerator: "auto", "cpu", "gpu".
         trust: modules besides this project's package whose classes the checkpoint may name,
             comma-separated (an own DataModule or net kept elsewhere); only for checkpoints you trust.
@@ -59,7 +59,8 @@ def predict(
         data.setup("predict")  # the test split; your own inputs need only what the checkpoint holds
     data.use_inputs(inputs)
     file_format = trained.model.prediction_format
-    writer = PredictionWriter(str(output) if output else str(PredictionWriter.default_path(path, file_format)))
+    default = PredictionWriter.default_path(path, file_format, inputs)  # the test split's, or these inputs' own
+    writer = PredictionWriter(str(output) if output else str(default))
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=1,

@@ -4,8 +4,10 @@ https://lightning.ai/docs/pytorch/stable/api/lightning.pytorch.callbacks.BasePre
 """
 
 import csv
+import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,11 +48,21 @@ class PredictionWriter(BasePredictionWriter):
         self._count = 0
 
     @staticmethod
-    def default_path(ckpt_path: str | Path | None, file_format: str = "csv") -> Path:
-        """``<run>/predictions.<file_format>`` for a checkpoint in ``<run>/checkpoints/``, else the working folder's."""
+    def default_path(ckpt_path: str | Path | None, file_format: str = "csv", inputs: str | Path | None = None) -> Path:
+        """``<run>/predictions.<file_format>`` for a checkpoint in ``<run>/checkpoints/``, else the working folder's.
+
+        For your own ``inputs``: ``predictions-<their name>-<8 hex digits of their absolute path's
+        SHA-256>.<file_format>``, so predictions for other inputs never replace the test split's or
+        each other's (the same inputs again rewrite their own file).
+        """
         ckpt = Path(ckpt_path) if ckpt_path else None
         folder = ckpt.parent.parent if ckpt is not None and ckpt.parent.name == "checkpoints" else Path()
-        return folder / f"predictions.{file_format}"
+        if inputs is None:
+            return folder / f"predictions.{file_format}"
+        source = Path(inputs).expanduser().resolve()
+        name = re.sub(r"[^\w.-]", "_", source.name)[:64] or "inputs"
+        digest = hashlib.sha256(str(source).encode()).hexdigest()[:8]
+        return folder / f"predictions-{name}-{digest}.{file_format}"
 
     def output_path(self, trainer: L.Trainer) -> Path:
         """Where this process writes (see the class docstring)."""
