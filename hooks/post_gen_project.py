@@ -46,6 +46,7 @@ TASK_FILES = {
         "tests/test_hf_image.py",
         "configs/experiments/image-folder.yaml",
         "configs/experiments/transfer-learning.yaml",
+        "configs/experiments/lora.yaml",
         "configs/experiments/timm.yaml",
     ],
     "tabular": [

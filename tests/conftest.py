@@ -100,6 +100,7 @@ TASK_TEST_FILES = {
 TASK_CONFIG_FILES = {
     "image-classification": [
         *("experiments/image-folder.yaml", "experiments/transfer-learning.yaml", "experiments/timm.yaml"),
+        "experiments/lora.yaml",
     ],
     "tabular": ["experiments/tabular-csv.yaml", "experiments/tabular-regression.yaml"],
     "language-model": [

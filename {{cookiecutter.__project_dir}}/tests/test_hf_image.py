@@ -20,6 +20,7 @@ from conftest import (
     readme_commands,
     run_readme_training,
     shrunk_args,
+    user_error,
 )
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -35,6 +36,7 @@ pytest.importorskip("peft", reason="the finetune extra (make install installs it
 
 EXPERIMENT = CONFIGS / "experiments" / "image-folder.yaml"
 NET = "{{ cookiecutter.package_name }}.nets.HFImageClassifier"
+TRANSFER = CONFIGS / "experiments" / "transfer-learning.yaml"
 # Each processor as the hub stores it (keys and values of transformers' own save_pretrained), at 32 px.
 STATS = {"image_mean": [0.48, 0.46, 0.41], "image_std": [0.27, 0.26, 0.28]}
 IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
@@ -255,6 +257,34 @@ def test_a_lora_fine_tune_from_the_command_line_checkpoints_only_the_adapters_an
     assert net and all("lora_" in key or ".classifier." in key for key in net)
     adapters = [key for key in net if "lora_B" in key]  # B starts at zero: non-zero once trained
     assert len(adapters) == 4 and all(weights[key].abs().sum() > 0 for key in adapters)  # q and v, 2 layers
+
+
+def test_lora_with_backbone_freeze_is_refused_before_training(tmp_path: Path) -> None:
+    # transfer-learning.yaml adds BackboneFreeze; its unfreeze would train base weights a LoRA checkpoint
+    # never saves: test/acc 0.70 after training, 0.35 for every reload of the same checkpoint.
+    folder = save_tiny("vit", tmp_path / "vit")
+    images = colour_folder(tmp_path / "images")
+    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--config={TRANSFER}", f"--data.init_args.root={images}"]
+    args += [f"--data.init_args.pretrained={folder}", f"--model.init_args.net.init_args.model={folder}"]
+    args += ["--model.init_args.net.init_args.lora={r: 4, target_modules: [q_proj, v_proj]}"]
+    args += ["--data.init_args.batch_size=16"]
+    with user_error(r"^BackboneFreeze with LoRA .*remove the callback .*configs/experiments/lora.yaml"):
+        main(["fit", *args])
+    assert not list((tmp_path / "logs").rglob("*.ckpt"))
+
+
+@pytest.mark.slow
+def test_the_lora_experiment_config_fine_tunes_and_every_reload_scores_as_tested(tmp_path: Path) -> None:
+    """configs/experiments/lora.yaml with a tiny ViT: the export's fresh load of the best checkpoint scores
+    the test split as the run did after training (assert_fine_tunes_exports_and_predicts)."""
+    folder = save_tiny("vit", tmp_path / "vit")
+    images = colour_folder(tmp_path / "images")
+    lora = CONFIGS / "experiments" / "lora.yaml"
+    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--config={lora}"]
+    args += [f"--data.init_args.root={images}", f"--data.init_args.pretrained={folder}"]
+    args += [f"--model.init_args.net.init_args.model={folder}", "--trainer.max_epochs=4"]
+    args += ["--data.init_args.batch_size=16"]
+    assert_fine_tunes_exports_and_predicts(tmp_path, images, args)
 
 
 @pytest.mark.slow

@@ -40,8 +40,9 @@ class BackboneFreeze(BaseFinetuning):
         train_bn: keep the frozen backbone's BatchNorm layers updating their statistics (False: frozen too).
 
     Raises:
-        ValueError: when fit starts, if the model's net has no ``backbone`` module, or the strategy is
-            not single-device or of the DDP family (DeepSpeed, a DDPStrategy subclass, is refused too).
+        ValueError: when fit starts, if the model's net has no ``backbone`` module, is under LoRA (its
+            checkpoints leave out the base this would unfreeze), or the strategy is not single-device or
+            of the DDP family (DeepSpeed, a DDPStrategy subclass, is refused too).
     """
 
     def __init__(self, unfreeze_at_epoch: int = 1, backbone_lr_ratio: float = 0.1, train_bn: bool = False) -> None:
@@ -70,6 +71,13 @@ class BackboneFreeze(BaseFinetuning):
                 f"BackboneFreeze cannot unfreeze a backbone under {type(strategy).__name__}: it fixes "
                 "which parameters train when it wraps the model; train with the ddp preset "
                 "(--config configs/presets/ddp.yaml), or remove the callback to fine-tune every weight from the start"
+            )
+        if getattr(getattr(pl_module, "net", None), "base_keys", None):  # a LoRA net: its checkpoints omit the base
+            raise ConfigError(
+                "BackboneFreeze with LoRA (model.init_args.net.init_args.lora): LoRA keeps the pretrained base "
+                "frozen and its checkpoints leave it out, so the weights this callback unfreezes would train and "
+                "never be saved (a reload would not be the model tested); remove the callback (LoRA alone: "
+                "--config configs/experiments/lora.yaml in place of transfer-learning.yaml), or drop lora"
             )
         super().setup(trainer, pl_module, stage)
 
