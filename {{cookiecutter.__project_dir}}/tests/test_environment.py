@@ -116,29 +116,22 @@ URLS = [
 
 
 def _host_uv_contacts(uv: str, url: str, tmp_path: Path) -> str | None:
-    """The host of the URL uv would download ``url`` from (its offline error names it), or None if uv refuses it."""
+    """The host of the URL uv would download ``url`` from (its offline error names it), or None if uv refuses it.
+
+    Run outside the project, without configuration files: only uv's reading of the URL counts.
+    """
     env = {key: value for key, value in os.environ.items() if not key.startswith("UV_")}
+    env["UV_NO_CONFIG"] = "1"
     if not (tmp_path / "venv").is_dir():
-        python = subprocess.run([uv, "venv", "-q", str(tmp_path / "venv")], capture_output=True, env=env)
-        assert python.returncode == 0, python.stderr
-    done = subprocess.run(
-        [
-            uv,
-            "pip",
-            "install",
-            "--offline",
-            "--no-cache",
-            "--python",
-            str(tmp_path / "venv" / "bin" / "python"),
-            f"rich @ {url}",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    found = re.search(r"wasn't found in the cache: (\S+)", done.stderr)
-    return urlsplit(found[1]).hostname if found else None
+        made = subprocess.run([uv, "venv", "-q", str(tmp_path / "venv")], capture_output=True, env=env, cwd=tmp_path)
+        assert made.returncode == 0, made.stderr
+    python = str(tmp_path / "venv" / "bin" / "python")
+    command = [uv, "pip", "install", "--offline", "--no-cache", "--python", python, f"rich @ {url}"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    # uv's last line names the URL it would fetch, as it parsed it ("...not found in the cache: <url>").
+    urls = re.findall(r"https?://[^\s`'\"]+", done.stderr.splitlines()[-1] if done.stderr.strip() else "")
+    assert done.returncode != 0 and (urls or "error" in done.stderr), f"uv's answer for {url}:\n{done.stderr}"
+    return urlsplit(urls[-1]).hostname if urls else None
 
 
 def test_a_lock_url_passes_only_where_uv_contacts_the_host_the_check_read(tmp_path: Path) -> None:

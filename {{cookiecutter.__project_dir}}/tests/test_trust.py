@@ -148,11 +148,11 @@ def _config_file(module: str, relative: bool) -> Callable[[Checkpoint], str]:
 
 def _through_a_trusted_prefix(module: str) -> Callable[[Checkpoint], str]:
     def plant(checkpoint: Checkpoint) -> str:
-        # The project's package, walked through to a function of another module: it is sys.exit.
-        arguments = {"lr_lambda": "{{ cookiecutter.package_name }}.engine.trust.sys.exit"}
+        # The project's package, walked through to a function of another module: it is os.getcwd.
+        arguments = {"lr_lambda": "{{ cookiecutter.package_name }}.engine.trust.os.getcwd"}
         schedule = {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": arguments}
         checkpoint["hyper_parameters"]["lr_scheduler"] = schedule
-        return r"lr_lambda names {{ cookiecutter.package_name }}\.engine\.trust\.sys\.exit, which is sys\.exit"
+        return r"lr_lambda names {{ cookiecutter.package_name }}\.engine\.trust\.os\.getcwd, which is \w+\.getcwd"
 
     return plant
 
