@@ -372,7 +372,11 @@ def _without_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(where, "check_checkpoint", lambda *args, **kwargs: None)
 
 
-GUARD_COMMANDS = ["load_trained", "test --ckpt_path", "fit --ckpt_path"]
+# Quick through load_trained (every command but the CLI's loads that way); the CLI's parse is slow.
+GUARD_COMMANDS = [
+    pytest.param(command, marks=() if command == "load_trained" else pytest.mark.slow)
+    for command in ("load_trained", "test --ckpt_path", "fit --ckpt_path")
+]
 
 
 @pytest.mark.parametrize("command", GUARD_COMMANDS)
