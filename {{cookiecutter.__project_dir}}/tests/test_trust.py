@@ -263,6 +263,7 @@ COMMANDS = {
     "serve-bench": _serve_bench,
     "fit --ckpt_path": _cli("fit"),
     "test --ckpt_path": _cli("test"),
+    "predict --ckpt_path": _cli("predict"),
     "resume": _resume,
 }
 {%- if cookiecutter.task == "language-model" %}
@@ -275,6 +276,16 @@ def _generate(folder: Path, path: Path) -> None:
 
 
 COMMANDS["generate"] = _generate
+{%- elif cookiecutter.task == "tabular" %}
+
+
+def _from_checkpoint(folder: Path, path: Path) -> None:
+    from {{ cookiecutter.package_name }}.data import TabularDataModule
+
+    TabularDataModule.from_checkpoint(path)  # the server's and export's encoder of raw rows
+
+
+COMMANDS["TabularDataModule.from_checkpoint"] = _from_checkpoint
 {%- endif %}
 
 
@@ -284,9 +295,10 @@ CASES = [
     pytest.param(form, command, marks=() if form == QUICK_FORM or command == QUICK_COMMAND else pytest.mark.slow)
     for form in FORMS
     for command in COMMANDS
-    # make resume builds the run from its own config: the checkpoint's arguments are never parsed, so a
-    # path in them is never read (test_a_run_folders_config_is_data_too covers what resume does parse).
-    if not (command == "resume" and form.startswith("config file"))
+    # make resume builds the run from its own config, and from_checkpoint builds the DataModule alone:
+    # the model's arguments are never parsed there, so a path in them is never read
+    # (test_a_run_folders_config_is_data_too covers what resume does parse).
+    if not (command in ("resume", "TabularDataModule.from_checkpoint") and form.startswith("config file"))
 ]
 
 
