@@ -58,23 +58,23 @@ if [ "$STAGE" = 1 ]; then
   ours ours_compiled_foreach 80 project "${PRESET[@]}" $COMPILE --model.init_args.optimizer.init_args.foreach=true
   ours ours_eager 50 project "${PRESET[@]}"
 fi
-if [ "$STAGE" = 2 ]; then
+gpu_tests() {  # limit (s): the bake's GPU tests (a CPU rehearsal runs two CPU ones)
   echo "=== tests" >> "$LOG"
-  K="gpu or synchronises or fused"
-  [ -n "${DRY:-}" ] && K="fused or weigh"
-  timeout -k 5 200 $PY -m pytest -q -p no:cacheprovider -rs tests/test_language_model.py tests/test_resume.py tests/test_precision.py -k "$K" >> "$LOG" 2>&1
+  local k="gpu or synchronises or fused"
+  [ -n "${DRY:-}" ] && k="fused or weigh"
+  timeout -k 5 "$1" $PY -m pytest -q -p no:cacheprovider -rs tests/test_language_model.py tests/test_resume.py \
+    tests/test_precision.py -k "$k" >> "$LOG" 2>&1
   note "tests rc=$? $(tail -1 "$LOG")"
+}
+if [ "$STAGE" = 2 ]; then
+  gpu_tests 200
   ours ours_fp32_eager 50 project "${PRESET[@]}" --trainer.precision=32-true
   ours ours_actckpt_eager 50 project "${PRESET[@]}" --model.init_args.net.init_args.activation_checkpointing=true
   [ -z "${DRY:-}" ] && ours ours_fsdp_eager 60 project "${PRESET[@]}" --config=configs/presets/fsdp.yaml
   ours ours_fp16_compiled 90 project "${PRESET[@]}" $COMPILE --trainer.precision=16-mixed
 fi
 if [ "$STAGE" = 3 ]; then
-  echo "=== tests" >> "$LOG"
-  K="gpu or synchronises or fused"
-  [ -n "${DRY:-}" ] && K="fused or weigh"
-  timeout -k 5 110 $PY -m pytest -q -p no:cacheprovider -rs tests/test_language_model.py tests/test_resume.py tests/test_precision.py -k "$K" >> "$LOG" 2>&1
-  note "tests rc=$? $(tail -1 "$LOG")"
+  gpu_tests 110
   ours ours_compiled 150 project "${PRESET[@]}" $COMPILE
   ours ours_compiled_nofinite 90 project "${PRESET[@]}" $COMPILE --config=$ROOT/.gpu/nofinite.yaml
   ours ours_compiled_workers 90 project "${PRESET[@]}" $COMPILE --data.init_args.num_workers=2 --data.init_args.persistent_workers=true
