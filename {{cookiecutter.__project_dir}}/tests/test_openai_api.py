@@ -282,6 +282,7 @@ REFUSED = {  # the request's extra fields -> (status, the param named)
         400,
         "tools",
     ),
+    "a tool without a description": ({"tools": [{"type": "function", "function": dict(name="f")}]}, 400, "tools"),
     "a penalty": ({"presence_penalty": 1.0}, 400, "presence_penalty"),
     "an unknown field": ({"best_of": 3}, 400, "best_of"),
     "too many stop strings": ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
@@ -322,6 +323,22 @@ def test_refused_requests_get_the_openai_error_shape_naming_the_field(chat_serve
             model=NAME, messages=[{"role": "user", "content": "x" * 5000}], stream=True
         )
     assert client(port).chat.completions.create(model=NAME, messages=CHAT, max_tokens=3).choices[0].message.content
+    # An unknown route is not an unknown model, and a body that is not JSON names no field.
+    routes = (
+        ("/v1/embeddings", b"{}", 404, "Invalid URL (POST /v1/embeddings)"),
+        ("/v1/chat/completions", b"{not json", 400, "body: not valid JSON"),
+    )
+    for path, data, status, message in routes:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60).close()
+        with refused.value:
+            error = json.loads(refused.value.read())["error"]
+        assert (refused.value.code, error["code"], error["param"]) == (status, None, None), (path, error)
+        assert error["message"].startswith(message), (path, error)
+    assert client(port).models.retrieve(NAME).id == NAME  # GET /v1/models/{id}
+    with pytest.raises(openai.NotFoundError, match="is not served here"):
+        client(port).models.retrieve("gpt-4o")
     # Values inside the ranges are answered, streamed or not: the greedy answer for a vanishing
     # temperature, the likeliest token for a top_p that rounds to 0 in float32.
     likeliest = client(port).chat.completions.create(model=NAME, messages=CHAT, max_tokens=8, temperature=0)

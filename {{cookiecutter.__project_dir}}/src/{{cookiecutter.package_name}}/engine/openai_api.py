@@ -6,7 +6,7 @@ https://platform.openai.com/docs/api-reference/chat and https://lightning.ai/doc
   ``temperature`` (0: greedy), ``top_p``, ``stop`` (up to 4 strings), ``seed``, ``stream``
   (server-sent events, ending ``data: [DONE]``); the answer carries ``usage`` (prompt and completion
   tokens) and ``finish_reason`` (``"stop"`` or ``"length"``).
-- ``GET /v1/models``: the one model served, by the name ``--model_name`` gives it.
+- ``GET /v1/models`` and ``GET /v1/models/{model}``: the one model served, by the name ``--model_name`` gives it.
 - A request is checked in the HTTP process, before it reaches the model: an unknown model (404),
   a value out of its range or a field this server does not implement (``tools``, ``n`` above 1,
   penalties, ``logprobs``: 400), a conversation longer than the model's context (400), or more new
@@ -58,6 +58,8 @@ REQUEST_ID = "request_id"  # the key in a request's ``metadata`` that names it t
 MAX_STOPS = 4  # as the OpenAI API
 MAX_STOP_CHARS = 256
 MAX_MESSAGE_CHARS = 500  # an error names the problem; it never echoes a large input back
+# Fields refused by name whatever their shape: a malformed one is "not implemented" too, not a schema error.
+REFUSED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "response_format")
 IDLE_WAIT_S = 1.0  # an idle worker's wait for a request, between LitServe's own checks
 PREFILL_WAIT_S = 0.02  # the longest a request waiting for a place stays out of one that is free
 
@@ -70,7 +72,7 @@ class OpenAIError(Exception):
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
     def response(self) -> JSONResponse:
-        code = "model_not_found" if self.status == 404 else None
+        code = "model_not_found" if self.status == 404 and self.param == "model" else None
         error = {"message": self.message, "type": self.kind, "param": self.param, "code": code}
         body = {"error": error}
         return JSONResponse(body, status_code=self.status)
@@ -84,8 +86,12 @@ async def invalid_body(request: Request, error: RequestValidationError) -> JSONR
     """FastAPI's refusal of a body that does not parse as a chat request, as one OpenAI error line."""
     problem = error.errors()[0]
     where = ".".join(str(part) for part in problem.get("loc", ())[1:]) or "body"
-    if problem.get("type") == "json_invalid":
+    if problem.get("type") == "json_invalid":  # loc holds the character offset, not a field
         message = f"body: not valid JSON ({problem.get('ctx', {}).get('error', '')})"
+        return OpenAIError(400, message[:MAX_MESSAGE_CHARS], None).response()
+    field = where.split(".")[0]
+    if field in REFUSED_FIELDS:  # refused by name whatever its shape (a tool without a description)
+        return OpenAIError(400, f"{field}: not implemented by this server; leave it out", field).response()
     elif problem.get("type") == "extra_forbidden":
         message = f"{where}: not a field this server implements; leave it out"
     else:
@@ -94,9 +100,13 @@ async def invalid_body(request: Request, error: RequestValidationError) -> JSONR
 
 
 async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-    """LitServe's and the body limits' HTTP errors (413, 408, 504, 500) in the OpenAI error shape."""
+    """LitServe's and the body limits' HTTP errors (413, 408, 504, 500) in the OpenAI error shape; an unknown
+    route is OpenAI's ``Invalid URL (METHOD /path)``, not an unknown model."""
     kind = "invalid_request_error" if error.status_code < 500 else "server_error"
-    return OpenAIError(error.status_code, str(error.detail)[:MAX_MESSAGE_CHARS], None, kind).response()
+    detail = str(error.detail)
+    if error.status_code in (404, 405) and detail in ("Not Found", "Method Not Allowed"):
+        detail = f"Invalid URL ({request.method} {request.url.path[:200]})"
+    return OpenAIError(error.status_code, detail[:MAX_MESSAGE_CHARS], None, kind).response()
 
 
 class ChatRequest(ChatCompletionRequest):
@@ -132,10 +142,20 @@ class ChatSpec(ls.OpenAISpec):
     def pre_setup(self, lit_api: ls.LitAPI) -> None:
         super().pre_setup(lit_api)
         self.add_endpoint("/v1/models", self.list_models, ["GET"])
+        self.add_endpoint("/v1/models/{model}", self.retrieve_model, ["GET"])
+
+    def model_card(self) -> dict[str, Any]:
+        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "torch-template"}
 
     async def list_models(self) -> dict[str, Any]:
-        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "torch-template"}
-        return {"object": "list", "data": [model]}
+        return {"object": "list", "data": [self.model_card()]}
+
+    async def retrieve_model(self, model: str) -> dict[str, Any]:
+        """``GET /v1/models/{model}``: the served model's card (``client.models.retrieve``), else 404."""
+        if model != self.model_name:
+            served = f"this server serves {self.model_name!r}"
+            raise OpenAIError(404, f"model: {model[:100]!r} is not served here; {served}", "model")
+        return self.model_card()
 
     async def chat_completion(self, request: ChatRequest, background_tasks: BackgroundTasks):
         self.check(request)
