@@ -395,7 +395,10 @@ def _deny_import_paths_except(allowed: Sequence[str]) -> Any:
     """jsonargparse's import-path policy: deny every value's import path outside ``allowed``; returns its undo."""
     from jsonargparse import _common  # the policy's state, saved to be restored exactly
 
-    saved = {key: _common.parsing_settings[key] for key in ("import_path_verdicts", "import_paths_enforced")}
+    keys = ("import_path_verdicts", "import_paths_enforced")
+    if not all(key in getattr(_common, "parsing_settings", {}) for key in keys):
+        return lambda: None  # a jsonargparse without the policy (not >= 4.53): the import hook still guards
+    saved = {key: _common.parsing_settings[key] for key in keys}
     verdicts = {entry: False for entry in saved["import_path_verdicts"]} | {"*": False}
     verdicts |= {entry: True for entry in allowed}
     _common.parsing_settings["import_path_verdicts"] = verdicts
