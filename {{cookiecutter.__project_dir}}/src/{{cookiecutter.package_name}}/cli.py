@@ -96,6 +96,8 @@ class CLI(LightningCLI):
     resumed_with: tuple[Path, list[str]] | None = None
     # (arguments, their file) when the objects are built from a checkpoint or a run folder: data, under the trust rule.
     _building_from: tuple[object, Path | str] | None = None
+    # The --ckpt_path checkpoint's model and DataModule arguments, read once when the arguments are parsed.
+    _ckpt_arguments: dict | None = None
 
     def add_arguments_to_parser(self, parser) -> None:
 {%- if cookiecutter.task == "tabular" %}
@@ -165,36 +167,36 @@ class CLI(LightningCLI):
                 given = sys.argv[1:] if args is None else list(args)
                 # The command line, rewritten, is passed as args: sys.argv is set aside meanwhile, or
                 # LightningCLI would warn that both were given (they are the same command).
+                self._building_from = (_yaml_or_text(config), config)
                 argv, sys.argv = sys.argv, sys.argv[:1]
                 try:
-                    with loading(_yaml_or_text(config), config, self.trusted, also=LIGHTNING_OWN):
+                    with loading(*self._building_from, self.trusted, also=LIGHTNING_OWN):
                         super().parse_arguments(parser, with_own_config(given, config))
                 finally:
                     sys.argv = argv
                 others = [arg for arg in given if arg != "fit" and not arg.startswith(("--config", "--resume"))]
                 # The --model ones change a model most directly; else any (a --data one changes the classes).
                 self.resumed_with = (config, [arg for arg in others if arg.startswith("--model")] or others)
-                self._building_from = (_yaml_or_text(config), config)
         if _is_checkpoint_file(ckpt_path):
-            check_checkpoint(read_checkpoint(ckpt_path), ckpt_path, self.trusted)
+            checkpoint = read_checkpoint(ckpt_path)
+            check_checkpoint(checkpoint, ckpt_path, self.trusted)
+            self._ckpt_arguments = checkpoint_arguments(checkpoint)  # read once: _parse_ckpt_path parses them
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI parses the checkpoint's arguments into the config: under the trust rule.
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if not _is_checkpoint_file(ckpt_path) or not Path(ckpt_path).is_file():
+        if self._ckpt_arguments is None or not Path(ckpt_path).is_file():
             return super()._parse_ckpt_path()
-        arguments = checkpoint_arguments(read_checkpoint(ckpt_path))
-        with loading(arguments, ckpt_path, self.trusted, also=LIGHTNING_OWN):
+        self._building_from = (self._ckpt_arguments, ckpt_path)
+        with loading(*self._building_from, self.trusted, also=LIGHTNING_OWN):
             super()._parse_ckpt_path()
-        self._building_from = (arguments, ckpt_path)
 
     def instantiate_classes(self) -> None:
         # Objects built from a checkpoint's arguments or a run folder's config: under the trust rule too.
-        building_from = getattr(self, "_building_from", None)
-        if building_from is None:
+        if self._building_from is None:
             return self._instantiate_classes()
-        with loading(*building_from, self.trusted, also=LIGHTNING_OWN):
+        with loading(*self._building_from, self.trusted, also=LIGHTNING_OWN):
             self._instantiate_classes()
 
     def _instantiate_classes(self) -> None:

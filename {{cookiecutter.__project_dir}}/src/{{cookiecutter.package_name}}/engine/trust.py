@@ -32,6 +32,7 @@ A name is judged by what it resolves to (the object's own module), not by its pr
 """
 
 import argparse
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -260,11 +261,10 @@ class UntrustedImportError(ImportError):
 class _Guard:
     """What :func:`loading` allows, and what it refused (modules and files, in order)."""
 
-    def __init__(self, tree: Any, path: str | Path, trusted: tuple[str, ...], user_trust: Sequence[str]) -> None:
+    def __init__(self, tree: Any, path: str | Path, trusted: tuple[str, ...]) -> None:
         self.tree = tree
         self.path = path
         self.trusted = trusted
-        self.user_trust = user_trust
         self.named_files = _named_files(tree)  # resolved path -> the string of tree that names it
         self.parsing = 0  # > 0 while jsonargparse parses: files named by the data are not read then
         self.refused: list[str] = []
@@ -332,7 +332,7 @@ def loading(tree: Any, path: str | Path, trust: Sequence[str] = (), also: Sequen
     from jsonargparse import ArgumentParser
 
     allowed = tuple(dict.fromkeys((PROJECT_PACKAGE, *CLASSES_ONLY, *trust, *also)))
-    guard = _Guard(tree, path, allowed, trust)
+    guard = _Guard(tree, path, allowed)
     if not _AUDIT_HOOK:
         sys.addaudithook(_audit)
         _AUDIT_HOOK.append(True)
@@ -356,7 +356,7 @@ def loading(tree: Any, path: str | Path, trust: Sequence[str] = (), also: Sequen
     except Exception as error:
         refusal = guard.refused[0] if guard.refused else _denied_import_path(error)
         if refusal is not None:
-            raise UntrustedCheckpointError(_refusal_message(path, guard.tree, refusal, trust)) from error
+            raise UntrustedCheckpointError(_refusal_message(path, guard.tree, refusal)) from error
         failure = _parse_failure(error)
         if failure is None:
             raise
@@ -371,7 +371,7 @@ def loading(tree: Any, path: str | Path, trust: Sequence[str] = (), also: Sequen
         ArgumentParser.parse_object = parse_object
         restore_policy()
     if guard.refused:  # refused, and a library went on without it: still a hostile file
-        raise UntrustedCheckpointError(_refusal_message(path, guard.tree, guard.refused[0], trust))
+        raise UntrustedCheckpointError(_refusal_message(path, guard.tree, guard.refused[0]))
 
 
 def refusal_while_loading(error: BaseException | str | None) -> str | None:
@@ -383,12 +383,9 @@ def refusal_while_loading(error: BaseException | str | None) -> str | None:
     guard = _guard
     if guard is None:
         return None
-    refused = guard.refused[0] if guard.refused else None
-    if refused is None and isinstance(error, BaseException):
-        refused = _denied_import_path(error)
-    if refused is None and isinstance(error, str):
-        refused = _denied_import_path(Exception(error))
-    return None if refused is None else _refusal_message(guard.path, guard.tree, refused, guard.user_trust)
+    error = Exception(error) if isinstance(error, str) else error
+    refused = guard.refused[0] if guard.refused else error and _denied_import_path(error)
+    return None if refused is None else _refusal_message(guard.path, guard.tree, refused)
 
 
 def _deny_import_paths_except(allowed: Sequence[str]) -> Any:
@@ -410,36 +407,36 @@ def _deny_import_paths_except(allowed: Sequence[str]) -> Any:
     return restore
 
 
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the exceptions it was raised from or during, each once."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
 def _parse_failure(error: BaseException) -> str | None:
     """jsonargparse's refusal of a value somewhere in ``error``'s chain, as one line; else None."""
     from {{ cookiecutter.package_name }}.engine.errors import readable_parser_message
 
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, argparse.ArgumentError):
-            return readable_parser_message(str(current))
-        current = current.__cause__ or current.__context__
-    return None
+    failure = next((e for e in _chain(error) if isinstance(e, argparse.ArgumentError)), None)
+    return None if failure is None else readable_parser_message(str(failure))
 
 
 def _denied_import_path(error: BaseException) -> str | None:
     """The import path jsonargparse's policy denied somewhere in ``error``'s chain (or its message), else None."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    marker = "Importing '"
+    for current in _chain(error):
         text = str(current)
-        marker = "Importing '"
         if marker in text and "is not allowed" in text:
             start = text.index(marker) + len(marker)
             return text[start : text.index("'", start)]
-        current = current.__cause__ or current.__context__
     return None
 
 
-def _refusal_message(path: str | Path, tree: Any, refused: str, trust: Sequence[str]) -> str:
+def _refusal_message(path: str | Path, tree: Any, refused: str) -> str:
     where = (_key_holding(tree, refused, "") or "").lstrip(".")
     module = refused.rpartition(".")[0] or refused
     held = f"{where} names {refused}" if where else f"loading it asked for {refused}"
@@ -513,6 +510,7 @@ def _related(name: str, modules: Sequence[str]) -> bool:
     return any(name == m or name.startswith(m + ".") or m.startswith(name + ".") for m in modules)
 
 
+@functools.cache
 def _installed_roots() -> tuple[Path, ...]:
     paths = sysconfig.get_paths()
     roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
