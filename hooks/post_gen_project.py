@@ -75,6 +75,7 @@ TASK_FILES = {
         "configs/experiments/bpe.yaml",
         "configs/experiments/finetune.yaml",
         "configs/experiments/finetune-sft.yaml",
+        "configs/experiments/chat.yaml",
     ],
 }
 

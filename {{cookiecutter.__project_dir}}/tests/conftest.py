@@ -76,6 +76,13 @@ def shrunk_args(tmp_path: Path) -> list[str]:
     ]
 
 
+def readme_commands(section: str) -> list[str]:
+    """The commands of the first bash block of the README's ``- **<section>**:`` item, comments dropped."""
+    text = (ROOT / "README.md").read_text().split(f"- **{section}**:", 1)[1].split("\n- **", 1)[0]
+    block = text.split("```bash", 1)[1].split("```", 1)[0]
+    return [line.split("#")[0].strip() for line in block.strip().splitlines()]
+
+
 {% if cookiecutter.task == "image-classification" -%}
 def colour_folder(root: Path, per_class: int = 30, seed: int = 0) -> Path:
     """root/{red,green,blue}/<n>.png: noisy 40x48 images of one dominant colour each: an easy split."""
@@ -141,13 +148,6 @@ def assert_serves_as_predicted(checkpoint: Path, folder: Path, moved: Path, rows
         with urllib.request.urlopen(request, timeout=120) as answer:
             labels = json.loads(answer.read())["labels"]
     assert labels == [row["label"] for row in rows]
-
-
-def readme_commands(section: str) -> list[str]:
-    """The commands of the first bash block of the README's ``- **<section>**:`` item, comments dropped."""
-    text = (ROOT / "README.md").read_text().split(f"- **{section}**:", 1)[1].split("\n- **", 1)[0]
-    block = text.split("```bash", 1)[1].split("```", 1)[0]
-    return [line.split("#")[0].strip() for line in block.strip().splitlines()]
 
 
 def hub_snapshot(cache: Path, model_id: str) -> Path:

@@ -25,6 +25,7 @@ from conftest import (
     user_error,
 )
 from test_language_model import assert_cached_decoding_equals_uncached
+from test_openai_api import served_as_run_here
 from test_preemption import SignalAtStep
 from test_resume import EXACT, assert_same_end_state
 
@@ -34,7 +35,7 @@ from {{ cookiecutter.package_name }}.data.prompts import IGNORE
 from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
 from {{ cookiecutter.package_name }}.engine.errors import DataError
-from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
+from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.engine.runs import own_config, run_dir
 from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.nets import HFCausalLM, LoRA
@@ -562,6 +563,7 @@ def test_chat_examples_score_the_assistant_turns_only(tmp_path: Path) -> None:
         scored = targets != IGNORE
         # What the loss sees: the assistant's two answers, each with the template's end of turn, and nothing else.
         assert data.tokenizer.decode(targets[scored].tolist()) == f"The whale swims.{ends}It dives.{ends}"
+        assert targets[scored].tolist().count(data.tokenizer.eos_id) == 2  # each turn ends with end-of-text
         assert not scored[: (targets != IGNORE).nonzero()[0].item()].any() and counts[~scored].sum() == 0
         prompt = ChatTemplate(data.tokenizer).ids(CHATS[0]["messages"][:2])  # what make serve sends the model
         assert inputs[: len(prompt)].tolist() == prompt
@@ -597,24 +599,6 @@ def test_a_chat_lora_finetune_answers_through_the_openai_api_as_trained(tmp_path
     assert rendered.endswith("<|user|>The whale?<|endoftext|><|assistant|>")
     answer = served_as_run_here(trained, question, max_tokens=20, folder=tmp_path)
     assert answer == ("The whale swims.", "stop")  # it learnt the answer, and to end its turn
-
-
-def served_as_run_here(trained: Trained, question: list[dict], max_tokens: int, folder: Path) -> tuple[str, str]:
-    """``(text, finish_reason)`` of the greedy answer to ``question``, after checking that the OpenAI API of
-    ``make serve`` over the checkpoint gives it whole and streamed, as the model run in this process does."""
-    from conftest import serving
-    from test_openai_api import NAME, answer_in_process, client
-
-    text, reason, tokens, prompt = answer_in_process(trained, question, max_new_tokens=max_tokens, temperature=0)
-    settings = {"model": NAME, "messages": question, "max_tokens": max_tokens, "temperature": 0}
-    with serving(trained.checkpoint, folder, api="openai") as (port, _, _), client(port) as api:
-        whole = api.chat.completions.create(**settings)
-        chunks = list(api.chat.completions.create(**settings, stream=True))
-    assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (text, reason)
-    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt, tokens)
-    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == text
-    assert chunks[-1].choices[0].finish_reason == reason
-    return text, reason
 
 
 @pytest.mark.slow

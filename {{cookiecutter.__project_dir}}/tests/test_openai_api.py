@@ -10,6 +10,7 @@ import os
 import queue
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import serving, shrunk_args
+from conftest import ROOT, readme_commands, serving, shrunk_args
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data.tokenizer import ByteTokenizer, ChatTemplate
@@ -45,6 +46,21 @@ def answer_in_process(trained: Trained, messages: list[dict[str, str]], **settin
     ids = trained.model.chat_template().ids(messages)
     pieces = list(trained.model.stream_chat(trained.predictor, ids, **settings))
     return "".join(piece.text for piece in pieces), pieces[-1].finish_reason, pieces[-1].tokens, len(ids)
+
+
+def served_as_run_here(trained: Trained, question: list[dict], max_tokens: int, folder: Path) -> tuple[str, str]:
+    """``(text, finish_reason)`` of the greedy answer to ``question``, after checking that the OpenAI API of
+    ``make serve`` over the checkpoint gives it whole and streamed, as the model run in this process does."""
+    text, reason, tokens, prompt = answer_in_process(trained, question, max_new_tokens=max_tokens, temperature=0)
+    settings = {"model": NAME, "messages": question, "max_tokens": max_tokens, "temperature": 0}
+    with serving(trained.checkpoint, folder, api="openai") as (port, _, _), client(port) as api:
+        whole = api.chat.completions.create(**settings)
+        chunks = list(api.chat.completions.create(**settings, stream=True))
+    assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (text, reason)
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt, tokens)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == reason
+    return text, reason
 
 
 # ---- the worker's scheduling, no model -----------------------------------------------------------
@@ -457,3 +473,39 @@ def health(port: int) -> int:
     except urllib.error.HTTPError as error:
         error.close()
         return error.code
+
+
+CAPITALS = {"France": "Paris", "Spain": "Madrid", "Italy": "Rome", "Japan": "Tokyo", "Egypt": "Cairo", "Peru": "Lima"}
+CAPITALS |= {"Kenya": "Nairobi", "Norway": "Oslo", "Cuba": "Havana", "Poland": "Warsaw", "Greece": "Athens"}
+
+
+@pytest.mark.slow
+def test_the_readmes_chat_finetune_of_the_byte_gpt_learns_to_stop(tmp_path: Path) -> None:
+    """README "Teach the byte model to chat", its commands as written in a copy of the project: the byte
+    GPT of a short `make train`, fine-tuned on chats from its checkpoint, ends its served greedy answer
+    itself (the end-of-text byte: finish_reason "stop"), not at max_tokens."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(".venv", "logs", ".git", "wandb", "__pycache__"))
+    asked = [(f"What is the capital of {country}?", f"{city}.") for country, city in CAPITALS.items()]
+    chats = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in asked]
+    (project / "chats.jsonl").write_text("".join(json.dumps(chat) + "\n" for chat in chats))
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(project / "src")}
+    env.pop("PYTEST_ADDOPTS", None)
+
+    def make(command: str) -> None:
+        done = subprocess.run(
+            ["bash", "-c", f"{command} PYTHON={sys.executable}"], cwd=project, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+    make('make train ARGS="--trainer.max_steps=20"')  # a short `make train`: the checkpoint to start from
+    (pretrained,) = (project / "logs").rglob("last.ckpt")
+    train, serve = readme_commands("Chat fine-tuning")
+    assert serve == "make serve" and "CKPT" in train
+    make(train.replace("CKPT", str(pretrained)))
+    (tuned,) = (path for path in (project / "logs").rglob("last.ckpt") if path != pretrained)
+    trained = load_trained(tuned)
+    assert trained.model.hparams.init_from == str(pretrained)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    text, reason = served_as_run_here(trained, question, max_tokens=40, folder=tmp_path)
+    assert reason == "stop" and 0 < len(text) < 20 and "\n" not in text, (text, reason)

@@ -236,6 +236,10 @@ class CLI(LightningCLI):
         if self.subcommand == "fit" and isinstance(self.model, TrainingModule):
             # The optimizer is built when fit starts, after the run folder exists: check its arguments now.
             self.model.check_optimizer()
+            if self.config_init.fit.get("ckpt_path") or self.config_init.fit.get("resume"):
+                self.model.skip_init_from()  # a resumed run restores its own weights
+            else:
+                self.model.check_init_from()
 
     def _check_ckpt_path(self) -> None:
         # A checkpoint that does not fit the data or the model fails here with what differs, before anything runs.

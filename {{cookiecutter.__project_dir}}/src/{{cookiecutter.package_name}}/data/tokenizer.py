@@ -96,7 +96,7 @@ def check_bpe_vocab_size(size: int) -> None:
 class Tokenizer(Protocol):
     source: str | None  # None for bytes; "bpe" for a trained BPE; else the folder or hub id it was read from
     vocab_size: int
-    eos_id: int | None  # the end-of-text token appended after a completion, None for bytes
+    eos_id: int | None  # the end-of-text token appended after a completion (None: the tokenizer has none)
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -105,12 +105,20 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
+BYTE_EOS = 0xFF  # never a byte of UTF-8 text (RFC 3629, section 1): free to mean "end of text"
+
+
 class ByteTokenizer:
-    """Token ids are the UTF-8 bytes of the text: a vocabulary of 256, nothing to train or download."""
+    """Token ids are the UTF-8 bytes of the text: a vocabulary of 256, nothing to train or download.
+
+    The byte 0xFF, which no UTF-8 text contains, is the end-of-text token (:data:`BYTE_EOS`): appended
+    after a completion or an assistant's turn in fine-tuning, so a chat model learns to stop, and
+    where generation and serving stop. Encoding text never gives it; decoding leaves it out.
+    """
 
     source = None
     vocab_size = 256
-    eos_id = None
+    eos_id = BYTE_EOS
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -120,8 +128,8 @@ class ByteTokenizer:
         return ids, [1] * len(ids)
 
     def decode(self, ids: list[int]) -> str:
-        """The text of ``ids``; a multi-byte character cut in half shows as U+FFFD."""
-        return bytes(ids).decode("utf-8", errors="replace")
+        """The text of ``ids`` without end-of-text bytes; a multi-byte character cut in half shows as U+FFFD."""
+        return bytes(i for i in ids if i != BYTE_EOS).decode("utf-8", errors="replace")
 
 
 class PretrainedTokenizer:

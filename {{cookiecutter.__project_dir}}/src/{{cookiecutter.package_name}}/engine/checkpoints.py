@@ -151,6 +151,23 @@ def check_fits(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH, 
         raise CheckpointError(f"{path} does not fit the configured model: " + "; ".join(problems) + ". " + fix)
 
 
+def net_differences(checkpoint: dict[str, Any], hparams: Any) -> list[str]:
+    """The net's constructor arguments that differ between ``checkpoint``'s config and ``hparams``, as
+    ``net.init_args.<name>: <saved> in the checkpoint, <now> here`` (empty when either has no net config)."""
+
+    def arguments(config: Any) -> dict[str, Any]:
+        net = config.get("net") if hasattr(config, "get") else None
+        init_args = net.get("init_args") if hasattr(net, "get") else None
+        return dict(init_args) if hasattr(init_args, "keys") else {}
+
+    saved, now = arguments(checkpoint.get("hyper_parameters") or {}), arguments(hparams)
+    return [
+        f"net.init_args.{name}: {saved.get(name)!r} in the checkpoint, {now.get(name)!r} here"
+        for name in sorted(saved.keys() | now.keys())
+        if saved.get(name) != now.get(name)
+    ]
+
+
 def check_optimizer_continues(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH) -> None:
     """Refuse to resume ``fit`` when the configured optimizer or schedule class is not the checkpoint's.
 

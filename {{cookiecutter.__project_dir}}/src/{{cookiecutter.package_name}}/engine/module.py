@@ -11,9 +11,11 @@ outputs overrides those. The base provides:
   fused kernels where the precision rules allow them;
 - ``torch.compile`` in place (checkpoint keys without ``_orig_mod.``) and channels-last memory;
 - gradient clipping that works under FSDP, and with fused AdamW under bf16-mixed;
-- logging that costs nothing on steps the logger does not write, and metrics computed once per epoch.
+- logging that costs nothing on steps the logger does not write, and metrics computed once per epoch;
+- a fresh run that starts from the net weights of an earlier run's checkpoint (``init_from``).
 """
 
+import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -24,6 +26,7 @@ from lightning.pytorch.utilities import grad_norm
 from torch import nn
 from torchmetrics import MetricCollection
 
+from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, net_differences, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.contract import ShippableModel
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.optim import WarmupCosine, accepts, parameter_groups
@@ -38,6 +41,8 @@ try:  # set while LightningCLI instantiates the model: the net then arrives with
     from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 except ImportError:  # pragma: no cover - older or newer Lightning without it
     _given_hyperparameters = None
+
+log = logging.getLogger(__name__)
 
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
@@ -70,6 +75,15 @@ class TrainingModule(ShippableModel, L.LightningModule):
         channels_last: keep 4-D activations in channels-last memory order (NHWC; shapes stay
             (B, C, H, W)), the layout of cuDNN's tensor-core convolutions under bf16/fp16.
             https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html
+        init_from: a checkpoint of an earlier run (``best.ckpt``, ``last.ckpt``) whose weights a new
+            ``fit`` starts from, e.g. a chat fine-tune of a model pretrained here; the optimizer, schedule,
+            data order and step count start fresh (to continue a run instead: ``--ckpt_path``/``make
+            resume``, which takes precedence). Read as data (``torch.load(weights_only=True)``) when fit
+            starts; the net must be built as the checkpoint's.
+
+    Raises:
+        engine.checkpoints.CheckpointError: (at fit) ``init_from`` is unreadable or does not fit the
+            net, naming the net arguments that differ from the checkpoint's.
     """
 
     def __init__(
@@ -80,6 +94,7 @@ class TrainingModule(ShippableModel, L.LightningModule):
         compile: bool = False,
         compile_mode: CompileMode | None = None,
         channels_last: bool = False,
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         # Through LightningCLI the hyperparameters hold the configs of the net, optimizer and
@@ -92,6 +107,8 @@ class TrainingModule(ShippableModel, L.LightningModule):
         self.lr_scheduler_factory = lr_scheduler
         self.train_metrics = self.val_metrics = self.test_metrics = MetricCollection({})
         self.epoch_tensors: dict[str, torch.Tensor] = {}  # non-scalar results of the last computed metrics
+        self._initial_checkpoint: dict[str, Any] | None = None  # init_from's, read once
+        self._init_from_done = False
 
     # ---- what a task module provides ---------------------------------------------------------
     def shared_step(self, batch: Any, metrics: MetricCollection) -> torch.Tensor:
@@ -119,9 +136,47 @@ class TrainingModule(ShippableModel, L.LightningModule):
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         return self.net(inputs)
 
+    def check_init_from(self) -> None:
+        """Read ``init_from`` and check it fits this model, so a mistake fails before the run starts.
+
+        Raises:
+            engine.checkpoints.CheckpointError: unreadable, another net (its differing arguments
+                named), or refused by :meth:`check_initial_checkpoint`.
+        """
+        path = self.hparams.get("init_from")
+        if not path or self._initial_checkpoint is not None:
+            return
+        checkpoint = read_checkpoint(path)
+        differences = net_differences(checkpoint, self.hparams)
+        fix = "Build the net as the checkpoint's"
+        if differences:  # a value the CLI links from the data (block_size, vocab_size) is set under data.init_args
+            fix += f" ({'; '.join(differences)}; a value linked from the data is set as data.init_args.<name>)"
+        check_fits(checkpoint, self, f"model.init_from: {path}", fix + ".")
+        self.check_initial_checkpoint(checkpoint, f"model.init_from: {path}")
+        self._initial_checkpoint = checkpoint
+
+    def check_initial_checkpoint(self, checkpoint: dict[str, Any], where: str) -> None:
+        """A task's own check of an ``init_from`` checkpoint (e.g. the same tokenizer); raise CheckpointError."""
+
+    def skip_init_from(self) -> None:
+        """Leave ``init_from`` unread: a resumed run restores its own weights (the CLI's ``--ckpt_path``,
+        ``--resume``), and the file it started from may be gone. (``Trainer.fit(ckpt_path=...)`` without
+        this reads it and then restores the checkpoint's weights over it.)"""
+        self._init_from_done = True
+
+    def _start_from_init_from(self) -> None:
+        if not self.hparams.get("init_from") or self._init_from_done:
+            return
+        self.check_init_from()
+        self.load_state_dict(self._initial_checkpoint["state_dict"])
+        log.info("model.init_from: the net starts from %s's weights", self.hparams.init_from)
+        self._initial_checkpoint, self._init_from_done = None, True  # the weights are in the net: free the copy
+
     def setup(self, stage: str) -> None:
         if stage == "fit" and self._trainer is not None:  # a module set up by hand has no trainer, nor data
             check_preprocessing_fits(self.net, self._trainer.datamodule)
+        if stage == "fit":
+            self._start_from_init_from()  # before compile: the compiled net shares these parameters
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
         if self.hparams.compile and stage == "fit":

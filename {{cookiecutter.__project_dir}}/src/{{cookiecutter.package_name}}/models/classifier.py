@@ -27,7 +27,8 @@ class ImageClassifier(TrainingModule):
         net: the network (see ``nets``); its output width must equal ``num_classes``.
         num_classes: number of classes (linked from the DataModule by the CLI).
         label_smoothing: cross-entropy label smoothing (Szegedy et al., 2016), in [0, 1).
-        optimizer, lr_scheduler, compile, compile_mode, channels_last: see :class:`engine.TrainingModule`.
+        optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from: see
+            :class:`engine.TrainingModule`.
 
     Raises:
         ValueError: if a hyperparameter is out of range.
@@ -43,12 +44,13 @@ class ImageClassifier(TrainingModule):
         compile: bool = False,
         compile_mode: CompileMode | None = None,
         channels_last: bool = False,
+        init_from: str | None = None,
     ) -> None:
         if num_classes < 2:
             raise ConfigError(f"model.num_classes must be at least 2, got {num_classes}")
         if not 0.0 <= label_smoothing < 1.0:
             raise ConfigError(f"model.label_smoothing must be in [0, 1), got {label_smoothing}")
-        super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last)
+        super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from)
         self.set_metrics(
             MetricCollection(
                 {

@@ -16,7 +16,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import Metric, MetricCollection
 
-from {{ cookiecutter.package_name }}.data.tokenizer import BPE, ChatTemplate, Tokenizer, load_tokenizer, saved_bpe
+from {{ cookiecutter.package_name }}.data.tokenizer import BPE, BYTES, ChatTemplate, Tokenizer, load_tokenizer, saved_bpe
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
@@ -86,7 +86,8 @@ class LanguageModel(TrainingModule):
             for a BPE the DataModule trained (taken from the trainer's DataModule in ``setup`` and
             saved in every checkpoint), else the pretrained model whose tokenizer it is. Generation
             and serving decode with it.
-        optimizer, lr_scheduler, compile, compile_mode, channels_last: see :class:`engine.TrainingModule`.
+        optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from: see
+            :class:`engine.TrainingModule`.
 
     Raises:
         ValueError: the tokenizer's vocabulary is not the pretrained net's own.
@@ -101,8 +102,9 @@ class LanguageModel(TrainingModule):
         compile: bool = False,
         compile_mode: CompileMode | None = None,
         channels_last: bool = False,
+        init_from: str | None = None,
     ) -> None:
-        super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last)
+        super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from)
         self._tokenizer: Tokenizer | None = None if tokenizer == BPE else load_tokenizer(tokenizer)
         if self._tokenizer is not None:
             check_tokenizer_fits(net, self._tokenizer)
@@ -142,6 +144,21 @@ class LanguageModel(TrainingModule):
             if "tokenizer" not in checkpoint:
                 raise CheckpointError("the model's tokenizer is a trained BPE, but the checkpoint holds none")
             self._tokenizer = saved_bpe(checkpoint["tokenizer"], self._tokenizer)
+
+    def check_initial_checkpoint(self, checkpoint: dict[str, Any], where: str) -> None:
+        """Refuse ``init_from`` weights learnt with another tokenizer: the same ids would mean other text."""
+        saved = (checkpoint.get("hyper_parameters") or {}).get("tokenizer")
+        now = self.hparams.tokenizer
+        same_source = (saved or BYTES) == (now or BYTES)
+        datamodule = getattr(self._trainer, "datamodule", None)
+        if same_source and now == BPE and datamodule is not None:
+            same_source = checkpoint.get("tokenizer") == datamodule.tokenizer.to_json()
+        if not same_source:
+            raise CheckpointError(
+                f"{where} was trained with the tokenizer {saved or BYTES!r} and this run's data uses "
+                f"{now or BYTES!r}{' (another BPE)' if saved == now else ''}: set data.init_args.tokenizer "
+                "to the checkpoint's (a BPE trained on other text gives other ids: use the checkpoint's run's data)"
+            )
 
     def shared_step(self, batch: tuple[torch.Tensor, ...], metrics: MetricCollection) -> torch.Tensor:
         inputs, targets = batch[0], batch[1]  # (B, T), (B, T) token ids, targets shifted by one
@@ -247,13 +264,17 @@ class LanguageModel(TrainingModule):
         generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
         tokens = predictor.transform(torch.tensor([ids], dtype=torch.long, device=device))  # (1, T0)
         steps = decode_steps(predictor.net, tokens, sampler(temperature, top_p=top_p, generator=generator))
-        stops = tuple(s for s in (*stop, *self.chat_template().stops) if s)
+        template = self.chat_template()
+        stops = tuple(s for s in (*stop, *template.stops) if s)
         new: list[int] = []
         sent = 0  # characters of the answer given out so far
         for count in range(1, max_new_tokens + 1):
             token = int(next(steps).item())
             if token == self.tokenizer.eos_id:
-                yield Piece(self.tokenizer.decode(new)[sent:], count, "stop")
+                text = self.tokenizer.decode(new)
+                # The plain template ends a message with "\n" before the end-of-text token (a stop string's
+                # start: not given out yet): the template's, not the answer's.
+                yield Piece((text if template.ends_turns else text.removesuffix("\n"))[sent:], count, "stop")
                 return
             new.append(token)
             text = self.tokenizer.decode(new)

@@ -28,7 +28,8 @@ class TabularModel(TrainingModule):
         target_scale: (mean, std) of the regression target in the training split (linked), to
             report MAE and predictions in the target's units.
         class_names: class names in label order (linked), saved with the model for predictions.
-        optimizer, lr_scheduler, compile, compile_mode, channels_last: see :class:`engine.TrainingModule`.
+        optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from: see
+            :class:`engine.TrainingModule`.
 
     Raises:
         ValueError: ``num_outputs`` does not fit ``task``.
@@ -46,12 +47,13 @@ class TabularModel(TrainingModule):
         compile: bool = False,
         compile_mode: CompileMode | None = None,
         channels_last: bool = False,
+        init_from: str | None = None,
     ) -> None:
         if task == "classification" and num_outputs < 2:
             raise ConfigError(f"model.num_outputs must be at least 2 classes for classification, got {num_outputs}")
         if task == "regression" and num_outputs != 1:
             raise ConfigError(f"model.num_outputs must be 1 for regression, got {num_outputs}")
-        super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last)
+        super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from)
         if task == "classification":
             metrics = {
                 "acc": MulticlassAccuracy(num_outputs, average="micro"),
