@@ -378,6 +378,15 @@ def serving(checkpoint: Path, folder: Path, *args: str, env: dict[str, str] | No
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=60)
+        group_gone = time.monotonic() + 30  # the workers and multiprocessing's resource tracker too
+        while time.monotonic() < group_gone:
+            try:
+                os.killpg(process.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
         log.close()
     # Reached only when the test itself passed: a failure of its own is the one to report.
     assert stopped, "the server ignored SIGTERM for 60 s and was killed:\n" + log_path.read_text()[-3000:]
+    # Stopped cleanly: nothing left behind for multiprocessing's resource tracker to warn about.
+    assert "resource_tracker" not in log_path.read_text(), log_path.read_text()[-3000:]

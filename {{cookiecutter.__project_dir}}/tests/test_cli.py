@@ -61,7 +61,7 @@ ALLOWED_LINES = (
     r"srun is on this machine's PATH, but this run was not started by it: .*",
     r"Run folder: \S+( \(wandb offline: `wandb sync \S+` uploads it\))?",  # the suffix with wandb only
     r"Columns of .*, (classification|regression)\):",  # a table's columns and how each is used
-    r"(numeric, standardised|categorical, one-hot|dropped \(data.drop_columns\)).*",
+    r"(numeric, standardised|categorical, one-hot|dropped \(data.drop_columns\)|one value in every).*",
     r"[┏┃┡│└].*",  # the model summary's and the test metrics' tables
     r"(Trainable|Non-trainable|Total) params: .*",
     r"Total estimated model params size \(MB\): .*",

@@ -13,7 +13,10 @@ from {{ cookiecutter.package_name }}.cli import CLI, main
 # A net argument that changes a weight's shape, with the value the shrunk config gives it.
 OTHER_NET = ("--data.init_args.block_size=64", "block_size: 32 in the checkpoint, 64 here")
 {%- elif cookiecutter.task == "tabular" -%}
-OTHER_NET = ("--model.init_args.net.init_args.hidden_sizes=[32]", "hidden_sizes: [128, 64] in the checkpoint, [32] here")
+OTHER_NET = (
+    "--model.init_args.net.init_args.hidden_sizes=[32]",
+    "hidden_sizes: [128, 64] in the checkpoint, [32] here",
+)
 {%- else -%}
 OTHER_NET = ("--model.init_args.net.init_args.channels=[8, 16]", "channels: [32, 64] in the checkpoint, [8, 16] here")
 {%- endif %}

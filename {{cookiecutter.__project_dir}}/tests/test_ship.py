@@ -36,7 +36,7 @@ from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 {%- endif %}
 from {{ cookiecutter.package_name }}.engine.export import ExportError, export_all, export_onnx
 from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
-from {{ cookiecutter.package_name }}.engine.serving import check_inputs
+from {{ cookiecutter.package_name }}.engine.serving import check_inputs, cut
 from {{ cookiecutter.package_name }}.export import default_folder as default_export_folder
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.predict import main as predict_main
@@ -717,8 +717,14 @@ def test_request_checks_name_the_input_and_the_problem() -> None:
     rows = {"kind": "row", "columns": ["a", "b"], "numeric": ["a"], "max_inputs": 4}
     check_inputs([{"a": 1, "b": None}, {"a": None, "b": "x"}, {"a": -3.5e38 / 1.1, "b": 2}], rows)
     check_inputs([{"a": 1, "b": None, "batch_id": "x"}], rows)  # other keys are left out, as a file's other columns
-    with pytest.raises(ValueError, match=r"missing columns \['b'\] \(null is a missing value, and is accepted\)"):
+    with pytest.raises(ValueError, match=r"missing 1 of the 2 columns: b \(null is a missing value, and is accepted\)"):
         check_inputs([{"a": 1, "c": 2}], rows)
+    wide = {"kind": "row", "columns": [f"indicator_{i}_of_the_world_bank" for i in range(60)], "max_inputs": 1}
+    with pytest.raises(ValueError) as refused:
+        check_inputs([{}], wide)
+    assert "missing 60 of the 60 columns: indicator_0_of_the_world_bank," in str(refused.value)
+    assert str(refused.value).endswith(", ... (null is a missing value, and is accepted)")
+    assert cut(f"{'word ' * 200}end") == ("word " * 99).strip() + " ..."  # a long detail ends at a word
     numeric = {
         r"inputs\[0\]\['a'\] \(a numeric column; null for a missing value\) must be a number, got str": "tall",
         r"must be a number, got bool True": True,

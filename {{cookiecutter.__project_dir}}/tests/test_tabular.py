@@ -3,6 +3,8 @@
 import importlib.util
 import json
 import logging
+import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ from conftest import (
     CONFIGS,
     assert_ddp_run_resumes_exactly,
     assert_prepared_run_resumes_as_in_memory,
+    readme_commands,
     shrunk_args,
     user_error,
 )
@@ -149,11 +152,16 @@ def test_regression_on_the_bundled_diabetes_table_beats_the_mean(tmp_path: Path)
     [
         ("a,b\n1,2\n3,4\n", "label", r"data.target='label' is not a column .* \['a', 'b'\]"),
         ("a,label\n1,x\n2,x\n3,x\n", "label", "has a single value"),
-        ("a,empty,label\n1,,x\n2,,y\n3,,x\n4,,y\n5,,x\n6,,y\n", "label", r"\['empty'\] are empty in every row"),
-        ("a,label\n1,x\n2,\n", "label", r"target column 'label' is empty in rows \[3\]"),
+        ("a,empty,label\n1,,x\n2,,y\n3,,x\n4,,y\n5,,x\n6,,y\n", "label", r"\['empty'\] are empty in every row; "),
+        (
+            "a,label\n1,x\n2,\n",
+            "label",
+            r"'label' is empty in 1 of 2 rows \(file lines 3\): .*drop_missing_target=true",
+        ),
+        ("a,label\n1,\n2,\n", "label", r"'label' is empty in every row \(2\): is it the column to predict"),
         ("", "label", "not a readable CSV"),
     ],
-    ids=["no-target-column", "one-value", "empty-column", "missing-label", "empty-file"],
+    ids=["no-target-column", "one-value", "empty-column", "missing-label", "no-label", "empty-file"],
 )
 def test_bad_tables_fail_before_training_and_write_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture, content: str, target: str, message: str
@@ -179,7 +187,7 @@ def test_drop_columns_keeps_a_column_from_the_model_and_every_column_is_reported
     assert f"Columns of data.path={table} (target 'label', classification):" in report
     assert "numeric, standardised with training statistics (2): x1 (+ missing indicator), x2" in report
     assert "categorical, one-hot over training values (1): colour (3 values)" in report
-    assert "dropped (data.drop_columns): row_id" in report
+    assert "dropped (data.drop_columns) (1): row_id" in report
     # Predicting needs only the columns the model uses: the id may be absent.
     assert data.encode(frame.drop(columns=["row_id", "label"]).head(3)).shape == (3, 6)
     for wrong in (["rowid"], ["label"]):
@@ -217,7 +225,7 @@ def test_a_csv_is_read_as_written_never_with_data_turned_into_an_index(
         TabularDataModule(path=str(table), target="label").setup("fit")
     assert "column 'date' has a distinct value on" in caplog.text
     assert "looks like an identifier (an id, a date), not a feature; leave it out with" in caplog.text
-    assert "data.init_args.drop_columns=[date]" in caplog.text
+    assert """--data.init_args.drop_columns='["date"]'""" in caplog.text
 
 
 def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_files_and_requests(
@@ -331,3 +339,54 @@ def test_a_prepared_table_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path:
     args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
     args += ["--trainer.log_every_n_steps=2"]
     assert_ddp_run_resumes_exactly(tmp_path, lambda root: [*shrunk_args(root), *args], step=6)
+
+
+def test_table_messages_give_counts_and_options_a_shell_takes_as_they_are(tmp_path: Path, caplog) -> None:
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({f"indicator {i}": rng.normal(size=120) for i in range(40)})
+    frame["Country Name"] = [f"country {i}" for i in range(120)]  # an identifier with a space in its name
+    frame["2012"], frame["same"] = np.nan, 1.0
+    frame["label"] = np.where(frame["indicator 0"] > 0, "yes", "no").astype(object)
+    frame.loc[rng.choice(120, size=17, replace=False), "label"] = None
+    path = tmp_path / "wide.csv"
+    frame.to_csv(path, index=False)
+    args = ["fit", *shrunk_args(tmp_path), f"--data.init_args.path={path}", "--data.init_args.target=label"]
+    with user_error(r"'label' is empty in 17 of 120 rows \(file lines \d+, \d+, \d+, \d+, \d+, \.\.\.\)"):
+        main(args)
+    with user_error(
+        """\\['2012'\\] are empty in every row; leave them out with --data.init_args.drop_columns='\\["2012"\\]'"""
+    ):
+        main([*args, "--data.init_args.drop_missing_target=true"])
+    options = shlex.split("""--data.init_args.drop_columns='["2012"]'""")  # the option as the message gives it
+    with caplog.at_level(logging.INFO):
+        cli = main([*args[1:], "--data.init_args.drop_missing_target=true", *options], run=False)
+        cli.datamodule.setup("fit")
+    assert sum(len(rows) for rows in cli.datamodule.split_rows.values()) == 120 - 17
+    assert "data.drop_missing_target: 17 row(s) without a target left out" in caplog.text
+    report = [line for line in caplog.text.splitlines() if line.startswith("  ")]  # the column report's lines
+    assert max(map(len, report)) <= 200  # 40 columns, not one line of 800 characters
+    assert re.search(r"numeric, standardised with training statistics \(41\): indicator 0, .* and \d+ more$", report[0])
+    constant = "one value in every training row, nothing to learn from (kept; drop_columns drops them) (1): same"
+    assert constant in "\n".join(report)
+    drop = r"(--data\.init_args\.drop_columns='\[\"Country Name\"\]')"
+    hint = re.search(rf"leave it out with {drop}, or name the rows by it with (.*)$", caplog.text, re.M)
+    assert hint is not None, caplog.text
+    frame.drop(columns=["2012"]).to_csv(path, index=False)
+    for option in hint.groups():  # each pastes into a shell as one argument the CLI takes
+        cli = main([*args[1:], "--data.init_args.drop_missing_target=true", *shlex.split(option)], run=False)
+        assert "Country Name" not in cli.datamodule.preprocessing["categorical"]
+
+
+def test_the_readmes_headerless_table_recipe_trains_on_scikit_learns_wine_data(tmp_path: Path) -> None:
+    import sklearn
+
+    wine = Path(sklearn.__file__).parent / "datasets" / "data" / "wine_data.csv"
+    command = readme_commands("A table without a header row")[0]
+    arguments = shlex.split(command.removeprefix("make train ARGS="))[0].replace("=wine_data.csv", f"={wine}")
+    cli = main(["fit", *shrunk_args(tmp_path), *arguments.split(), "--trainer.max_epochs=30"])
+    assert cli.datamodule.num_features == 13 and cli.datamodule.num_outputs == 3
+    assert cli.trainer.callback_metrics["test/acc"] >= 0.9  # 178 wines, 3 cultivars: an easy table
+    # The same file read as if its first row were a header: the one line says what to do.
+    header_row = "that header row reads as data: a file without one needs --data.init_args.header=false"
+    with user_error(rf"is not a column .*{header_row}, and its columns are then column_0 to column_13"):
+        main(["fit", *shrunk_args(tmp_path), f"--data.init_args.path={wine}", "--data.init_args.skip_rows=1"])

@@ -27,6 +27,8 @@ table's size (prepare itself reads the table with pandas once: it must fit in me
 """
 
 import csv
+import json
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -73,6 +75,15 @@ def _numeric_column(column: pd.Series, name: str) -> np.ndarray:
                 f"({int(bad.sum())} such value(s)); leave the cell empty for a missing value"
             )
     return values
+
+
+def _is_number(text: Any) -> bool:
+    """Whether a header field reads as a number (the first data row taken for the header)."""
+    try:
+        float(str(text))
+    except ValueError:
+        return False
+    return True
 
 
 SEPARATORS = ",;\t|"
@@ -153,18 +164,45 @@ def identifier_columns(frame: pd.DataFrame, ignore: list[str]) -> list[str]:
     return found
 
 
-def _column_report(prep: dict[str, Any], dropped: list[str], source: str) -> str:
-    """How each column of the table is used, in a few lines: numeric, categorical with its count of values, dropped."""
+def _column_report(prep: dict[str, Any], dropped: list[str], source: str, constant: Sequence[str] = ()) -> str:
+    """How each column of the table is used, a line per use: numeric, categorical with its count of values,
+    dropped, constant. A line names columns up to about 160 characters, then counts the rest (a table of a
+    thousand columns is not a line of thirty thousand characters; ``export.json`` lists them all)."""
     numeric = [name + (" (+ missing indicator)" if c["indicator"] else "") for name, c in prep["numeric"].items()]
+    categories = [f"{name} ({len(values)} values)" for name, values in prep["categorical"].items()]
+    uses = [
+        ("numeric, standardised with training statistics", numeric),
+        ("categorical, one-hot over training values", categories),
+        ("dropped (data.drop_columns)", dropped),
+        ("one value in every training row, nothing to learn from (kept; drop_columns drops them)", constant),
+    ]
     lines = [f"Columns of {source} (target {prep['target']!r}, {prep['task']}):"]
-    if numeric:
-        lines.append(f"  numeric, standardised with training statistics ({len(numeric)}): {', '.join(numeric)}")
-    if prep["categorical"]:
-        categories = [f"{name} ({len(values)} values)" for name, values in prep["categorical"].items()]
-        lines.append(f"  categorical, one-hot over training values ({len(categories)}): {', '.join(categories)}")
-    if dropped:
-        lines.append(f"  dropped (data.drop_columns): {', '.join(dropped)}")
+    for use, names in uses:
+        if names:
+            lines.append(f"  {use} ({len(names)}): {_first_names(names, 160 - len(use))}")
     return "\n".join(lines)
+
+
+def _first_names(names: Sequence[str], room: int) -> str:
+    """``names`` joined with commas, as many as fit in ``room`` characters, then "and N more"."""
+    shown = []
+    for name in names:
+        if shown and len(", ".join([*shown, name])) > room:
+            return f"{', '.join(shown)} and {len(names) - len(shown)} more"
+        shown.append(name)
+    return ", ".join(shown)
+
+
+def column_list(columns: Sequence[Any], shown: int = 12) -> str:
+    """``['a', 'b', ...]`` of the first ``shown`` column names, with the count of the rest."""
+    names = [str(name) for name in columns]
+    rest = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{names[:shown]}{rest}"
+
+
+def drop_option(names: Sequence[str]) -> str:
+    """The command-line option that drops ``names``, quoted for a shell (names with spaces, quotes)."""
+    return f"--data.init_args.drop_columns={shlex.quote(json.dumps(list(names)))}"
 
 
 class TabularDataModule(ResumableDataModule):
@@ -185,6 +223,8 @@ class TabularDataModule(ResumableDataModule):
         id_column: a column that names each row (an id, a file name): the model does not see it, and
             predictions name their rows by it (the test split's, and an ``INPUTS=`` file's when it has
             the column; else row numbers). A prepared table names its test rows by row number.
+        drop_missing_target: leave out rows whose target is empty (counted in the log); by default
+            they stop the run, naming their lines.
         bundled: the scikit-learn table served when ``path`` is None.
         target_type: "classification", "regression", or "auto": strings, booleans and integers
             with at most 50 distinct values are classes, anything else numeric is regression.
@@ -207,6 +247,7 @@ class TabularDataModule(ResumableDataModule):
         target: str = "target",
         drop_columns: list[str] | None = None,
         id_column: str | None = None,
+        drop_missing_target: bool = False,
         bundled: Literal["breast_cancer", "diabetes"] = "breast_cancer",
         target_type: TargetType = "auto",
         batch_size: int = 64,
@@ -290,22 +331,48 @@ class TabularDataModule(ResumableDataModule):
 
     def _frame(self) -> pd.DataFrame:
         if self.frame is None:
-            self.frame = self.read()
+            frame = self.read()
+            target = self.hparams.target
+            if self.hparams.drop_missing_target and target in frame.columns and frame[target].notna().any():
+                kept = frame[target].notna()
+                if not kept.all():
+                    rank_zero_info(f"data.drop_missing_target: {int((~kept).sum())} row(s) without a target left out")
+                    frame = frame[kept]  # the index keeps each row's place in the file
+            self.frame = frame
         return self.frame
+
+    def _first_data_line(self) -> int:
+        """The file line (1-based) of the table's first row: after the skipped lines and the header."""
+        return 1 + self.hparams.skip_rows + (1 if self.hparams.header else 0)
 
     def _fit(self, frame: pd.DataFrame) -> dict[str, Any]:
         hp = self.hparams
         source = f"data.path={hp.path}" if hp.path else f"the bundled {hp.bundled} table"
         target = hp.target
         if target not in frame.columns:
+            hint = ""
+            if hp.path and hp.header and all(_is_number(name) for name in frame.columns):
+                hint = (
+                    f"; that header row reads as data: a file without one needs --data.init_args.header=false, "
+                    f"and its columns are then column_0 to column_{len(frame.columns) - 1}"
+                )
             raise DataError(
-                f"data.target={target!r} is not a column of {source}; its columns are {list(frame.columns)}"
+                f"data.target={target!r} is not a column of {source}; its columns are {column_list(frame.columns)}"
+                + hint
             )
         labels = frame[target]
-        if labels.isna().any():
-            rows = (np.flatnonzero(labels.isna().to_numpy())[:5] + 2).tolist()  # file lines: +1 header, +1 1-based
+        if labels.isna().all():
             raise DataError(
-                f"{source}: the target column {target!r} is empty in rows {rows} (file lines); fill or drop them"
+                f"{source}: the target column {target!r} is empty in every row ({len(frame)}): is it the column "
+                f"to predict? Its columns are {column_list(frame.columns)}"
+            )
+        if labels.isna().any():  # data.drop_missing_target=false: rows without a target stop the run
+            empty_rows = np.flatnonzero(labels.isna().to_numpy())
+            lines = (empty_rows[:5] + self._first_data_line()).tolist()
+            raise DataError(
+                f"{source}: the target column {target!r} is empty in {len(empty_rows)} of {len(frame)} rows "
+                f"(file lines {', '.join(map(str, lines))}{', ...' if len(empty_rows) > 5 else ''}): fill them, or "
+                "leave those rows out with --data.init_args.drop_missing_target=true"
             )
         if labels.nunique() < 2:
             raise DataError(
@@ -317,17 +384,19 @@ class TabularDataModule(ResumableDataModule):
         if unknown:
             raise DataError(
                 f"data.drop_columns: {unknown} are not feature columns of {source} (the target cannot be dropped); "
-                f"its columns are {list(frame.columns)}"
+                f"its columns are {column_list(frame.columns)}"
             )
         if hp.id_column is not None and (hp.id_column not in frame.columns or hp.id_column == target):
             raise DataError(
                 f"data.id_column={hp.id_column!r} is not a column of {source} besides the target; "
-                f"its columns are {list(frame.columns)}"
+                f"its columns are {column_list(frame.columns)}"
             )
         features = frame.drop(columns=[target, *{*dropped, *([hp.id_column] if hp.id_column else [])}])
         empty = [name for name in features.columns if features[name].isna().all()]
         if empty:
-            raise DataError(f"{source}: column(s) {empty} are empty in every row; drop them from the file")
+            raise DataError(
+                f"{source}: column(s) {empty} are empty in every row; leave them out with {drop_option(empty)}"
+            )
         if features.shape[1] == 0:
             raise DataError(f"{source}: no feature columns besides the target {target!r}")
 
@@ -366,12 +435,13 @@ class TabularDataModule(ResumableDataModule):
                 }
             else:
                 prep["categorical"][str(name)] = sorted(column.dropna().astype(str).unique().tolist())
-        rank_zero_info(_column_report(prep, dropped, source))
+        constant = [str(name) for name in features.columns if train[name].nunique(dropna=False) == 1]
+        rank_zero_info(_column_report(prep, dropped, source, constant))
         for name in identifier_columns(features, []):
             rank_zero_info(
                 f"data: column {name!r} has a distinct value on {features[name].nunique()} of {len(features)} rows: "
-                f"it looks like an identifier (an id, a date), not a feature; leave it out with "
-                f"data.init_args.drop_columns=[{name}], or name the rows by it with data.init_args.id_column={name}"
+                f"it looks like an identifier (an id, a date), not a feature; leave it out with {drop_option([name])}, "
+                f"or name the rows by it with --data.init_args.id_column={shlex.quote(str(name))}"
             )
         if task == "regression":
             values = train[target].astype(float)
@@ -547,7 +617,7 @@ class TabularDataModule(ResumableDataModule):
     def _prepared_settings(self) -> dict[str, Any]:
         hp = self.hparams
         keys = ("target", "drop_columns", "id_column", "bundled", "target_type", "val_fraction", "test_fraction")
-        keys += ("split_seed",)
+        keys += ("split_seed", "drop_missing_target")
         keys += ("separator", "skip_rows", "header", "encoding")  # how the CSV was read
         return {key: hp[key] for key in keys}
 

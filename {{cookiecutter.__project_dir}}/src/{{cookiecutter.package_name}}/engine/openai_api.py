@@ -347,7 +347,9 @@ class ChatAPI(ls.LitAPI):
     once, a step of each in turn (:meth:`step`); stops an answer whose client is gone.
 
     ``progress`` is a shared array with a slot per worker: the ``time.monotonic()`` of its latest
-    step while it generates, 0 when idle; :meth:`health` (in the HTTP process) reads it.
+    step while it generates, 0 when idle; :meth:`health` (in the HTTP process) reads it. A worker
+    claims its slot under ``slots_lock`` (a manager's lock: no semaphore in the server's process, so
+    none is left behind when the process group is stopped with SIGTERM).
     """
 
     def __init__(
@@ -356,19 +358,20 @@ class ChatAPI(ls.LitAPI):
         trust: Sequence[str],
         spec: ChatSpec,
         progress: Any,
+        slots_lock: Any,
         stuck_after: float,
         max_batch_size: int = 64,
     ):
         super().__init__(spec=spec, max_batch_size=max_batch_size, loop=StepLoop())
         self.checkpoint, self.trust = checkpoint, tuple(trust)
-        self.progress, self.stuck_after = progress, stuck_after
+        self.progress, self.slots_lock, self.stuck_after = progress, slots_lock, stuck_after
         self.trained: Trained | None = None
         self.answers: dict[str, Answer] = {}  # LitServe's uid -> the answer; added by the loop's other thread
 
     def setup(self, device: str) -> None:
         self.trained = load_in_worker(self.checkpoint, device, self.trust)
         self.template = self.trained.model.chat_template()
-        with self.progress.get_lock():  # claim this worker's slot
+        with self.slots_lock:  # claim this worker's slot
             self.slot = next(i for i, value in enumerate(self.progress) if value == -1.0)
             self.progress[self.slot] = 0.0
 
@@ -474,8 +477,11 @@ def build_chat_server(
     manager = multiprocessing.get_context("spawn").Manager()  # stops with the server's process group
     spec = ChatSpec(model_name, trained.model.chat_template(), trained.model.context_size, max_tokens, manager.dict())
     workers = workers_per_device * max(1, _device_count(accelerator))
-    progress = multiprocessing.get_context("spawn").Array("d", [-1.0] * workers)
-    api = ChatAPI(trained.checkpoint, trust, spec, progress, stuck_after=timeout, max_batch_size=max_batch_size)
+    # A slot per worker, written by that worker only; claimed under the manager's lock.
+    progress = multiprocessing.get_context("spawn").Array("d", [-1.0] * workers, lock=False)
+    api = ChatAPI(
+        trained.checkpoint, trust, spec, progress, manager.Lock(), stuck_after=timeout, max_batch_size=max_batch_size
+    )
     server = ls.LitServer(
         api,
         accelerator=accelerator,

@@ -143,6 +143,13 @@ def _check_number(value: Any, where: str) -> None:
         raise ValueError(f"{where} must be a finite number within float32 (|x| <= 3.4e38), got {_short(value)}")
 
 
+def cut(detail: str) -> str:
+    """``detail`` within ``MAX_DETAIL_CHARS``, cut at a word with " ..." (never mid-word)."""
+    if len(detail) <= MAX_DETAIL_CHARS:
+        return detail
+    return detail[: MAX_DETAIL_CHARS - 4].rsplit(" ", 1)[0] + " ..."
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:37]}..."
@@ -166,7 +173,11 @@ def _check_row(value: Any, columns: list[str], numeric: Sequence[str], where: st
         raise ValueError(f"{where} must be an object with the columns {columns}")
     missing = [c for c in columns if c not in value]
     if missing:
-        raise ValueError(f"{where}: missing columns {missing} (null is a missing value, and is accepted)")
+        shown = missing[:8] + ["..."] * (len(missing) > 8)
+        raise ValueError(
+            f"{where}: missing {len(missing)} of the {len(columns)} columns: {', '.join(shown)} "
+            "(null is a missing value, and is accepted)"
+        )
     for column in columns:
         item = value[column]
         if item is None:
@@ -204,8 +215,7 @@ async def refuse_request(request: Request, error: RequestValidationError) -> JSO
             continue
         where = ".".join(str(part) for part in problem.get("loc", ())[1:]) or "body"
         problems.append(f"{where}: {str(problem.get('msg', '')).removeprefix('Value error, ')}")
-    detail = "; ".join(problems)
-    return JSONResponse({"detail": detail[:MAX_DETAIL_CHARS]}, status_code=422)
+    return JSONResponse({"detail": cut("; ".join(problems))}, status_code=422)
 
 
 class JSONBodyMiddleware:
@@ -239,7 +249,7 @@ class JSONBodyMiddleware:
                 except (MultiPartException, StarletteHTTPException) as error:
                     reason = getattr(error, "detail", None) or getattr(error, "message", None) or str(error)
                     detail = f"body: not a readable multipart/form-data upload ({reason}); send files as curl -F does"
-                    await JSONResponse({"detail": detail[:MAX_DETAIL_CHARS]}, status_code=400)(scope, receive, send)
+                    await JSONResponse({"detail": cut(detail)}, status_code=400)(scope, receive, send)
                     return
                 if body is None:
                     await JSONResponse({"detail": self.too_large}, status_code=413)(scope, receive, send)
@@ -326,7 +336,7 @@ class Failed:
     detail: str
 
     def response(self) -> JSONResponse:
-        return JSONResponse({"detail": self.detail[:MAX_DETAIL_CHARS]}, status_code=self.status)
+        return JSONResponse({"detail": cut(self.detail)}, status_code=self.status)
 
 
 def join(parts: list[Any]) -> tuple[Any, list[int]]:
@@ -403,7 +413,7 @@ class PredictorAPI(ls.LitAPI):
     def failed(self, status: int, detail: str, error: Exception) -> Failed:
         """Log one line for a request that failed here (and the traceback of a worker's first), and answer it."""
         self.failures += 1
-        reason = f"{type(error).__name__}: {str(error)[:MAX_DETAIL_CHARS]}"
+        reason = cut(f"{type(error).__name__}: {error}")
         log.error("request failed with %d: %s", status, reason, exc_info=error if self.failures == 1 else None)
         return Failed(status, detail)
 
