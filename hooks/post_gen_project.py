@@ -33,6 +33,8 @@ TASK_FILES = {
         "src/{package}/nets/pretrained.py",
         "src/{package}/nets/hf_image.py",
         "src/{package}/nets/timm_net.py",
+        "src/{package}/nets/image_preprocessing.py",
+        "src/{package}/data/image_files.py",
         "tests/test_data.py",
         "tests/test_ddp.py",
         "tests/test_faults.py",
@@ -65,8 +67,8 @@ TASK_FILES = {
         "src/{package}/nets/causal_lm.py",
         "src/{package}/models/language_model.py",
         "src/{package}/nets/gpt.py",
-        "src/{package}/generate.py",
-        "src/{package}/engine/openai_api.py",
+        "src/{package}/commands/generate.py",
+        "src/{package}/serving/openai_api.py",
         "tests/test_language_model.py",
         "tests/test_openai_api.py",
         "tests/test_finetune.py",
@@ -83,6 +85,7 @@ TASK_FILES = {
 # The files some task families share (pretrained Hugging Face models), and those families.
 SHARED_TASK_FILES = {
     "src/{package}/nets/hf.py": ("image-classification", "language-model"),
+    "src/{package}/nets/hub.py": ("image-classification", "language-model"),
 }
 
 

@@ -58,15 +58,14 @@ PROJECT_FILES += [".github/workflows/ci.yml", ".pre-commit-config.yaml"]
 PROJECT_FILES += ["scripts/agent_guides.py", "scripts/serve_load.py", "scripts/update_template.py"]
 PROJECT_FILES += ["scripts/check_lock.py"]
 # The reusable core and the CLI: in every bake, whatever the task.
-PACKAGE_FILES = ["__init__.py", "__main__.py", "bench.py", "cli.py", "export.py", "predict.py", "serve.py"]
-PACKAGE_FILES += ["sweep.py", "prepare.py"]
+PACKAGE_FILES = ["__init__.py", "__main__.py", "cli.py", "commands/__init__.py"]
+PACKAGE_FILES += [f"commands/{name}.py" for name in ("bench", "export", "predict", "serve", "sweep", "prepare")]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "config", "contract", "data", "launch")]
 PACKAGE_FILES += ["engine/environment.py"]
 PACKAGE_FILES += ["engine/module.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
-PACKAGE_FILES += ["engine/runs.py", "engine/serving.py", "engine/prepared.py", "engine/trust.py"]
-PACKAGE_FILES += ["engine/pretrained.py"]
+PACKAGE_FILES += ["engine/runs.py", "serving/__init__.py", "serving/api.py", "engine/prepared.py", "engine/trust.py"]
 PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
     for name in ("__init__", "finetuning", "finite", "plots", "predictions", "preemption", "progress")
@@ -80,12 +79,13 @@ TASK_PACKAGE_FILES = {
     "image-classification": [
         *("data/digits.py", "data/image_folder.py", "models/classifier.py", "nets/cnn.py", "nets/mlp.py"),
         *("nets/pretrained.py", "nets/hf.py", "nets/hf_image.py", "nets/timm_net.py"),
+        *("nets/hub.py", "nets/image_preprocessing.py", "data/image_files.py"),
     ],
     "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py"],
     "language-model": [
         *("data/text.py", "data/corpora/moby_dick.txt.gz", "models/language_model.py", "nets/gpt.py"),
-        *("data/prompts.py", "data/tokenizer.py", "nets/causal_lm.py", "generate.py"),
-        *("engine/openai_api.py", "nets/hf.py"),
+        *("data/prompts.py", "data/tokenizer.py", "nets/causal_lm.py", "commands/generate.py"),
+        *("serving/openai_api.py", "nets/hf.py", "nets/hub.py"),
     ],
 }
 TASK_TEST_FILES = {

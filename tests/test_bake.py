@@ -1,5 +1,6 @@
 """Bakes: the default and a matrix over every choice; exact files, valid syntax, ruff-clean, filled guides."""
 
+import ast
 import hashlib
 import json
 import os
@@ -74,6 +75,8 @@ def check_bake(project: Path, answers: dict) -> None:
 
     assert LICENSE_FIRST_LINE[answers["license"]] in (project / "LICENSE").read_text().splitlines()[0]
     check_make_targets_run_commands(project)
+    assert engine_imports(project / "src" / package / "engine") & TASK_LIBRARIES == set()
+    assert pruned_names_left(project, task) == []
 
     # The GitHub workflow is valid against GitHub's workflow schema (vendored by check-jsonschema: offline).
     checker = [str(Path(sys.executable).with_name("check-jsonschema")), "--builtin-schema", "vendor.github-workflows"]
@@ -83,6 +86,44 @@ def check_bake(project: Path, answers: dict) -> None:
     for command in (["ruff", "check", "."], ["ruff", "format", "--check", "."]):
         done = subprocess.run([sys.executable, "-m", *command], cwd=project, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+# What only a task or an optional capability needs: images, serving, pretrained models. The engine, the
+# core every task shares, imports none of them (not even inside a function).
+TASK_LIBRARIES = {"PIL", "kornia", "torchvision", "timm", "transformers", "peft", "tokenizers", "huggingface_hub"}
+TASK_LIBRARIES |= {"litserve", "fastapi", "starlette", "uvicorn", "openai"}
+# Names of what a task's bake prunes: none may be left in its files (code, docs, tests, configs).
+PRUNED_NAMES = {
+    "image-classification": r"openai_api|max_request_tokens|HFCausalLM|LanguageModel|TabularModel|TabularDataModule",
+    "tabular": r"TimmNet|PretrainedNet|HF\w+|openai_api|image_files|image_preprocessing|nets\.hub|max_\w+_pixels"
+    r"|max_request_tokens|\bPIL\b|Pillow|LanguageModel|ImageClassifier|TextDataModule",
+    "language-model": r"TimmNet|PretrainedNet|HFImageClassifier|image_files|image_preprocessing|max_\w+_pixels"
+    r"|\bPIL\b|Pillow|TabularModel|ImageClassifier|TabularDataModule",
+}
+
+
+def engine_imports(engine: Path) -> set[str]:
+    """The top-level modules the files under ``engine`` import, at the top or inside functions."""
+    found = set()
+    for file in engine.rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def pruned_names_left(project: Path, task: str) -> list[str]:
+    """``file:line`` of every mention of a name the task's bake pruned (outside uv.lock and .git)."""
+    pattern = re.compile(PRUNED_NAMES[task])
+    return [
+        f"{file.relative_to(project)}:{number}: {line.strip()[:100]}"
+        for file in sorted(project.rglob("*"))
+        if file.is_file() and ".git" not in file.parts and file.name != "uv.lock" and file.suffix != ".gz"
+        for number, line in enumerate(file.read_text(errors="replace").splitlines(), 1)
+        if pattern.search(line)
+    ]
 
 
 def check_make_targets_run_commands(project: Path) -> None:

@@ -13,21 +13,31 @@ server's largest process (the inference worker) after it; run several --rounds t
 is bounded.
 
 --expensive-every K makes every K-th request (a bad one wins where both fall) the costliest one the
-server accepts to read: for a model that takes image files, 256 PNGs of 16000x1000 pixels, each 2
-KB and under --max_image_pixels, 4.1 billion pixels to decode in all, which the server must refuse
-with 422 from their headers (--max_request_pixels); for a language model, the most prompts
---max_request_tokens lets one request hold (16 of 64 new tokens); for other models, 256 examples
-(the most one request may hold), which it must answer. The good requests' p99 beside them is the figure to read:
-a good request is answered within its timeout while the expensive ones arrive.
+server accepts to read:
+{%- if cookiecutter.task == "image-classification" %}
+256 PNGs of 16000x1000 pixels, each 2 KB and under --max_image_pixels, 4.1 billion pixels to
+decode in all, which the server must refuse with 422 from their headers (--max_request_pixels);
+for a model that takes no image files, 256 examples, which it must answer.
+{%- elif cookiecutter.task == "language-model" %}
+the most prompts --max_request_tokens lets one request hold (16 of 64 new tokens), which it must answer.
+{%- else %}
+256 examples (the most one request may hold), which it must answer.
+{%- endif %}
+The good requests' p99 beside them is the figure to read: a good request is answered within its
+timeout while the expensive ones arrive.
 
 Usage: python scripts/serve_load.py [--ckpt PATH] [--requests 400] [--concurrency 1 4 16]
                                     [--rounds 1] [--bad-every 0] [--expensive-every 0]
 """
 
 import argparse
+{%- if cookiecutter.task == "image-classification" %}
 import base64
+{%- endif %}
 import contextlib
+{%- if cookiecutter.task == "image-classification" %}
 import io
+{%- endif %}
 import json
 import os
 import signal
@@ -44,11 +54,12 @@ from typing import Any
 
 import psutil
 import torch
-
+{% if cookiecutter.task == "language-model" %}
+from {{ cookiecutter.package_name }}.commands.serve import MAX_REQUEST_TOKENS
+{%- endif %}
 from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained, trusted_modules
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
-from {{ cookiecutter.package_name }}.serve import MAX_REQUEST_TOKENS
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 
@@ -145,7 +156,7 @@ def measure(args: argparse.Namespace) -> None:
     print(f"baseline: in-process Predictor, 1 example: p50 {baseline * 1e3:.2f} ms (torch threads {threads})")
 
     port = free_port()
-    command = [sys.executable, "-m", f"{PACKAGE}.serve", "--ckpt", str(checkpoint), "--port", str(port)]
+    command = [sys.executable, "-m", f"{PACKAGE}.commands.serve", "--ckpt", str(checkpoint), "--port", str(port)]
     command += ["--api=predict"]  # what this load test sends (a language model's default is the OpenAI API)
     command += ["--trust", args.trust] if args.trust else []
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -209,24 +220,29 @@ def expensive_body(
     example: Any, schema: dict[str, Any], max_inputs: int = 256, new_tokens: int | None = None
 ) -> tuple[bytes, bool]:
     """The costliest request the server reads (see the module docstring), and whether it must be refused.
+    {%- if cookiecutter.task == "language-model" %}
 
-    ``new_tokens``: a language model's per prompt; then --max_request_tokens bounds the prompts.
-    """
+    ``new_tokens``: the model's per prompt; --max_request_tokens then bounds the prompts.
+    {% endif %}"""
+{%- if cookiecutter.task == "language-model" %}
     if new_tokens:
         prompts = min(max_inputs, MAX_REQUEST_TOKENS // new_tokens)
         return json.dumps({"inputs": [example] * prompts}).encode(), False
-    if not schema.get("image_files"):
-        return json.dumps({"inputs": [example] * max_inputs}).encode(), False
-    from PIL import Image
+{%- endif %}
+{%- if cookiecutter.task == "image-classification" %}
+    if schema.get("image_files"):
+        from PIL import Image
 
-    buffer = io.BytesIO()
-    Image.new("1", (16000, 1000)).save(buffer, format="PNG", optimize=True)  # 16 M pixels in about 2 KB
-    picture = base64.b64encode(buffer.getvalue()).decode()
-    return json.dumps({"inputs": [picture] * max_inputs}).encode(), True
+        buffer = io.BytesIO()
+        Image.new("1", (16000, 1000)).save(buffer, format="PNG", optimize=True)  # 16 M pixels in about 2 KB
+        picture = base64.b64encode(buffer.getvalue()).decode()
+        return json.dumps({"inputs": [picture] * max_inputs}).encode(), True
+{%- endif %}
+    return json.dumps({"inputs": [example] * max_inputs}).encode(), False
 
 
 def refused_input(example: Any, schema: dict[str, Any]) -> Any:
-    """``example`` made into one the server must refuse with 422 (see engine.serving.check_inputs)."""
+    """``example`` made into one the server must refuse with 422 (see serving.api.check_inputs)."""
     if schema["kind"] == "text":
         return 123
     if schema["kind"] == "row":

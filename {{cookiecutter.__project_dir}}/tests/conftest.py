@@ -113,9 +113,9 @@ def assert_fine_tunes_exports_and_predicts(
     import shutil
 
     from {{ cookiecutter.package_name }}.cli import main
+    from {{ cookiecutter.package_name }}.commands.predict import predict
     from {{ cookiecutter.package_name }}.engine.export import export_all
     from {{ cookiecutter.package_name }}.engine.inference import load_trained
-    from {{ cookiecutter.package_name }}.predict import predict
 
     cli = main(["fit", *args])
     accuracy = cli.trainer.callback_metrics["test/acc"].item()
@@ -341,7 +341,7 @@ def serving(checkpoint: Path, folder: Path, *args: str, env: dict[str, str] | No
     log = log_path.open("w")
     # --timeout: correctness is tested here, on a machine that may be busy with other tests (16
     # generations at once took over 30 s there, the default's 504); latency is measured by serve-bench.
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.serve", "--ckpt", str(checkpoint)]
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.commands.serve", "--ckpt", str(checkpoint)]
     command += ["--port", str(port), f"--api={api}"]
     process = subprocess.Popen(
         [*command, "--timeout=300", *args],

@@ -30,6 +30,8 @@ from test_preemption import SignalAtStep
 from test_resume import EXACT, assert_same_end_state
 
 from {{ cookiecutter.package_name }}.cli import CLI, main
+from {{ cookiecutter.package_name }}.commands.generate import main as generate_main
+from {{ cookiecutter.package_name }}.commands.predict import main as predict_main
 from {{ cookiecutter.package_name }}.data import PromptCompletionDataModule
 from {{ cookiecutter.package_name }}.data.prompts import IGNORE
 from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate
@@ -37,9 +39,7 @@ from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempte
 from {{ cookiecutter.package_name }}.engine.errors import DataError
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.engine.runs import own_config, run_dir
-from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.nets import HFCausalLM, LoRA
-from {{ cookiecutter.package_name }}.predict import main as predict_main
 
 transformers = pytest.importorskip("transformers", reason="the finetune extra (make install installs it)")
 pytest.importorskip("peft", reason="the finetune extra (make install installs it)")
@@ -231,7 +231,7 @@ def test_lora_under_ddp_stopped_by_sigterm_resumes_exactly(tiny: Path, tmp_path:
 def test_merged_export_loads_in_transformers_alone_and_equals_the_unmerged_model(
     lora_run: tuple[CLI, dict], tmp_path: Path
 ) -> None:
-    from {{ cookiecutter.package_name }}.export import main as export_main
+    from {{ cookiecutter.package_name }}.commands.export import main as export_main
 
     _, summary = lora_run
     export_main(["--ckpt", summary["checkpoint"], "--output", str(tmp_path / "export"), "--onnx", "false"])

@@ -28,8 +28,8 @@ from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.export import ExportError, export_all
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
-from {{ cookiecutter.package_name }}.engine.pretrained import check_preprocessing_fits, image_preprocessing
 from {{ cookiecutter.package_name }}.nets import HFImageClassifier, LoRA
+from {{ cookiecutter.package_name }}.nets.image_preprocessing import check_preprocessing_fits, image_preprocessing
 
 transformers = pytest.importorskip("transformers", reason="the finetune extra (make install installs it)")
 pytest.importorskip("peft", reason="the finetune extra (make install installs it)")

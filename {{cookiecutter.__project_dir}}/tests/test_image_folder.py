@@ -34,17 +34,17 @@ from conftest import (
 from PIL import Image, ImageFile
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.commands.export import main as export_main
+from {{ cookiecutter.package_name }}.commands.predict import main as predict_main
+from {{ cookiecutter.package_name }}.commands.predict import predict
+from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
+from {{ cookiecutter.package_name }}.commands.prepare import train_command
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 from {{ cookiecutter.package_name }}.engine.export import export_all
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.engine.prepared import file_sha256, sampled_sha256
-from {{ cookiecutter.package_name }}.export import main as export_main
-from {{ cookiecutter.package_name }}.predict import main as predict_main
-from {{ cookiecutter.package_name }}.predict import predict
-from {{ cookiecutter.package_name }}.prepare import main as prepare_main
-from {{ cookiecutter.package_name }}.prepare import train_command
 
 EXPERIMENT = CONFIGS / "experiments" / "image-folder.yaml"
 CLASSES = ("blobs", "horizontal", "vertical")  # tell-apart patterns that survive a flip and a crop
@@ -487,7 +487,7 @@ def bomb_png(width: int, height: int) -> bytes:
 
 def test_a_request_may_hold_image_files_decoded_as_inputs_files_are(tmp_path: Path) -> None:
     pytest.importorskip("litserve", reason="the serve extra is not installed: pip install -e '.[serve]'")
-    from {{ cookiecutter.package_name }}.engine.serving import check_inputs
+    from {{ cookiecutter.package_name }}.serving.api import check_inputs
 
     root = make_folder(tmp_path / "images", per_class=10)
     data = ImageFolderDataModule(root=str(root), image_size=8, batch_size=4)

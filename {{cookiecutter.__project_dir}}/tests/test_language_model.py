@@ -20,15 +20,15 @@ from conftest import (
 )
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.commands.generate import main as generate_main
+from {{ cookiecutter.package_name }}.commands.predict import main as predict_main
+from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
 from {{ cookiecutter.package_name }}.data import TextDataModule
 from {{ cookiecutter.package_name }}.data.text import TokenWindows, checked_text_files, read_text
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
-from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.models import LanguageModel
 from {{ cookiecutter.package_name }}.models.language_model import BitsPerByte, Perplexity, decode, greedy
 from {{ cookiecutter.package_name }}.nets import GPT
-from {{ cookiecutter.package_name }}.predict import main as predict_main
-from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 
 EXPERIMENT = CONFIGS / "experiments" / "text-folder.yaml"
 

@@ -1,4 +1,4 @@
-"""The OpenAI API of ``make serve`` for language models (engine/openai_api.py), called with the official
+"""The OpenAI API of ``make serve`` for language models (serving/openai_api.py), called with the official
 ``openai`` client and with curl, against a trained byte GPT (the LoRA fine-tune: tests/test_finetune.py).
 
 Answers are checked against the model run in this process (``stream_chat``), token for token.
@@ -96,7 +96,7 @@ class Arrivals:
 def test_a_free_place_goes_to_the_request_that_waited_longest() -> None:
     """LitServe's own prefill gave it to the request arriving as it freed up: a client resubmitting long
     requests back to back kept a short one waiting through dozens of answers."""
-    from {{ cookiecutter.package_name }}.engine.openai_api import StepLoop
+    from {{ cookiecutter.package_name }}.serving.openai_api import StepLoop
 
     loop, api = StepLoop(), Places(places=1, running=["long-1"])
     waiting = [(0, "short", {})]  # arrived while long-1 held the one place

@@ -40,7 +40,7 @@ def assert_same_end_state(reference: CLI, resumed: CLI) -> None:
     for key in expected:
         if isinstance(expected[key], torch.Tensor):
             assert torch.equal(expected[key], actual[key]), f"weights differ: {key}"
-        else:  # a module's extra state (nets.HFCausalLM's record of its base)
+        else:  # a module's extra state (a pretrained net's record of its base)
             assert expected[key] == actual[key], f"state differs: {key}"
     expected_opt, actual_opt = reference.trainer.optimizers[0].state_dict(), resumed.trainer.optimizers[0].state_dict()
     assert expected_opt["state"].keys() == actual_opt["state"].keys()

@@ -31,17 +31,17 @@ pytest.importorskip("onnxruntime", reason="the export extra is not installed: pi
 pytest.importorskip("litserve", reason="the serve extra is not installed: pip install -e '.[export,serve]'")
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.commands.export import default_folder as default_export_folder
+from {{ cookiecutter.package_name }}.commands.export import main as export_main
+from {{ cookiecutter.package_name }}.commands.predict import main as predict_main
+from {{ cookiecutter.package_name }}.commands.predict import predict
+from {{ cookiecutter.package_name }}.commands.serve import main as serve_main
 {%- if cookiecutter.task != "language-model" %}
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 {%- endif %}
 from {{ cookiecutter.package_name }}.engine.export import ExportError, export_all, export_onnx
 from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
-from {{ cookiecutter.package_name }}.engine.serving import check_inputs, cut
-from {{ cookiecutter.package_name }}.export import default_folder as default_export_folder
-from {{ cookiecutter.package_name }}.export import main as export_main
-from {{ cookiecutter.package_name }}.predict import main as predict_main
-from {{ cookiecutter.package_name }}.predict import predict
-from {{ cookiecutter.package_name }}.serve import main as serve_main
+from {{ cookiecutter.package_name }}.serving.api import check_inputs, cut
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 TOLERANCE = 1e-4
@@ -350,7 +350,8 @@ def test_make_predict_runs_as_one_quiet_process_beside_slurm(shipped, tmp_path: 
     for name in [name for name in env if name.startswith("SLURM_")]:
         del env[name]
     output = tmp_path / "predictions.jsonl"
-    command = [sys.executable, "-m", f"{PACKAGE}.predict", "--ckpt", str(trained.checkpoint), "--output", str(output)]
+    command = [sys.executable, "-m", f"{PACKAGE}.commands.predict", "--ckpt", str(trained.checkpoint)]
+    command += ["--output", str(output)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "srun" not in done.stdout + done.stderr
@@ -738,11 +739,13 @@ def test_request_checks_name_the_input_and_the_problem() -> None:
     text = {"kind": "text", "max_bytes": 4, "max_inputs": 4}
     with pytest.raises(ValueError, match=r"inputs\[0\] has 5 UTF-8 bytes; at most 4"):
         check_inputs(["héll"], text)
+{%- if cookiecutter.task == "language-model" %}
     generated = {**text, "max_inputs": 256, "new_tokens": 64, "max_request_tokens": 1024}
     check_inputs(["ab"] * 16, generated)
     budget = r"17 prompts x 64 new tokens each = 1088 tokens to generate; the server generates at most 1024 per request"
     with pytest.raises(ValueError, match=budget + r" \(--max_request_tokens\): send at most 16 prompts per request"):
         check_inputs(["ab"] * 17, generated)
+{%- endif %}
 
 
 @pytest.mark.slow
@@ -767,7 +770,7 @@ import os
 
 import torch
 
-from {{ cookiecutter.package_name }}.engine import serving
+from {{ cookiecutter.package_name }}.serving import api as serving
 
 faults = json.loads(os.environ["PLANTED_FAULTS"])
 setup = serving.PredictorAPI.setup

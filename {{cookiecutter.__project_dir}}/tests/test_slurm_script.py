@@ -104,7 +104,7 @@ def test_the_sweep_array_runs_workers_of_one_study_with_the_gpu_preset(
     assert re.search(r"^#SBATCH --array=\S+", SWEEP_SCRIPT.read_text(), flags=re.MULTILINE)
     done, srun_args = run_script(tmp_path, args=("--n_trials=40",), script=SWEEP_SCRIPT, SLURM_ARRAY_TASK_ID="1")
     assert done.returncode == 0, done.stderr
-    module = srun_args.index("{{ cookiecutter.package_name }}.sweep")
+    module = srun_args.index("{{ cookiecutter.package_name }}.commands.sweep")
     assert srun_args[module + 1 :] == [
         "--config",
         "configs/sweep.yaml",
@@ -112,7 +112,7 @@ def test_the_sweep_array_runs_workers_of_one_study_with_the_gpu_preset(
         "--n_trials=40",
     ]
     # The arguments parse: every worker reads the same sweep file, so they share its study.
-    from {{ cookiecutter.package_name }}.sweep import main as sweep_main
+    from {{ cookiecutter.package_name }}.commands.sweep import main as sweep_main
 
     monkeypatch.chdir(ROOT)
     with pytest.raises(SystemExit) as exit_info:

@@ -14,9 +14,9 @@ from conftest import ROOT, shrunk_args
 from optuna.trial import TrialState
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.commands.sweep import study_lock, sweep
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
-from {{ cookiecutter.package_name }}.sweep import study_lock, sweep
 
 LEARNING_RATE = {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}
 
@@ -57,7 +57,7 @@ def trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
 
 @pytest.mark.slow
 def test_a_killed_sweep_continues_to_its_trial_count(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.sweep", f"--config={write_sweep(tmp_path)}"]
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.commands.sweep", f"--config={write_sweep(tmp_path)}"]
     first = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -119,7 +119,7 @@ BACKWARDS = {"type": "float", "low": 0.1, "high": 0.01}
 WORKER = """
 import sys, time
 from pathlib import Path
-from {{ cookiecutter.package_name }}.sweep import open_study
+from {{ cookiecutter.package_name }}.commands.sweep import open_study
 root, start, rounds = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 for round in range(rounds):
     folder = root / f"round{round}"

@@ -21,12 +21,12 @@ from conftest import (
 )
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.commands.predict import predict
+from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
 from {{ cookiecutter.package_name }}.data import TabularDataModule
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 from {{ cookiecutter.package_name }}.engine.export import export_all
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
-from {{ cookiecutter.package_name }}.predict import predict
-from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 
 EXPERIMENT = CONFIGS / "experiments" / "tabular-csv.yaml"
 
@@ -253,7 +253,7 @@ def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_files_
     trained = load_trained(best["checkpoint"])
     records = json.loads(new.to_json(orient="records"))  # as a client sends them: the id and the note too
     if importlib.util.find_spec("litserve") is not None:  # the serve extra: the server's own check of them
-        from {{ cookiecutter.package_name }}.engine.serving import check_inputs
+        from {{ cookiecutter.package_name }}.serving.api import check_inputs
 
         check_inputs(records, {**trained.datamodule.request_schema(), "max_inputs": 5})
     from_file = trained.datamodule.read_inputs(str(tmp_path / "new.csv"))[1]

@@ -10,14 +10,14 @@ from conftest import CONFIGS, assert_prepared_run_resumes_as_in_memory, shrunk_a
 from test_language_model import write_texts
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.commands.generate import main as generate_main
+from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
 from {{ cookiecutter.package_name }}.data import PromptCompletionDataModule, TextDataModule, text
 from {{ cookiecutter.package_name }}.data.tokenizer import BPETokenizer, safe_pieces, safe_stream
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
-from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.models import LanguageModel
 from {{ cookiecutter.package_name }}.nets import GPT
-from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 
 BPE = [f"--config={CONFIGS / 'experiments' / 'bpe.yaml'}", "--data.init_args.bpe_vocab_size=300"]
 # Blank lines, runs of spaces, tabs, no-break spaces, accents, emoji, a long unbroken line: the places

@@ -29,7 +29,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
 from {{ cookiecutter.package_name }}.engine.callbacks import BackboneFreeze
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
-from {{ cookiecutter.package_name }}.engine.pretrained import image_preprocessing
+from {{ cookiecutter.package_name }}.nets.image_preprocessing import image_preprocessing
 
 
 class Snapshots(L.Callback):

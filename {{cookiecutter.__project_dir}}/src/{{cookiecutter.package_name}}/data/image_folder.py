@@ -49,8 +49,9 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from {{ cookiecutter.package_name }}.data.image_files import image_file_bytes, open_image
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.contract import image_file_bytes, open_image, stack_samples
+from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.inference import CenterCrop, Standardize
@@ -64,7 +65,8 @@ from {{ cookiecutter.package_name }}.engine.prepared import (
     open_prepared,
     prepare_command,
 )
-from {{ cookiecutter.package_name }}.engine.pretrained import image_preprocessing, locate
+from {{ cookiecutter.package_name }}.nets.hub import locate
+from {{ cookiecutter.package_name }}.nets.image_preprocessing import image_preprocessing
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLITS = ("train", "val", "test")
@@ -105,7 +107,7 @@ class ImageFolderDataModule(ResumableDataModule):
             ``nets.HFImageClassifier`` or ``nets.TimmNet``): its ``preprocessor_config.json``
             (transformers) or its ``config.json``'s ``pretrained_cfg`` (timm) sets ``image_size``,
             ``crop_size`` and the per-channel mean and std (in place of the training split's), as the
-            backbone saw images in pretraining (:func:`engine.pretrained.image_preprocessing`), and
+            backbone saw images in pretraining (:func:`nets.image_preprocessing.image_preprocessing`), and
             images are RGB. The checkpoint keeps them for predict, export and serve.
         mean, std: per-channel mean and standard deviation of pixels in [0, 1] that a backbone was
             pretrained with, in place of the training split's (for weights that come without a
@@ -208,7 +210,7 @@ class ImageFolderDataModule(ResumableDataModule):
     def image_preparation(self) -> dict[str, Any]:
         """How images reach the net: ``image_size``, ``crop_size``, and the ``mean`` and ``std`` given by
         ``pretrained`` or the config (None: the training split's). What a pretrained net is checked against
-        (:func:`engine.pretrained.check_preprocessing_fits`)."""
+        (:func:`nets.image_preprocessing.check_preprocessing_fits`)."""
         mean, std = self.pretrained_stats or (None, None)
         return {"image_size": self.hparams.image_size, "crop_size": self.hparams.crop_size, "mean": mean, "std": std}
 

@@ -7,7 +7,7 @@ stands for. Summed over a split, those counts turn a loss in nats per token into
 (Gao et al., "The Pile", 2020, section 4; nanoGPT's byte-level runs report the same).
 
 :func:`load_tokenizer` is the entry for bytes (``None`` or ``"bytes"``) and pretrained models (a
-folder or hub id, :func:`engine.pretrained.locate`, read offline). A BPE (``"bpe"``) is trained
+folder or hub id, :func:`nets.hub.locate`, read offline). A BPE (``"bpe"``) is trained
 on a DataModule's training split (:meth:`BPETokenizer.train`) and travels as JSON: in the
 prepared data set, in the checkpoint, beside an export (``tokenizer.json``).
 
@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
-from {{ cookiecutter.package_name }}.engine.pretrained import locate
+from {{ cookiecutter.package_name }}.nets.hub import locate
 
 BYTES, BPE = "bytes", "bpe"
 EOS = "<|endoftext|>"  # the BPE's one special token (GPT-2's name for it)
@@ -136,7 +136,7 @@ class PretrainedTokenizer:
     """A pretrained model's tokenizer (``transformers.AutoTokenizer``, a fast one), read from local files only.
 
     Raises:
-        engine.errors.MissingFileError, ConfigError: see :func:`engine.pretrained.locate`; or the
+        engine.errors.MissingFileError, ConfigError: see :func:`nets.hub.locate`; or the
             folder has no fast (Rust) tokenizer, whose offsets the byte counts need.
     """
 

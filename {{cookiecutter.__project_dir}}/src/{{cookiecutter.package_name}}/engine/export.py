@@ -9,7 +9,7 @@
   compiled ahead of time for this machine's CPU or GPU. https://pytorch.org/docs/stable/torch.compiler_aot_inductor.html
 - optionally weight-only int8 (torchao ``Int8WeightOnlyConfig``) of the Linear layers, scored
   against float32 on the test split. https://github.com/pytorch/ao
-- for a net that can write one (``save_merged``: ``nets.HFCausalLM``), a Hugging Face folder
+- for a net that can write one (``save_merged``{% if cookiecutter.task == "language-model" %}: ``nets.HFCausalLM``{% endif %}), a Hugging Face folder
   ``hf/`` (LoRA adapters merged into the base, safetensors, the tokenizer) that ``transformers``
   loads without this project. https://huggingface.co/docs/transformers/main_classes/model
 

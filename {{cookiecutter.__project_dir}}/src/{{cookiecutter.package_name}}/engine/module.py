@@ -35,7 +35,6 @@ from {{ cookiecutter.package_name }}.engine.precision import (
     clip_gradients_without_scaler,
     fused_optimizer_allowed,
 )
-from {{ cookiecutter.package_name }}.engine.pretrained import check_preprocessing_fits
 
 try:  # set while LightningCLI instantiates the model: the net then arrives with its config
     from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
@@ -174,7 +173,10 @@ class TrainingModule(ShippableModel, L.LightningModule):
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self._trainer is not None:  # a module set up by hand has no trainer, nor data
-            check_preprocessing_fits(self.net, self._trainer.datamodule)
+            # A net that needs its data prepared a certain way (a pretrained backbone) checks the DataModule.
+            check_data = getattr(self.net, "check_data", None)
+            if callable(check_data):
+                check_data(self._trainer.datamodule)
         if stage == "fit":
             self._start_from_init_from()  # before compile: the compiled net shares these parameters
         if self.hparams.channels_last:

@@ -17,7 +17,7 @@ order function (seed, epoch, rank, batches done) resumes it exactly, under DDP t
 reading only its share.
 
 LitData (``litdata.optimize`` / ``StreamingDataset``) was considered: it installs torchvision, which
-breaks ``import lightning`` beside a CPU torch (``../notes`` of the template; ``import lightning``
+breaks ``import lightning`` beside a CPU torch (measured when this was chosen: ``import lightning``
 fails with ``operator torchvision::nms does not exist``), and its loader state is reported not to be
 restored on resume (Lightning-AI/litData#775); an order function over fixed-size records needs no
 loader state at all.

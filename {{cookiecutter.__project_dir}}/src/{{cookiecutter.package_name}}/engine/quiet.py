@@ -113,7 +113,7 @@ def replace_resume_warnings(run_dir: str) -> None:
     )
 
 
-# Export and serving (engine.export, engine.serving), each the dependency's note to itself:
+# Export and serving (engine.export, serving.api), each the dependency's note to itself:
 # torch.onnx's dynamo exporter lists the torchvision operators it skips when torchvision is absent;
 # torchao (0.18) logs every optional CUDA/cutlass kernel library it cannot load on this machine;
 # torch's _pytree logs that torchao registers an Enum as a pytree constant.

@@ -230,7 +230,7 @@ class LanguageModel(TrainingModule):
         ]
         return [self.tokenizer.decode(completion[0].tolist()) for completion in completions]
 
-    # ---- chat: what the OpenAI API serves (engine/openai_api.py) --------------------------------------
+    # ---- chat: what the OpenAI API serves (serving/openai_api.py) --------------------------------------
     def chat_template(self) -> ChatTemplate:
         """How a conversation becomes this model's prompt: its tokenizer's chat template, or the plain one."""
         return ChatTemplate(self.tokenizer)

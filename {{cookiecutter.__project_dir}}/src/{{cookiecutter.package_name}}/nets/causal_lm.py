@@ -17,8 +17,8 @@ from typing import Any, Literal
 import torch
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.pretrained import locate
 from {{ cookiecutter.package_name }}.nets.hf import HFNet, LoRA, from_files, libraries
+from {{ cookiecutter.package_name }}.nets.hub import locate
 
 __all__ = ["HFCache", "HFCausalLM", "LoRA"]
 

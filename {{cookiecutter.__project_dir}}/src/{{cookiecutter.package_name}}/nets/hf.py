@@ -2,7 +2,7 @@
 that hold only what was trained.
 
 The model comes from a local folder or the local Hugging Face cache, never a download
-(:mod:`engine.pretrained`). LoRA (Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models",
+(:mod:`nets.hub`). LoRA (Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models",
 ICLR 2022) freezes the base weights W and trains a low-rank update (alpha / r) * B A beside chosen
 linear layers, through ``peft`` (https://huggingface.co/docs/peft). A LoRA net's ``state_dict`` (so
 its checkpoints) holds the adapters, any layer trained whole beside them (a new head), and a record
@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.pretrained import Pretrained, fingerprint
 from {{ cookiecutter.package_name }}.engine.quiet import silence_export_noise
+from {{ cookiecutter.package_name }}.nets.hub import Pretrained, fingerprint
 
 
 @dataclass
@@ -124,7 +124,7 @@ def from_files(auto_class: Any, found: Pretrained, kind: str, fix: str, **option
         return auto_class.from_pretrained(
             found.folder,
             local_files_only=True,
-            trust_remote_code=False,  # a folder's own Python never runs (engine.pretrained.check_data_only)
+            trust_remote_code=False,  # a folder's own Python never runs (nets.hub.check_data_only)
             use_safetensors=True,  # never a pickled pytorch_model.bin
             **options,
         )

@@ -10,12 +10,15 @@ The images must be prepared as the backbone was pretrained: the image-folder Dat
 Offline files, LoRA and checkpoints that hold only what was trained: :mod:`nets.hf`.
 """
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.pretrained import locate
 from {{ cookiecutter.package_name }}.nets.hf import HFNet, LoRA, from_files, libraries
+from {{ cookiecutter.package_name }}.nets.hub import locate
+from {{ cookiecutter.package_name }}.nets.image_preprocessing import check_preprocessing_fits
 
 HEAD = "classifier"  # the new head's name in every transformers image classifier
 
@@ -85,6 +88,11 @@ class HFImageClassifier(HFNet):
         """Everything but the head (what ``engine.callbacks.BackboneFreeze`` freezes); not a module of its own."""
         model = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         return getattr(model, model.base_model_prefix)
+
+    def check_data(self, datamodule: Any) -> None:
+        """Refuse, when fit starts, data prepared otherwise than this backbone's pretraining images
+        (:func:`nets.image_preprocessing.check_preprocessing_fits`)."""
+        check_preprocessing_fits(self, datamodule)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W), normalised as the backbone was pretrained -> class logits (B, K), float32."""

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.pretrained import PICKLED_SUFFIXES, load_all_weights, read_weights
+from {{ cookiecutter.package_name }}.nets.hub import PICKLED_SUFFIXES, load_all_weights, read_weights
 
 
 class PretrainedNet(nn.Module):

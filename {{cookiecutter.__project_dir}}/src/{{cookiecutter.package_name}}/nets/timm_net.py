@@ -15,17 +15,19 @@ torch (torch never moves). Weights come from local files only, never a download 
   or no ``weights`` for random initialisation.
 
 Every weight of the file must fit the architecture (its classifier aside): a file for another model
-is refused by name, never half-loaded (:func:`engine.pretrained.load_all_weights`).
+is refused by name, never half-loaded (:func:`nets.hub.load_all_weights`).
 """
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.pretrained import json_object, load_all_weights, locate, read_weights
+from {{ cookiecutter.package_name }}.nets.hub import json_object, load_all_weights, locate, read_weights
+from {{ cookiecutter.package_name }}.nets.image_preprocessing import check_preprocessing_fits
 
 # timm.create_model's own arguments and its builder's (timm 1.0): what to load and how to build, never
 # the architecture's shape; a hub folder's model_args may not set them.
@@ -89,6 +91,11 @@ class TimmNet(nn.Module):
             load_weights(self.backbone, file, architecture)
         features = getattr(self.backbone, "head_hidden_size", None) or self.backbone.num_features
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(features, num_classes))
+
+    def check_data(self, datamodule: Any) -> None:
+        """Refuse, when fit starts, data prepared otherwise than this backbone's pretraining images
+        (:func:`nets.image_preprocessing.check_preprocessing_fits`)."""
+        check_preprocessing_fits(self, datamodule)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.in_channels == 1:

@@ -23,8 +23,8 @@ class BackboneFreeze(BaseFinetuning):
     ``engine.optim.parameter_groups``), with ``initial_lr`` set so ``engine.WarmupCosine`` schedules
     them with the same shape.
 
-    Any net with a ``backbone`` module works: ``nets.CNN`` (its convolution stages), ``nets.PretrainedNet``,
-    ``nets.TimmNet``, ``nets.HFImageClassifier``.
+    Any net with a ``backbone`` module works{% if cookiecutter.task == "image-classification" %}: ``nets.CNN`` (its convolution stages), ``nets.PretrainedNet``,
+    ``nets.TimmNet``, ``nets.HFImageClassifier``{% endif %}.
 
     Under DDP the unfrozen backbone's gradients are averaged over the processes here: DDP syncs only
     the parameters that needed gradients when it wrapped the model, and the backbone was frozen then,
@@ -60,7 +60,7 @@ class BackboneFreeze(BaseFinetuning):
         if not isinstance(backbone, nn.Module):
             raise ConfigError(
                 f"BackboneFreeze: model.net ({type(getattr(pl_module, 'net', None)).__name__}) has no `backbone` "
-                "module to freeze; use a net with one (nets.CNN, nets.PretrainedNet) or remove the callback"
+                "module to freeze; use a net with one or remove the callback"
             )
         return backbone
 

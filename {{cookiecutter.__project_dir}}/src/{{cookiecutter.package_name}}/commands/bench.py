@@ -31,7 +31,7 @@ setup (decoding, for image folders). For token windows (a DataModule with ``bloc
 arithmetic (forward and backward FLOPs of a batch, counted once) per second through the project's
 path; on a GPU each variant also gets its model FLOPs utilisation (``*_mfu``).
 
-Usage: ``python -m {{ cookiecutter.package_name }}.bench [--config FILE ...] [--steps N] [--repeats R] [CLI arguments ...]``
+Usage: ``python -m {{ cookiecutter.package_name }}.commands.bench [--config FILE ...] [--steps N] [--repeats R] [CLI arguments ...]``
 (``make bench`` passes the Makefile's ``CONFIG``; the config path is relative to the working folder.)
 """
 
@@ -220,7 +220,7 @@ def first_step_seconds(config: list[Path], extra: list[str]) -> float:
     """Seconds from starting ``python -m <package> fit`` (what ``make train`` runs) to its first training step."""
     with tempfile.TemporaryDirectory() as folder:
         command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *project_args(config, Path(folder), 10, extra)]
-        command.append("--trainer.callbacks+={{ cookiecutter.package_name }}.bench.FirstStepTime")
+        command.append("--trainer.callbacks+={{ cookiecutter.package_name }}.commands.bench.FirstStepTime")
         # Its own wandb service: one inherited from this process would print into this terminal.
         env = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}
         env["BENCH_T0"] = repr(time.time())
@@ -243,7 +243,7 @@ def run_in_fresh_process(config: list[Path], path: str, steps: int, extra: list[
     command = [
         sys.executable,
         "-m",
-        "{{ cookiecutter.package_name }}.bench",
+        "{{ cookiecutter.package_name }}.commands.bench",
         f"--worker={path}",
         *(f"--config={c}" for c in config),
         f"--steps={steps}",

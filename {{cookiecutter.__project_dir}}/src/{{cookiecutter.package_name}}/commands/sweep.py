@@ -1,4 +1,5 @@
-"""Hyperparameter search with Optuna (https://optuna.org): ``make sweep`` (``python -m {{ cookiecutter.package_name }}.sweep``).
+"""Hyperparameter search with Optuna (https://optuna.org): ``make sweep``
+(``python -m {{ cookiecutter.package_name }}.commands.sweep``).
 
 The search space, the metric and the study's settings are one YAML file (``configs/sweep.yaml``).
 Each trial is a normal run of ``fit`` (its own run folder, checkpoints and logger run) from the
@@ -342,7 +343,7 @@ def write_best(study: optuna.Study, sweep_dir: Path, full_length: dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m {{ cookiecutter.package_name }}.sweep --config configs/sweep.yaml [--n_trials=N ...]``."""
+    """``python -m {{ cookiecutter.package_name }}.commands.sweep --config configs/sweep.yaml [--n_trials=N ...]``."""
     from jsonargparse import auto_cli
 
     with exit_on_user_error("sweep"):

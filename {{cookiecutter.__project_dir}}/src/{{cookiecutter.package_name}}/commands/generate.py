@@ -1,7 +1,7 @@
 """``make generate``: sample text from a trained language model.
 
-    python -m {{ cookiecutter.package_name }}.generate --prompt "Call me" --max_new_tokens 300 --temperature 0.8 --top_k 40
-    python -m {{ cookiecutter.package_name }}.generate --ckpt logs/.../checkpoints/epoch004-step001300-val_loss1.2345.ckpt
+    python -m {{ cookiecutter.package_name }}.commands.generate --prompt "Call me" --max_new_tokens 300 --temperature 0.8 --top_k 40
+    python -m {{ cookiecutter.package_name }}.commands.generate --ckpt logs/.../checkpoints/epoch004-step001300-val_loss1.2345.ckpt
 
 Without ``--ckpt`` it loads the best checkpoint of the latest run under ``logs/``
 (:func:`engine.runs.best_checkpoint`). The checkpoint alone rebuilds the model: no training config

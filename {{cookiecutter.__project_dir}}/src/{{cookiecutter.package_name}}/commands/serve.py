@@ -1,14 +1,20 @@
 """``make serve``: the trained model behind an HTTP API (LitServe) on this machine.
 
-    python -m {{ cookiecutter.package_name }}.serve --port 8000                 # 127.0.0.1 only
-    python -m {{ cookiecutter.package_name }}.serve --host 0.0.0.0 --port 8000  # every interface: put auth in front
+    python -m {{ cookiecutter.package_name }}.commands.serve --port 8000                 # 127.0.0.1 only
+    python -m {{ cookiecutter.package_name }}.commands.serve --host 0.0.0.0 --port 8000  # every interface: put auth in front
 
     curl -s localhost:8000/health
+{%- if cookiecutter.task == "language-model" %}
+    curl -sN localhost:8000/v1/chat/completions -d '{"messages": [...], "stream": true}'
     curl -s localhost:8000/predict -d '{"inputs": [...]}'                   # --api predict
-    curl -sN localhost:8000/v1/chat/completions -d '{"messages": [...], "stream": true}'  # --api openai
 
-A language model speaks the OpenAI API (:mod:`engine.openai_api`) unless ``--api predict``; every
-other model answers ``POST /predict`` (:mod:`engine.serving`, the requests it takes and refuses).
+The language model speaks the OpenAI API (:mod:`serving.openai_api`) unless ``--api predict``, which
+answers ``POST /predict`` (:mod:`serving.api`, the requests it takes and refuses).
+{%- else %}
+    curl -s localhost:8000/predict -d '{"inputs": [...]}'
+
+The model answers ``POST /predict`` (:mod:`serving.api`, the requests it takes and refuses).
+{%- endif %}
 Ctrl-C stops it; from a script, start it in its own process group (``setsid``,
 ``start_new_session=True``) and send SIGTERM to the group: LitServe's worker processes stop with
 it and the port is freed.
@@ -25,8 +31,10 @@ from {{ cookiecutter.package_name }}.engine.export import require
 from {{ cookiecutter.package_name }}.engine.inference import load_trained, trusted_modules
 from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
+{%- if cookiecutter.task == "language-model" %}
 
 MAX_REQUEST_TOKENS = 1024  # 16 prompts of 64 new tokens: a request holds a worker for seconds, not minutes
+{%- endif %}
 
 
 def serve(
@@ -37,17 +45,23 @@ def serve(
     batch_timeout: float = 0.005,
     max_inputs: int = 256,
     max_body_bytes: int = 1 << 20,
+{%- if cookiecutter.task == "image-classification" %}
     max_image_pixels: int = 4096 * 4096,
     max_request_pixels: int = 4 * 4096 * 4096,
+{%- endif %}
     body_timeout: float = 10.0,
     timeout: float = 30.0,
     accelerator: str = "auto",
     workers_per_device: int = 1,
     trust: str | None = None,
+{%- if cookiecutter.task == "language-model" %}
     api: Literal["auto", "openai", "predict"] = "auto",
     max_tokens: int = 256,
     model_name: str | None = None,
     max_request_tokens: int = MAX_REQUEST_TOKENS,
+{%- else %}
+    api: Literal["auto", "predict"] = "auto",
+{%- endif %}
 ) -> None:
     """Serve checkpoint ``ckpt`` until stopped.
 
@@ -60,10 +74,12 @@ def serve(
         batch_timeout: seconds a request waits for others to join its batch.
         max_inputs: most examples in one request (more: HTTP 422).
         max_body_bytes: largest request body in bytes (more: HTTP 413).
+{%- if cookiecutter.task == "image-classification" %}
         max_image_pixels: most pixels of an image file in a request (image-folder models), read
             from its header before anything is decoded (more: HTTP 422).
         max_request_pixels: most pixels of all the image files of one request together, read from
             their headers (more: HTTP 422): what one request may cost the worker to decode.
+{%- endif %}
         body_timeout: seconds a request's body may take to arrive after its headers (later: HTTP 408,
             connection closed), so slow clients cannot hold connections open.
         timeout: LitServe's request timeout in seconds (``LitServer(timeout=...)``); must be longer
@@ -73,19 +89,25 @@ def serve(
         workers_per_device: model copies per device, each its own process.
         trust: modules besides this project's package whose classes the checkpoint may name,
             comma-separated (an own DataModule or net kept elsewhere); only for checkpoints you trust.
-        api: "openai" (``/v1/chat/completions``, ``/v1/models``: language models), "predict" (``POST
-            /predict`` with ``{"inputs": [...]}``: every model, a language model's greedy continuations),
-            or "auto": openai for a language model, else predict.
+{%- if cookiecutter.task == "language-model" %}
+        api: "openai" (``/v1/chat/completions``, ``/v1/models``), "predict" (``POST /predict`` with
+            ``{"inputs": [...]}``: greedy continuations), or "auto": openai.
         max_tokens: the most new tokens one OpenAI request may ask for, and its default (more: HTTP 422).
         model_name: the ``model`` OpenAI clients name; default the project's name.
-        max_request_tokens: a language model on ``/predict``: the most new tokens one request may cost,
-            prompts x the model's new tokens per prompt (64; more: HTTP 422).
+        max_request_tokens: on ``/predict``: the most new tokens one request may cost, prompts x the
+            model's new tokens per prompt (64; more: HTTP 422).
+{%- else %}
+        api: "predict" (``POST /predict`` with ``{"inputs": [...]}``), the one API of this model ("auto").
+{%- endif %}
 
     Raises:
         FileNotFoundError: no checkpoint found or given.
-        engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``; ``api="openai"`` for a
-            model that does not generate text; ``max_tokens`` below 1; ``max_request_tokens`` below a
-            language model's new tokens per prompt.
+{%- if cookiecutter.task == "language-model" %}
+        engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``; ``max_tokens`` below 1;
+            ``max_request_tokens`` below the model's new tokens per prompt.
+{%- else %}
+        engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``.
+{%- endif %}
         engine.errors.LaunchError: ``host:port`` is taken or not an address of this machine.
     """
     if timeout <= batch_timeout:  # LitServe raises a bare ValueError for it, after the model is loaded
@@ -93,19 +115,19 @@ def serve(
             f"--timeout ({timeout:g} s) must be longer than --batch_timeout ({batch_timeout:g} s): "
             "a request waits that long for others to join its batch before it runs"
         )
+{%- if cookiecutter.task == "language-model" %}
     if max_tokens < 1:
         raise ConfigError(f"--max_tokens must be at least 1, got {max_tokens}")
+{%- endif %}
     check_address(host, port)  # before loading anything: uvicorn would only say so after the model is up
     require("litserve")
-    from {{ cookiecutter.package_name }}.engine.serving import body_limits, build_server, describe_request
+    from {{ cookiecutter.package_name }}.serving.api import {% if cookiecutter.task == "language-model" %}body_limits, {% endif %}build_server, describe_request
 
     path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
     trained = load_trained(path, trust=trusted_modules(trust))  # no data read: the checkpoint is enough
-    chat = hasattr(trained.model, "stream_chat")
-    if api == "openai" and not chat:
-        raise ConfigError(f"--api openai serves language models; {path} holds a {type(trained.model).__name__}")
-    if api == "openai" or (api == "auto" and chat):
-        from {{ cookiecutter.package_name }}.engine.openai_api import build_chat_server
+{%- if cookiecutter.task == "language-model" %}
+    if api != "predict":
+        from {{ cookiecutter.package_name }}.serving.openai_api import build_chat_server
 
         name = model_name or "{{ cookiecutter.project_slug }}"
         server = build_chat_server(
@@ -126,28 +148,37 @@ def serve(
         )
         server.run(host=host, port=port, generate_client_file=False)
         return
-    new_tokens = getattr(trained.model, "served_new_tokens", 1)  # a language model's per prompt
+    new_tokens = trained.model.served_new_tokens  # per prompt
     if max_request_tokens < new_tokens:
         raise ConfigError(
             f"--max_request_tokens ({max_request_tokens}) is below the {new_tokens} new tokens of one prompt: "
             "every request would be refused; give at least that"
         )
+{%- endif %}
     server = build_server(
         trained,
         max_batch_size=max_batch_size,
         batch_timeout=batch_timeout,
         max_inputs=max_inputs,
         max_body_bytes=max_body_bytes,
+{%- if cookiecutter.task == "image-classification" %}
         max_image_pixels=max_image_pixels,
         max_request_pixels=max_request_pixels,
+{%- endif %}
         body_timeout=body_timeout,
         timeout=timeout,
         accelerator=accelerator,
         workers_per_device=workers_per_device,
         trust=trusted_modules(trust),
+{%- if cookiecutter.task == "language-model" %}
         max_request_tokens=max_request_tokens,
+{%- endif %}
     )
+{%- if cookiecutter.task == "language-model" %}
     request = describe_request(trained.datamodule, min(max_inputs, max_request_tokens // new_tokens))
+{%- else %}
+    request = describe_request(trained.datamodule, max_inputs)
+{%- endif %}
     print(f"Serving {path} on http://{host}:{port}: POST /predict {request}; GET /health", flush=True)
     server.run(host=host, port=port, generate_client_file=False)
 

@@ -1,8 +1,8 @@
 """``make predict``: a trained model's predictions over the test split or your own inputs, written to a file.
 
-    python -m {{ cookiecutter.package_name }}.predict                       # best checkpoint of the latest run, test split
-    python -m {{ cookiecutter.package_name }}.predict --inputs my_rows.csv --output predictions.jsonl
-    python -m {{ cookiecutter.package_name }}.predict --ckpt logs/.../checkpoints/epoch004-....ckpt
+    python -m {{ cookiecutter.package_name }}.commands.predict                       # best checkpoint of the latest run, test split
+    python -m {{ cookiecutter.package_name }}.commands.predict --inputs my_rows.csv --output predictions.jsonl
+    python -m {{ cookiecutter.package_name }}.commands.predict --ckpt logs/.../checkpoints/epoch004-....ckpt
 
 The checkpoint alone rebuilds the model and its DataModule (:func:`engine.inference.load_trained`):
 no training config is needed. Lightning's ``Trainer.predict`` runs the model's ``predict_step``

@@ -51,7 +51,7 @@ from pydantic import ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from {{ cookiecutter.package_name }}.engine.inference import Trained
-from {{ cookiecutter.package_name }}.engine.serving import load_in_worker
+from {{ cookiecutter.package_name }}.serving.api import load_in_worker
 
 log = logging.getLogger(__name__)
 REQUEST_ID = "request_id"  # the key in a request's ``metadata`` that names it to the worker
@@ -466,7 +466,7 @@ def build_chat_server(
         max_tokens: the most new tokens per request.
         timeout: the seconds without a step after which ``/health`` calls a generating worker stuck.
         max_batch_size: the most answers a worker generates at once (a step of each in turn).
-        middlewares: LitServe middlewares (engine.serving's body limits).
+        middlewares: LitServe middlewares (serving.api's body limits).
 
     Raises:
         ValueError: the task module has no chat contract (``chat_template``, ``stream_chat``).

@@ -1,7 +1,7 @@
 """``make export``: the trained model as files that run without this project, each checked against PyTorch.
 
-    python -m {{ cookiecutter.package_name }}.export                      # best checkpoint of the latest run
-    python -m {{ cookiecutter.package_name }}.export --ckpt logs/.../checkpoints/x.ckpt --aoti true --int8 true
+    python -m {{ cookiecutter.package_name }}.commands.export                      # best checkpoint of the latest run
+    python -m {{ cookiecutter.package_name }}.commands.export --ckpt logs/.../checkpoints/x.ckpt --aoti true --int8 true
 
 Writes into ``<run>/export/`` (or ``--output``): ``model.onnx`` (onnxruntime), ``model.pt2``
 (``torch.export``), with ``--aoti`` ``model-aoti.pt2`` (AOTInductor), and ``export.json`` plus

@@ -9,10 +9,13 @@ https://lightning.ai/docs/litserve
 - A request is checked in the HTTP process, before it can join a batch: not JSON, no ``inputs``,
   too many inputs, or an input of the wrong shape, type or range (NaN, infinities and numbers
   beyond float32 included) gets 422 naming the input and the problem, without echoing the input
-  back. Bodies over ``max_body_bytes`` get 413. A DataModule whose schema says ``image_files``
-  (image folders) also takes image files as base64 text: only their header is read here, and
-  one of more than ``max_image_pixels`` pixels (a decompression bomb too), or images of more than
-  ``max_request_pixels`` pixels in all in one request, gets 422.
+  back. Bodies over ``max_body_bytes`` get 413.
+{%- if cookiecutter.task == "image-classification" %}
+  A DataModule whose schema says ``image_files`` (image folders) also takes image files as base64
+  text: only their header is read here, and one of more than ``max_image_pixels`` pixels (a
+  decompression bomb too), or images of more than ``max_request_pixels`` pixels in all in one
+  request, gets 422.
+{%- endif %}
 - No answer holds a NaN: a request whose output is not finite for an input (a value of 1e30 in a
   table, finite in float32 but far beyond the training data) gets 422 naming the input, and the
   DataModule's reason (``explain_input``: the column and how far it lies from the training mean).
@@ -51,8 +54,9 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException
-
-from {{ cookiecutter.package_name }}.engine.contract import image_file_bytes, open_image
+{% if cookiecutter.task == "image-classification" %}
+from {{ cookiecutter.package_name }}.data.image_files import image_file_pixels
+{%- endif %}
 from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained, nonfinite_message, nonfinite_rows
 
 SCHEMA_VARIABLE = "SERVE_REQUEST_SCHEMA"
@@ -71,18 +75,23 @@ def check_inputs(inputs: list[Any], schema: dict[str, Any]) -> None:
     finite numbers), ``{"kind": "row", "columns": [...], "numeric": [...]}`` (objects with at least
     these keys, others left out as ``make predict`` leaves out a file's other columns; values
     numbers, strings, booleans or null, and in a ``numeric`` column a finite number within float32
-    or null), ``{"kind": "text", "max_bytes": n}`` (non-empty strings; a language model's schema
-    also has ``new_tokens`` per prompt and ``max_request_tokens``, the most new tokens one request
-    may cost in all, so prompts x ``new_tokens`` above it is refused). Every kind also has
-    ``max_inputs``. An array schema with ``"image_files": true`` also takes an
-    image file as base64 text in place of an array; its header is read here (never the pixels) and
-    more than ``max_image_pixels`` pixels in one image, or ``max_request_pixels`` in all the images of
-    the request (what the worker would decode for it), is refused.
+    or null), ``{"kind": "text", "max_bytes": n}`` (non-empty strings). Every kind also has ``max_inputs``.
+{%- if cookiecutter.task == "language-model" %}
+    The language model's schema also has ``new_tokens`` per prompt and ``max_request_tokens``, the
+    most new tokens one request may cost in all, so prompts x ``new_tokens`` above it is refused.
+{%- endif %}
+{%- if cookiecutter.task == "image-classification" %}
+    An array schema with ``"image_files": true`` also takes an image file as base64 text in place of
+    an array; its header is read here (never the pixels) and more than ``max_image_pixels`` pixels in
+    one image, or ``max_request_pixels`` in all the images of the request (what the worker would
+    decode for it), is refused.
+{%- endif %}
     """
     if not inputs:
         raise ValueError("inputs is empty: send at least one example")
     if len(inputs) > schema["max_inputs"]:
         raise ValueError(f"{len(inputs)} inputs in one request; send at most {schema['max_inputs']}")
+{%- if cookiecutter.task == "language-model" %}
     new_tokens, budget = schema.get("new_tokens"), schema.get("max_request_tokens")
     if new_tokens and budget is not None and len(inputs) * new_tokens > budget:
         raise ValueError(
@@ -90,19 +99,18 @@ def check_inputs(inputs: list[Any], schema: dict[str, Any]) -> None:
             f"the server generates at most {budget} per request (--max_request_tokens): send at most "
             f"{budget // new_tokens} prompts per request"
         )
+{%- endif %}
+{%- if cookiecutter.task == "image-classification" %}
     pixels = 0
+{%- endif %}
     for index, example in enumerate(inputs):
         where = f"inputs[{index}]"
+{%- if cookiecutter.task == "image-classification" %}
         if schema["kind"] == "array" and isinstance(example, str) and schema.get("image_files"):
-            with open_image(image_file_bytes(example, where), where, schema["max_image_pixels"]) as image:
-                pixels += image.width * image.height
-            budget = schema.get("max_request_pixels")
-            if budget is not None and pixels > budget:
-                raise ValueError(
-                    f"the images up to {where} hold {pixels} pixels in all; the server decodes at most {budget} "
-                    "per request (--max_request_pixels): send fewer or smaller images per request"
-                )
-        elif schema["kind"] == "array":
+            pixels = image_file_pixels(example, where, schema, pixels)
+            continue
+{%- endif %}
+        if schema["kind"] == "array":
             _check_array(example, schema["shape"], schema.get("min"), schema.get("max"), where)
         elif schema["kind"] == "row":
             _check_row(example, schema["columns"], schema.get("numeric", ()), where)
@@ -120,8 +128,10 @@ def describe_request(datamodule: Any, max_inputs: int) -> str:
             f"a nested list of shape {schema['shape']} of numbers in [{schema.get('min')}, {schema.get('max')}] "
             f"({datamodule.raw_description()})"
         )
+{%- if cookiecutter.task == "image-classification" %}
         if schema.get("image_files"):
             each += ", or an image file (PNG, JPEG, ...) as base64 text, decoded and resized as INPUTS= files are"
+{%- endif %}
     elif schema["kind"] == "row":
         columns = schema["columns"]
         shown = ", ".join(columns[:6]) + (f", ... ({len(columns)} columns)" if len(columns) > 6 else "")
@@ -454,14 +464,18 @@ def build_server(
     batch_timeout: float = 0.005,
     max_inputs: int = 256,
     max_body_bytes: int = 1 << 20,
+{%- if cookiecutter.task == "image-classification" %}
     max_image_pixels: int = 4096 * 4096,
     max_request_pixels: int = 4 * 4096 * 4096,
+{%- endif %}
     body_timeout: float = 10.0,
     accelerator: str = "auto",
     workers_per_device: int = 1,
     timeout: float = 30.0,
     trust: Sequence[str] = (),
+{%- if cookiecutter.task == "language-model" %}
     max_request_tokens: int = 1024,
+{%- endif %}
 ) -> ls.LitServer:
     """A LitServer over ``trained`` (its checkpoint is loaded again in each worker).
 
@@ -469,19 +483,27 @@ def build_server(
         max_batch_size: most requests run as one batch; ``batch_timeout`` seconds to wait for them.
         max_inputs: most examples in one request (more: 422).
         max_body_bytes: largest request body (more: 413).
+{%- if cookiecutter.task == "image-classification" %}
         max_image_pixels: most pixels of an image file in a request, read from its header (more: 422).
         max_request_pixels: most pixels of all the image files of one request together (more: 422):
             bounds the decoding one request costs the worker, however small its body.
+{%- endif %}
         body_timeout: seconds a request body may take to arrive after its headers (then 408).
         accelerator: "auto", "cpu" or "cuda"; ``workers_per_device`` model copies per device.
         timeout: seconds a request may wait for its answer (then 504).
         trust: modules besides the project's that the checkpoint may name (engine.inference).
+{%- if cookiecutter.task == "language-model" %}
         max_request_tokens: a language model's most new tokens per request, prompts x its
             ``served_new_tokens`` (more: 422): bounds the time one request holds a worker.
+{%- endif %}
     """
-    limits = {"max_inputs": max_inputs, "max_image_pixels": max_image_pixels, "max_request_pixels": max_request_pixels}
-    if hasattr(trained.model, "served_new_tokens"):
-        limits.update(new_tokens=trained.model.served_new_tokens, max_request_tokens=max_request_tokens)
+    limits: dict[str, Any] = dict(max_inputs=max_inputs)
+{%- if cookiecutter.task == "image-classification" %}
+    limits.update(max_image_pixels=max_image_pixels, max_request_pixels=max_request_pixels)
+{%- endif %}
+{%- if cookiecutter.task == "language-model" %}
+    limits.update(new_tokens=trained.model.served_new_tokens, max_request_tokens=max_request_tokens)
+{%- endif %}
     schema = {**trained.datamodule.request_schema(), **limits}
     os.environ[SCHEMA_VARIABLE] = json.dumps(schema)  # read by the HTTP processes, which start after this
     api_class = BatchedPredictorAPI if max_batch_size > 1 else PredictorAPI

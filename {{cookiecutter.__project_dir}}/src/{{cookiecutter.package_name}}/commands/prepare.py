@@ -2,7 +2,7 @@
 
     make prepare OUT=data/prepared ARGS="--config configs/experiments/<name>.yaml [...]"
     make train ARGS="--config configs/experiments/<name>.yaml [...] --data.init_args.prepared=data/prepared"
-    python -m {{ cookiecutter.package_name }}.prepare --verify data/prepared   # hash every shard in full
+    python -m {{ cookiecutter.package_name }}.commands.prepare --verify data/prepared   # hash every shard in full
 
 Every argument besides ``--out`` and ``--workers`` is the training CLI's: the same configs and
 overrides choose the DataModule and its source, so the prepared data set is made with exactly the
@@ -66,7 +66,7 @@ def train_command(args: list[str], out: str) -> str:
 
 def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m {{ cookiecutter.package_name }}.prepare",
+        prog="python -m {{ cookiecutter.package_name }}.commands.prepare",
         description="Write the configured data source as a prepared data set (other arguments: the training CLI's).",
     )
     task = parser.add_mutually_exclusive_group(required=True)
