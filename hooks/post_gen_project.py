@@ -78,6 +78,7 @@ TASK_FILES = {
         "configs/experiments/finetune.yaml",
         "configs/experiments/finetune-sft.yaml",
         "configs/experiments/chat.yaml",
+        "docs/language-model.md",
     ],
 }
 

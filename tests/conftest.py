@@ -57,6 +57,9 @@ PROJECT_FILES = [".gitignore", "AGENTS.md", "CLAUDE.md", "LICENSE", "Makefile", 
 PROJECT_FILES += [".github/workflows/ci.yml", ".pre-commit-config.yaml"]
 PROJECT_FILES += ["scripts/agent_guides.py", "scripts/serve_load.py", "scripts/update_template.py"]
 PROJECT_FILES += ["scripts/check_lock.py"]
+# The README's reference material, one topic a file.
+DOCS = ["install", "configs", "performance", "clusters", "troubleshooting", "shipping", "prepared-data", "project"]
+PROJECT_FILES += [f"docs/{name}.md" for name in DOCS]
 # The reusable core and the CLI: in every bake, whatever the task.
 PACKAGE_FILES = ["__init__.py", "__main__.py", "cli.py", "commands/__init__.py"]
 PACKAGE_FILES += [f"commands/{name}.py" for name in ("bench", "export", "predict", "serve", "sweep", "prepare")]
@@ -123,6 +126,8 @@ def expected_files(slug: str, package: str, include_slurm: bool, task: str = "im
     if include_slurm:
         files |= {"scripts/slurm/sweep.sbatch", "scripts/slurm/train.sbatch", "scripts/slurm/locked_env.sh"}
         files |= {"tests/test_slurm_script.py"}
+    if task == "language-model":
+        files.add("docs/language-model.md")
     return files
 
 

@@ -77,6 +77,7 @@ def check_bake(project: Path, answers: dict) -> None:
     check_make_targets_run_commands(project)
     assert engine_imports(project / "src" / package / "engine") & TASK_LIBRARIES == set()
     assert pruned_names_left(project, task) == []
+    check_first_read(project)
 
     # The GitHub workflow is valid against GitHub's workflow schema (vendored by check-jsonschema: offline).
     checker = [str(Path(sys.executable).with_name("check-jsonschema")), "--builtin-schema", "vendor.github-workflows"]
@@ -124,6 +125,21 @@ def pruned_names_left(project: Path, task: str) -> list[str]:
         for number, line in enumerate(file.read_text(errors="replace").splitlines(), 1)
         if pattern.search(line)
     ]
+
+
+def check_first_read(project: Path) -> None:
+    """The README fits a first read: the quick start, then "add your own" within its first 120 lines; the
+    reference it links (docs/) exists; default.yaml is short and free of measured figures, which go stale."""
+    readme = (project / "README.md").read_text().splitlines()
+    headings = [line for line in readme if line.startswith("## ")]
+    assert headings[0] == "## Quick start" and readme.index("## Add your own data, model or task") < 120, headings
+    for link in re.findall(r"\]\((docs/[\w.-]+\.md)\)", "\n".join(readme)):
+        assert (project / link).is_file(), link
+    assert {path.name for path in (project / "docs").glob("*.md")} <= set(
+        re.findall(r"docs/([\w.-]+\.md)", "\n".join(readme))
+    )
+    default = (project / "configs" / "default.yaml").read_text()
+    assert len(default.splitlines()) <= 90 and not re.search(r"\d\.\d+ to|\d+(\.\d+)? ?ms\b|x the ", default), default
 
 
 def check_make_targets_run_commands(project: Path) -> None:
@@ -183,7 +199,7 @@ def test_the_documented_torch_choices_reach_pip_and_uv_as_written(cookies, tmp_p
     # torch==2.13.0 gave uv the 5 GB CUDA build). The README's command, dry-run with pip and with uv.
     project = bake(cookies)
     cpu = "torch --index-url https://download.pytorch.org/whl/cpu"
-    readme = (project / "README.md").read_text()
+    readme = (project / "docs" / "install.md").read_text()
     assert f'make install TORCH="{cpu}"' in readme and "uv does not read pip's configuration" in readme
     env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
     fake_uv = tmp_path / "bin" / "uv"  # the dry run only prints the commands

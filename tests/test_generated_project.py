@@ -71,7 +71,8 @@ def run_the_readme(project: Path) -> None:
     of 2 epochs, and the README's "--n_trials=40" becomes 3. `make serve` runs in the background
     on a free port (PORT=, as the README says) until the commands after it (the curl) are done.
     """
-    readme = (project / "README.md").read_text()
+    # The README and its reference files (docs/): the quick start, shipping and sweeps, as written.
+    readme = "\n".join(path.read_text() for path in [project / "README.md", *sorted((project / "docs").glob("*.md"))])
     commands = [command for section in README_SECTIONS for command in readme_commands(readme, section)]
     assert len(commands) >= 10 and sum(c.startswith("curl ") for c in commands) == 1, commands
     sweep = project / "configs" / "sweep.yaml"

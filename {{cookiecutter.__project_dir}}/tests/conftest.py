@@ -76,9 +76,14 @@ def shrunk_args(tmp_path: Path) -> list[str]:
     ]
 
 
+def documentation() -> str:
+    """The README and the reference files of docs/, as one text: where the documented commands are."""
+    return "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+
+
 def readme_commands(section: str) -> list[str]:
-    """The commands of the first bash block of the README's ``- **<section>**:`` item, comments dropped."""
-    text = (ROOT / "README.md").read_text().split(f"- **{section}**:", 1)[1].split("\n- **", 1)[0]
+    """The commands of the first bash block of the documentation's ``- **<section>**:`` item, comments dropped."""
+    text = documentation().split(f"- **{section}**:", 1)[1].split("\n- **", 1)[0]
     block = text.split("```bash", 1)[1].split("```", 1)[0]
     return [line.split("#")[0].strip() for line in block.strip().splitlines()]
 

@@ -21,6 +21,7 @@ from conftest import (
     CONFIGS,
     ROOT,
     assert_ddp_run_resumes_exactly,
+    documentation,
     shrunk_args,
     user_error,
 )
@@ -491,8 +492,7 @@ def test_the_readme_fine_tunes_offline_as_written(tmp_path: Path) -> None:
     One change a user could make too keeps it short: the copy's finetune.yaml trains 20 steps on
     64-token windows and validates on 10 batches.
     """
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Fine-tune a pretrained model", 1)[1].split("\n## ", 1)[0]
+    section = documentation().split("## Fine-tune a pretrained model", 1)[1].split("\n## ", 1)[0]
     commands = [line.split("#")[0].strip() for line in section.split("```bash", 1)[1].split("```", 1)[0].splitlines()]
     commands = [command for command in commands if command]
     download, *rest = commands

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ROOT, readme_commands, serving, shrunk_args
+from conftest import ROOT, documentation, readme_commands, serving, shrunk_args
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data.tokenizer import ByteTokenizer, ChatTemplate
@@ -37,7 +37,6 @@ pytest.importorskip("litserve", reason="the serve extra (make install installs i
 
 NAME = "{{ cookiecutter.project_slug }}"
 CHAT = [{"role": "system", "content": "Answer as Ishmael."}, {"role": "user", "content": "Call me Ishmael."}]
-README = Path(__file__).parents[1] / "README.md"
 AT_ONCE = 4  # the test server's --max_batch_size
 
 
@@ -398,8 +397,8 @@ def test_an_idle_server_leaves_the_cpu_idle(chat_server) -> None:
 
 
 def readme_serving_code() -> tuple[str, str]:
-    """The generated README's ``openai`` client code and its streaming ``curl``, as written there."""
-    text = README.read_text()
+    """The documentation's ``openai`` client code and its streaming ``curl`` (docs/shipping.md), as written there."""
+    text = documentation()
     code = re.search(r"```python\n(from openai import OpenAI\n.*?)```", text, flags=re.DOTALL).group(1)
     curl = next(line for line in text.splitlines() if line.startswith("curl -sN localhost:8000/v1/chat/completions"))
     return code, curl

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import serving, shrunk_args, user_error
+from conftest import documentation, serving, shrunk_args, user_error
 
 pytest.importorskip("onnxruntime", reason="the export extra is not installed: pip install -e '.[export,serve]'")
 pytest.importorskip("litserve", reason="the serve extra is not installed: pip install -e '.[export,serve]'")
@@ -509,8 +509,8 @@ def bad_requests(one: list[Any]) -> dict[str, bytes]:
 
 
 def readme_curl() -> str:
-    """The generated README's ``curl`` for ``make serve``, as written there."""
-    lines = (Path(__file__).parents[1] / "README.md").read_text().splitlines()
+    """The documentation's ``curl`` for ``make serve`` (docs/shipping.md), as written there."""
+    lines = documentation().splitlines()
     return next(line for line in lines if line.startswith("curl -s localhost:8000/predict"))
 
 

@@ -1,6 +1,6 @@
 """Precision rules in one place: bf16 fallback, when a fused optimizer is allowed, gradient clipping under FSDP.
 
-Measured on an H100 and written down in docs of the generated README ("The GPU fast path"):
+Measured on an H100 and written down in docs/performance.md ("The GPU fast path"):
 - ``bf16-mixed`` needs a GPU with bfloat16 (Ampere or later); older GPUs get ``16-mixed`` with
   loss scaling instead of an error.
 - Fused AdamW (one kernel set for every parameter, as nanoGPT uses) is chosen on CUDA except with
