@@ -364,7 +364,7 @@ def test_python_m_predict_refuses_a_planted_module_beside_the_project_in_one_lin
     _, path, _ = hostile_copy(trained_run, tmp_path, "Callable argument of an allowed class", "labtools")
     for command in (["predict", "--ckpt", str(path)], ["export", "--ckpt", str(path)]):
         result = subprocess.run(
-            [sys.executable, "-m", f"{{ cookiecutter.package_name }}.{command[0]}", *command[1:]],
+            [sys.executable, "-m", f"{{ cookiecutter.package_name }}.commands.{command[0]}", *command[1:]],
             cwd=tmp_path,
             capture_output=True,
             text=True,
