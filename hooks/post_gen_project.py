@@ -83,6 +83,15 @@ TASK_FILES = {
 }
 
 
+# The files of hyperparameter sweeps (use_sweeps): the command, its config, its tests, its SLURM array.
+SWEEP_FILES = [
+    "src/{package}/commands/sweep.py",
+    "configs/sweep.yaml",
+    "tests/test_sweep.py",
+    "scripts/slurm/sweep.sbatch",
+]
+
+
 # The files some task families share (pretrained Hugging Face models), and those families.
 SHARED_TASK_FILES = {
     "src/{package}/nets/hf.py": ("image-classification", "language-model"),
@@ -99,6 +108,9 @@ def prune() -> None:
     for relative, tasks in SHARED_TASK_FILES.items():
         if ANSWERS["task"] not in tasks:
             (PROJECT / relative.format(package=PACKAGE)).unlink()
+    if ANSWERS["use_sweeps"] != "yes":
+        for relative in SWEEP_FILES:
+            (PROJECT / relative.format(package=PACKAGE)).unlink(missing_ok=True)  # sweep.sbatch: with SLURM only
     if ANSWERS["include_slurm"] != "yes":
         shutil.rmtree(PROJECT / "scripts" / "slurm")
         (PROJECT / "tests" / "test_slurm_script.py").unlink()

@@ -116,7 +116,9 @@ TASK_CONFIG_FILES = {
 }
 
 
-def expected_files(slug: str, package: str, include_slurm: bool, task: str = "image-classification") -> set[str]:
+def expected_files(
+    slug: str, package: str, include_slurm: bool, task: str = "image-classification", use_sweeps: bool = True
+) -> set[str]:
     """The exact file set of a bake: nothing missing, nothing extra."""
     files = {*PROJECT_FILES, f".claude/agents/{slug}.md", "configs/default.yaml", "configs/sweep.yaml"}
     files |= {f"configs/presets/{name}.yaml" for name in PRESETS}
@@ -128,6 +130,9 @@ def expected_files(slug: str, package: str, include_slurm: bool, task: str = "im
         files |= {"tests/test_slurm_script.py"}
     if task == "language-model":
         files.add("docs/language-model.md")
+    if not use_sweeps:  # the sweep command, its config, its tests and its SLURM array
+        files -= {"configs/sweep.yaml", f"src/{package}/commands/sweep.py", "tests/test_sweep.py"}
+        files -= {"scripts/slurm/sweep.sbatch"}
     return files
 
 

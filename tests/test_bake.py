@@ -24,7 +24,7 @@ LICENSE_FIRST_LINE = {
     "BSD-3-Clause": "BSD 3-Clause License",
     "Proprietary": "All rights reserved.",
 }
-# Every logger x precision pair once; task, compile, include_slurm, license and python_version
+# Every logger x precision pair once; task, compile, use_sweeps, include_slurm, license and python_version
 # cycle through their choices along the way, so every answer of every question is baked.
 MATRIX = [
     {
@@ -33,6 +33,7 @@ MATRIX = [
         "precision": precision,
         "compile": ("yes", "no")[i % 2],
         "include_slurm": ("no", "yes")[i % 2],
+        "use_sweeps": ("yes", "no")[(i // 2) % 2],
         "license": QUESTIONS["license"][i % 4],
         "python_version": QUESTIONS["python_version"][i % 4],
         "project_name": f"Bake {i}",
@@ -47,7 +48,8 @@ MODEL_CLASS = {"image-classification": "ImageClassifier", "tabular": "TabularMod
 def check_bake(project: Path, answers: dict) -> None:
     slug, package = project.name, project.name.replace("-", "_")
     task = answers.get("task", "image-classification")
-    assert files_of(project) == expected_files(slug, package, answers["include_slurm"] == "yes", task)
+    sweeps = answers.get("use_sweeps", "yes") == "yes"
+    assert files_of(project) == expected_files(slug, package, answers["include_slurm"] == "yes", task, sweeps)
     assert leftover_template_syntax(project) == []
 
     pyproject = tomllib.loads((project / "pyproject.toml").read_text())
@@ -76,7 +78,7 @@ def check_bake(project: Path, answers: dict) -> None:
     assert LICENSE_FIRST_LINE[answers["license"]] in (project / "LICENSE").read_text().splitlines()[0]
     check_make_targets_run_commands(project)
     assert engine_imports(project / "src" / package / "engine") & TASK_LIBRARIES == set()
-    assert pruned_names_left(project, task) == []
+    assert pruned_names_left(project, task, sweeps) == []
     check_first_read(project)
 
     # The GitHub workflow is valid against GitHub's workflow schema (vendored by check-jsonschema: offline).
@@ -103,6 +105,9 @@ PRUNED_NAMES = {
 }
 
 
+SWEEP_NAMES = r"[Oo]ptuna|make sweep|sweep\.yaml|commands\.sweep|sweep\.sbatch|extra sweep|\bsweep,"
+
+
 def engine_imports(engine: Path) -> set[str]:
     """The top-level modules the files under ``engine`` import, at the top or inside functions."""
     found = set()
@@ -115,9 +120,10 @@ def engine_imports(engine: Path) -> set[str]:
     return found
 
 
-def pruned_names_left(project: Path, task: str) -> list[str]:
-    """``file:line`` of every mention of a name the task's bake pruned (outside uv.lock and .git)."""
-    pattern = re.compile(PRUNED_NAMES[task])
+def pruned_names_left(project: Path, task: str, sweeps: bool = True) -> list[str]:
+    """``file:line`` of every mention of a name the bake pruned, by its task and its use_* answers
+    (outside uv.lock and .git)."""
+    pattern = re.compile(PRUNED_NAMES[task] + ("" if sweeps else "|" + SWEEP_NAMES))
     return [
         f"{file.relative_to(project)}:{number}: {line.strip()[:100]}"
         for file in sorted(project.rglob("*"))

@@ -73,7 +73,7 @@ def test_hook_checks_choices_too() -> None:
     answers = {
         "project_name": "X", "project_slug": "x", "package_name": "x_model", "author_name": "A",
         "author_email": "a@b.io", "license": "GPL", "python_version": "3.11", "logger": "mlflow",
-        "precision": "bf16-mixed", "compile": "no", "include_slurm": "yes",
+        "precision": "bf16-mixed", "compile": "no", "include_slurm": "yes", "use_sweeps": "yes",
     }  # fmt: skip
     found = namespace["problems"](answers)
     assert [message.split()[0] for message in found] == ["license", "logger"]

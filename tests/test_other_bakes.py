@@ -16,6 +16,7 @@ SECOND = {
     "precision": "16-mixed",
     "compile": "yes",
     "include_slurm": "no",
+    "use_sweeps": "no",  # the smallest bake: no SLURM, no sweeps
     "license": "Apache-2.0",
 }
 

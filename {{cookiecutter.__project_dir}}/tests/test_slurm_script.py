@@ -13,7 +13,9 @@ from conftest import ROOT
 from {{ cookiecutter.package_name }}.cli import main
 
 SCRIPT = ROOT / "scripts" / "slurm" / "train.sbatch"
+{%- if cookiecutter.use_sweeps == 'yes' %}
 SWEEP_SCRIPT = ROOT / "scripts" / "slurm" / "sweep.sbatch"
+{%- endif %}
 
 
 def sbatch_options() -> dict[str, str]:
@@ -95,6 +97,7 @@ def test_script_refuses_a_task_count_unequal_to_the_gpu_count(tmp_path: Path) ->
     done, srun_args = run_script(tmp_path, SLURM_GPUS_ON_NODE="8")
     assert done.returncode == 2 and srun_args is None
     assert "--gpus-per-node=8 but --ntasks-per-node=4" in done.stderr
+{%- if cookiecutter.use_sweeps == 'yes' %}
 
 
 def test_the_sweep_array_runs_workers_of_one_study_with_the_gpu_preset(
@@ -120,9 +123,10 @@ def test_the_sweep_array_runs_workers_of_one_study_with_the_gpu_preset(
     assert exit_info.value.code in (0, None)
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["args"][-1] == "--config=configs/presets/gpu.yaml" and printed["n_trials"] == 40
+{%- endif %}
 
 
-@pytest.mark.parametrize("script", [SCRIPT, SWEEP_SCRIPT], ids=["train", "sweep"])
+@pytest.mark.parametrize("script", [SCRIPT{{ ", SWEEP_SCRIPT" if cookiecutter.use_sweeps == 'yes' else "" }}], ids=["train"{{ ', "sweep"' if cookiecutter.use_sweeps == 'yes' else "" }}])
 def test_a_job_stops_before_srun_when_venv_differs_from_uv_lock(tmp_path: Path, script: Path) -> None:
     """The job runs in the locked environment: `uv sync --check` (here a fake uv) decides, offline."""
     project = tmp_path / "project"

@@ -1,2 +1,2 @@
 """The project's commands besides training (``cli``): what ``make predict``, ``export``, ``serve``,
-``bench``, ``sweep`` and ``prepare`` run{% if cookiecutter.task == "language-model" %}, and ``make generate``{% endif %}, each ``python -m {{ cookiecutter.package_name }}.commands.<name>``."""
+``bench``, {% if cookiecutter.use_sweeps == 'yes' %}``sweep`` {% endif %}and ``prepare`` run{% if cookiecutter.task == "language-model" %}, and ``make generate``{% endif %}, each ``python -m {{ cookiecutter.package_name }}.commands.<name>``."""
