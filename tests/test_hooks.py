@@ -122,7 +122,7 @@ def test_typed_template_syntax_is_kept_literally(tmp_path: Path) -> None:
     name = "Net {{ 7*7 }} {% if 1 %}x{% endif %}"
     description = "Uses {{ cookiecutter.author_name }} and {% raw %} literally"
     # One line per question, in cookiecutter.json's order; empty lines take the default.
-    answers = ["", name, "", "", description, "", "", "", "", "", "", "", ""]  # task first: the default
+    answers = ["", name, "", "", description, "", "", "", "", "", "", "", "", ""]  # task first: the default
     output = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-m", "cookiecutter", "-o", str(output), str(ROOT)],
