@@ -1,6 +1,7 @@
 """``model.init_from``: a new run that starts from an earlier run's weights (engine/module.py)."""
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,27 @@ def test_a_missing_or_corrupt_checkpoint_is_one_line_before_the_run(pretrained: 
     with user_error("not a readable checkpoint"):
         main(["fit", *shrunk_args(tmp_path), f"--model.init_args.init_from={corrupt}"])
     assert not list((tmp_path / "logs").rglob("*"))
+
+
+def test_only_the_weights_of_init_from_are_read_never_the_code_it_names(
+    pretrained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hostile checkpoint: its config names a planted module at every place a class could go. init_from
+    # takes the tensors only (torch.load weights_only); nothing it names is imported.
+    marker = tmp_path / "imported"
+    (tmp_path / "labtools_init.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    checkpoint = torch.load(pretrained, map_location="cpu", weights_only=True)
+    for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+        checkpoint[key]["class_path"] = "labtools_init.Evil"
+    checkpoint["hyper_parameters"]["net"]["class_path"] = "labtools_init.Net"
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save(checkpoint, hostile)
+    cli = main([*shrunk_args(tmp_path), f"--model.init_args.init_from={hostile}"], run=False)
+    cli.model.setup("fit")
+    started = net_weights(cli.model.state_dict())
+    assert all(torch.equal(started[key], value) for key, value in net_weights(checkpoint["state_dict"]).items())
+    assert not marker.exists() and "labtools_init" not in sys.modules
 
 
 @pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
