@@ -144,6 +144,36 @@ def test_a_non_finite_loss_stops_at_that_step_and_keeps_the_last_good_checkpoint
     assert all(torch.isfinite(t).all() for t in last["state_dict"].values())
 
 
+def test_a_fused_optimizer_skips_a_non_finite_step_on_the_device_and_the_run_stops_one_step_later(
+    cli_args: list[str],
+) -> None:
+    # The GPU fast path: a fused optimizer gets the verdict as its found_inf tensor (no host wait),
+    # and the host raises when it reads the verdict at the next step. Fused AdamW honours found_inf
+    # on the CPU too, so the path runs here.
+    class NaNBatchAt(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if trainer.global_step == 5:
+                batch[0].fill_(float("nan"))
+                self.weights = {k: v.detach().clone() for k, v in pl_module.named_parameters()}
+
+    class Record(L.Callback):  # what the optimizer did in the step after the bad one's verdict
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+            self.found_inf = getattr(optimizer, "found_inf", None)
+
+    cli = main([*cli_args, "--model.init_args.optimizer.init_args.fused=true"], run=False)
+    spy, record = NaNBatchAt(), Record()
+    cli.trainer.callbacks[:0] = [spy]
+    cli.trainer.callbacks.append(record)
+    with pytest.raises(NonFiniteError, match=r"Non-finite loss \(nan\) at global step 5 \(epoch 0\)"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 6  # the bad step ran on the device (skipped there), the next one raised
+    assert record.found_inf is not None  # the on-device path, not the synchronous one
+    after = dict(cli.model.named_parameters())
+    assert all(torch.equal(spy.weights[k], after[k]) for k in spy.weights)  # the skipped step changed no weight
+    state = next(iter(cli.trainer.optimizers[0].state.values()))
+    assert state["step"].item() == 5  # nor the optimizer's state: steps 0 to 4 counted, not 5
+
+
 def test_a_non_finite_gradient_is_named(cli_args: list[str]) -> None:
     class InfGradAt(L.Callback):
         def on_after_backward(self, trainer, pl_module) -> None:

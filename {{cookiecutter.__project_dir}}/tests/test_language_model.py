@@ -8,6 +8,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -25,6 +26,7 @@ from {{ cookiecutter.package_name }}.commands.predict import main as predict_mai
 from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
 from {{ cookiecutter.package_name }}.data import TextDataModule
 from {{ cookiecutter.package_name }}.data.text import TokenWindows, checked_text_files, read_text
+from {{ cookiecutter.package_name }}.engine.callbacks import StopOnNonFinite
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.models import LanguageModel
 from {{ cookiecutter.package_name }}.models.language_model import BitsPerByte, Perplexity, decode, greedy
@@ -378,5 +380,45 @@ def test_a_training_step_synchronises_the_gpu_only_where_the_engine_says() -> No
     torch.cuda.set_sync_debug_mode("error")
     try:
         model.shared_step(batch, model.train_metrics).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+class SyncFreeWindow(L.Callback):
+    """Makes any host-device synchronisation an error from the start of step ``first`` to the end of step ``last``."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last = first, last
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.first:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        if trainer.global_step == self.last + 1:  # global_step counts the step just taken
+            torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.filterwarnings("ignore:Synchronization debug mode is a prototype feature")  # torch's notice, as above
+@pytest.mark.parametrize("on_device", [True, False], ids=["non-finite-check-on-device", "non-finite-check-synchronous"])
+def test_training_steps_with_the_default_callbacks_never_wait_for_the_gpu(tmp_path: Path, on_device: bool) -> None:
+    # make train's steps under the gpu preset: the host queues step n+1 while the GPU runs step n,
+    # because nothing between the logging intervals waits for the device: not the metrics, not the
+    # callbacks, not the NaN guard (StopOnNonFinite hands its verdict to the fused optimizer). The
+    # synchronous guard is the control: the same window then fails, so the check sees syncs.
+    gpu = [f"--config={CONFIGS / 'presets' / 'gpu.yaml'}", "--trainer.accelerator=gpu", "--trainer.max_steps=10"]
+    quiet = ["--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=100", "--test_after_fit=false"]
+    cli = main(["fit", *shrunk_args(tmp_path), *gpu, *quiet], run=False)
+    guard = next(c for c in cli.trainer.callbacks if isinstance(c, StopOnNonFinite))
+    guard.on_device = on_device
+    cli.trainer.callbacks.append(SyncFreeWindow(first=3, last=7))
+    try:
+        if on_device:
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+            assert cli.trainer.global_step == 10
+        else:
+            with pytest.raises(RuntimeError, match="synchroniz"):
+                cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -21,7 +21,8 @@ spread of the pair ratios (min, median, max), and says so when the spread is wid
 overhead being measured (then add ``--repeats``).
 
 On a CUDA GPU both paths wait for the device at the end of every step (the times are the
-steps' own, not their launches'), and the report adds training samples/s through the project's
+steps' own, not their launches'; ``--sync_every N`` waits every N steps only, as a run that logs
+every N steps does, and divides each interval by N), and the report adds training samples/s through the project's
 path for float32, the gpu preset (configs/presets/gpu.yaml) and the gpu preset compiled
 (``--no-gpu`` skips them). The training loader alone (same workers, pinned memory and on-device
 batch transform, no model) is timed too: ``loader_samples_per_s`` against training's
@@ -59,14 +60,22 @@ RESULT = "BENCH_RESULT="  # the line a fresh-process run reports on
 
 
 class StepTimes(L.Callback):
-    """Records ``time.perf_counter()`` at the end of every training step."""
+    """Records ``time.perf_counter()`` at the end of every ``every``-th training step.
 
-    def __init__(self) -> None:
-        self.ends: list[float] = []
+    On a CUDA GPU it first waits for the device, so a time is that of the steps' kernels, not their
+    launches. ``every`` > 1 waits only at those steps, as a training run that logs every few steps
+    does, so the host may queue the next step while the GPU runs this one.
+    """
+
+    def __init__(self, every: int = 1) -> None:
+        self.every, self.steps, self.ends = every, 0, []
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
+        self.steps += 1
+        if self.steps % self.every:
+            return
         if pl_module.device.type == "cuda":
-            torch.cuda.synchronize()  # the step's kernels are done: its time, not its launch
+            torch.cuda.synchronize()
         self.ends.append(time.perf_counter())
 
 
@@ -107,7 +116,7 @@ def flops_per_step(cli) -> int | None:
     return flops
 
 
-def run_project(config: list[Path], steps: int, extra: list[str]) -> dict[str, Any]:
+def run_project(config: list[Path], steps: int, extra: list[str], every: int = 1) -> dict[str, Any]:
     """``fit`` through the project's CLI, as ``make train`` runs it: step intervals (s) and what they measured.
 
     Returns ``intervals``, ``batch_size``, ``tokens_per_sample`` (when the DataModule serves token
@@ -116,14 +125,14 @@ def run_project(config: list[Path], steps: int, extra: list[str]) -> dict[str, A
     """
     with tempfile.TemporaryDirectory() as folder:
         cli = main(project_args(config, Path(folder), steps, extra), run=False)
-        timer = StepTimes()
+        timer = StepTimes(every)
         cli.trainer.callbacks.append(timer)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         if "wandb" in sys.modules:  # close the run now, not at exit (it prints after overhead_ratio)
             sys.modules["wandb"].finish()
         flops = flops_per_step(cli)
     return {
-        "intervals": [b - a for a, b in pairwise(timer.ends)],
+        "intervals": [(b - a) / every for a, b in pairwise(timer.ends)],
         "batch_size": cli.datamodule.hparams.batch_size,
         "tokens_per_sample": getattr(cli.datamodule, "block_size", None),
         "flops_per_step": flops,
@@ -133,8 +142,11 @@ def run_project(config: list[Path], steps: int, extra: list[str]) -> dict[str, A
     }
 
 
-def run_plain(config: list[Path], steps: int, extra: list[str]) -> list[float]:
-    """Step intervals (s) of a plain PyTorch loop doing the project's work (see the module docstring)."""
+def run_plain(config: list[Path], steps: int, extra: list[str], every: int = 1) -> list[float]:
+    """Step intervals (s) of a plain PyTorch loop doing the project's work (see the module docstring).
+
+    As :class:`StepTimes`: timed (and on CUDA, synchronised) at every ``every``-th step.
+    """
     with tempfile.TemporaryDirectory() as folder:
         cli = main([*project_args(config, Path(folder), steps, extra), "--trainer.logger=false"], run=False)
     model, data, trainer = cli.model, cli.datamodule, cli.trainer
@@ -172,9 +184,10 @@ def run_plain(config: list[Path], steps: int, extra: list[str]) -> list[float]:
             step += 1
             if trainer.log_every_n_steps and step % trainer.log_every_n_steps == 0:
                 logged.append((loss.item(), optimizer.param_groups[0]["lr"]))
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            ends.append(time.perf_counter())
+            if step % every == 0:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                ends.append(time.perf_counter())
             if step == steps:
                 break
         train_metrics.compute()
@@ -186,7 +199,7 @@ def run_plain(config: list[Path], steps: int, extra: list[str]) -> list[float]:
         val_metrics.compute()
         val_metrics.reset()
         epoch += 1
-    return [b - a for a, b in pairwise(ends)]
+    return [(b - a) / every for a, b in pairwise(ends)]
 
 
 def run_loader(config: list[Path], steps: int, extra: list[str]) -> dict[str, float]:
@@ -231,7 +244,9 @@ def first_step_seconds(config: list[Path], extra: list[str]) -> float:
     return float(lines[-1].split("=")[1])
 
 
-def run_in_fresh_process(config: list[Path], path: str, steps: int, extra: list[str]) -> dict[str, float]:
+def run_in_fresh_process(
+    config: list[Path], path: str, steps: int, extra: list[str], every: int = 1
+) -> dict[str, float]:
     """Run ``path`` ("project", "plain" or "loader") for ``steps`` steps in a new Python process.
 
     Returns its figures: median step time (ms), batch size and tokens per sample, or the loader's
@@ -247,6 +262,7 @@ def run_in_fresh_process(config: list[Path], path: str, steps: int, extra: list[
         f"--worker={path}",
         *(f"--config={c}" for c in config),
         f"--steps={steps}",
+        f"--sync_every={every}",
         *extra,
     ]
     # Its own wandb service: one inherited from this process would print into this terminal.
@@ -258,12 +274,15 @@ def run_in_fresh_process(config: list[Path], path: str, steps: int, extra: list[
     return json.loads(lines[-1].removeprefix(RESULT))
 
 
-def worker(config: list[Path], path: str, steps: int, extra: list[str]) -> None:
+def worker(config: list[Path], path: str, steps: int, extra: list[str], every: int = 1) -> None:
     """The body of one fresh-process run: prints ``RESULT`` and the run's figures as JSON."""
     if path == "loader":
         print(RESULT + json.dumps(run_loader(config, steps, extra)), flush=True)
         return
-    figures = run_project(config, steps, extra) if path == "project" else {"intervals": run_plain(config, steps, extra)}
+    if path == "project":
+        figures = run_project(config, steps, extra, every)
+    else:
+        figures = {"intervals": run_plain(config, steps, extra, every)}
     figures["step_ms"] = 1000 * statistics.median(figures.pop("intervals"))
     print(RESULT + json.dumps(figures), flush=True)
 
@@ -312,6 +331,12 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--repeats", type=int, default=5, help="runs of each path, alternating (default 5)")
 {%- endif %}
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU throughput report")
+    parser.add_argument(
+        "--sync_every",
+        type=int,
+        default=1,
+        help="time (and on CUDA, wait for the GPU) every N steps only; a step's time is the interval / N (default 1)",
+    )
     parser.add_argument("--worker", choices=["project", "plain", "loader"], help=argparse.SUPPRESS)
     args, extra = parser.parse_known_args(argv)
     configs = args.config or [Path("configs/default.yaml")]
@@ -322,7 +347,7 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
     os.environ.setdefault("WANDB_MODE", "offline")
     if args.worker:
         sys.argv = sys.argv[:1]  # the CLI gets its arguments as args= (else LightningCLI warns of both)
-        worker(config, args.worker, args.steps, extra)
+        worker(config, args.worker, args.steps, extra, args.sync_every)
         return {}
     project, plain = [], []
     for repeat in range(1, args.repeats + 1):
@@ -334,7 +359,7 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
                 file=sys.stderr,
                 flush=True,
             )
-            run = run_in_fresh_process(config, path, args.steps, extra)
+            run = run_in_fresh_process(config, path, args.steps, extra, args.sync_every)
             if path == "plain":
                 plain.append(run["step_ms"])
                 continue

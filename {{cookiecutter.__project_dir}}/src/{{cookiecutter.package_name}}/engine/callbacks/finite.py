@@ -10,57 +10,128 @@ class NonFiniteError(RuntimeError):
     """A NaN or infinite loss or gradient; the message names the step and the tensor."""
 
 
+class _Check:
+    """One step's verdict, still on the device: its step, the max-abs value of each checked tensor, and a host copy."""
+
+    def __init__(self, step: int, epoch: int, names: list[str], largest: torch.Tensor, bad: torch.Tensor) -> None:
+        self.step, self.epoch, self.names, self.largest = step, epoch, names, largest
+        # Copied to page-locked host memory without waiting; the event says when the copy is there.
+        self.host = torch.empty((), dtype=bad.dtype, pin_memory=bad.is_cuda)
+        self.host.copy_(bad, non_blocking=True)
+        self.event = torch.cuda.Event() if bad.is_cuda else None
+        if self.event is not None:
+            self.event.record()
+
+    def bad(self) -> bool:
+        if self.event is not None and not self.event.query():
+            self.event.synchronize()  # waits for this step's check only, not for the work queued after it
+        return bool(self.host)
+
+
 class StopOnNonFinite(L.Callback):
     """Checks the loss and the gradients of every step before the optimizer uses them.
 
     A NaN at hour six otherwise spreads into every weight, and the next checkpoints (``last.ckpt``
-    included) hold a dead model. This raises :class:`NonFiniteError` instead: the optimizer step
-    is skipped, nothing more is saved, and the run's latest checkpoint keeps the last good state.
-    The check is one total norm and one host-device synchronisation per step (plus one small
-    all-reduce under DDP or FSDP, so that every process stops at the same step). With ``16-mixed`` precision,
-    infinite gradients are expected now and then (the loss scaler skips those steps and lowers
-    its scale), so only the loss is checked there. To find where a NaN comes from, rerun with
+    included) hold a dead model. This raises :class:`NonFiniteError` instead; the weights and the
+    optimizer state keep their last good values, and no checkpoint is written after the bad step.
+
+    The check is one max-abs reduction over the loss and every gradient (foreach kernels). How the
+    host learns its verdict:
+
+    - **On the device** (``on_device=True``, used when the optimizer can skip a step itself: fused
+      AdamW, Adam and SGD, which the GPU preset picks): the verdict goes to the optimizer as its
+      ``found_inf`` tensor, the protocol ``torch.amp.GradScaler`` uses, so a bad step changes
+      nothing on the GPU, and the host reads the verdict one step later (or before any checkpoint
+      is saved) and raises then, naming the bad step. No step waits for the GPU, so the host can
+      queue the next step's work while the GPU runs this one.
+    - **Synchronously** otherwise (any other optimizer, ``on_device=False``): the host waits for
+      the verdict before the optimizer step; one host-device synchronisation a step.
+
+    Under DDP or FSDP the verdicts are summed over the processes (one small all-reduce), so every
+    process skips and stops at the same step. With ``16-mixed`` precision, infinite gradients are
+    expected now and then (the loss scaler skips those steps and lowers its scale), so only the
+    loss is checked there, synchronously. To find where a NaN comes from, rerun with
     ``--config configs/presets/debug.yaml`` (``torch.autograd`` anomaly detection).
+
+    Args:
+        on_device: let a fused optimizer skip a bad step on the device and raise one step later
+            (no synchronisation); False waits for every step's verdict before its optimizer step.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_device: bool = True) -> None:
+        self.on_device = on_device
         self._loss: torch.Tensor | None = None
-        self._params: list[torch.nn.Parameter] = []
+        self._named: list[tuple[str, torch.nn.Parameter]] = []
+        self._pending: _Check | None = None
+        self._skipping: list[torch.optim.Optimizer] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Listed once, after the strategy has wrapped the model: walking ``pl_module.parameters()``
         # every step (metric modules included) cost more than the check itself (make bench).
         # Frozen ones too: a backbone unfrozen later (BackboneFreeze) gets gradients from then on;
         # parameters without a gradient are skipped at each step.
-        self._params = list(pl_module.parameters())
+        self._named = list(pl_module.named_parameters())
+        self._pending = None
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         self._loss = loss.detach()
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
-        tensors = [] if self._loss is None else [self._loss]
-        if trainer.precision not in ("16-mixed", "16"):
-            tensors += [p.grad for p in self._params if p.grad is not None]
+        self._raise_if_a_step_was_bad(trainer)  # the previous step's verdict, done on the GPU by now
+        loss_scaled = trainer.precision in ("16-mixed", "16")
+        names = [] if self._loss is None else ["loss"]
+        tensors = [] if self._loss is None else [self._loss.float()]
+        if not loss_scaled:
+            for name, param in self._named:
+                if param.grad is not None:
+                    names.append(name)
+                    tensors.append(param.grad)
         if not tensors:
             return
-        # One total norm over the loss and every gradient (foreach kernels on CUDA): a NaN or inf
-        # anywhere makes it non-finite. A check and a sync per tensor cost 0.3 ms a step (make bench).
-        finite = bool(torch.isfinite(torch.nn.utils.get_total_norm(tensors)))  # the one synchronisation
-        # Every process stops together: a NaN seen by one rank alone would leave the others waiting.
-        if trainer.strategy.reduce_boolean_decision(finite, all=True):
+        # The largest magnitude of each tensor: NaN or inf in any makes the vector non-finite, and
+        # unlike a norm it cannot overflow on large finite values.
+        largest = torch.stack([value.float() for value in torch._foreach_norm(tensors, float("inf"))])
+        bad = (~torch.isfinite(largest).all()).float()
+        # Every process skips and stops together: a NaN seen by one rank alone would leave the others waiting.
+        if trainer.world_size > 1:
+            bad = (trainer.strategy.reduce(bad, reduce_op="sum") > 0).float()
+        check = _Check(trainer.global_step, trainer.current_epoch, names, largest, bad)
+        if self.on_device and getattr(optimizer, "_step_supports_amp_scaling", False) and not loss_scaled:
+            # A fused optimizer skips the step (weights and state unchanged) where found_inf is 1.
+            optimizer.found_inf = bad.to(tensors[-1].device)
+            self._skipping.append(optimizer)
+            self._pending = check
             return
-        if self._loss is not None and not torch.isfinite(self._loss).all():
-            what = f"loss ({self._loss.item()})"
+        self._pending = check
+        self._raise_if_a_step_was_bad(trainer)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        for optimizer in self._skipping:  # found_inf holds for one step only (GradScaler deletes it too)
+            optimizer.__dict__.pop("found_inf", None)
+        self._skipping.clear()
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._raise_if_a_step_was_bad(trainer)  # no checkpoint after a bad step, even one skipped on the device
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._raise_if_a_step_was_bad(trainer)  # a bad last step still fails the run
+
+    def _raise_if_a_step_was_bad(self, trainer: L.Trainer) -> None:
+        check, self._pending = self._pending, None
+        if check is None or not check.bad():
+            return
+        largest = check.largest.cpu()
+        bad = [name for name, finite in zip(check.names, torch.isfinite(largest).tolist(), strict=True) if not finite]
+        if bad and bad[0] == "loss":
+            what = f"loss ({largest[0].item()})"
+        elif bad:
+            count = len(check.names) - (check.names[0] == "loss")
+            what = f"gradient of {bad[0]}" + (f" (and {len(bad) - 1} more of {count})" if len(bad) > 1 else "")
         else:
-            grads = {name: p.grad for name, p in pl_module.named_parameters() if p.grad is not None}
-            bad = [name for name, grad in grads.items() if not grad.isfinite().all()]
-            if bad:
-                what = f"gradient of {bad[0]}" + (f" (and {len(bad) - 1} more of {len(grads)})" if len(bad) > 1 else "")
-            else:
-                what = f"loss or gradient on another process (this is rank {trainer.global_rank})"
+            what = f"loss or gradient on another process (this is rank {trainer.global_rank})"
         raise NonFiniteError(
-            f"Non-finite {what} at global step {trainer.global_step} (epoch {trainer.current_epoch}): "
-            "training stopped before the optimizer step; the run's checkpoints hold the last good state. "
-            "Lower model.init_args.lr, check the data for NaNs, or find the operation with "
-            "--config configs/presets/debug.yaml (anomaly detection)."
+            f"Non-finite {what} at global step {check.step} (epoch {check.epoch}): "
+            "training stopped before its optimizer step changed the weights; the run's checkpoints hold "
+            "the last good state. Lower model.init_args.lr, check the data for NaNs, or find the "
+            "operation with --config configs/presets/debug.yaml (anomaly detection)."
         )
