@@ -141,6 +141,30 @@ def test_a_new_run_is_named_after_its_config_and_start_time(tmp_path: Path) -> N
     assert (tmp_path / "logs" / "test" / "mine" / "checkpoints" / "last.ckpt").is_file()
 
 
+def test_the_progress_bar_reads_training_metrics_only_where_the_logger_does(
+    cli_args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reading a metric the GPU computed waits for every queued step, so the bar, asked to redraw
+    # after every batch here, reads fresh values only at the logger's steps and the epoch's end.
+    reads: list[int] = []
+    lightnings_own = RichProgressBar.get_metrics
+
+    def counted(self, trainer, pl_module):
+        if trainer.training:
+            reads.append(trainer.global_step)
+        return lightnings_own(self, trainer, pl_module)
+
+    monkeypatch.setattr(RichProgressBar, "get_metrics", counted)
+    every_redraw = ["--trainer.log_every_n_steps=4", "--trainer.limit_train_batches=10", "--test_after_fit=false"]
+    cli = main([*cli_args, *every_redraw], run=False)
+    cli.trainer.progress_bar_callback._refresh_rate = 10**6  # a redraw is due at every batch
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 10
+    # The first redraw (nothing read yet), the logger's steps 4 and 8, the last batch and the epoch's end.
+    assert sorted(set(reads)) == [1, 4, 8, 10], reads
+    assert "train/loss" in cli.trainer.progress_bar_callback._shown
+
+
 def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> None:
     trainer = main([*cli_args, "--trainer.enable_model_summary=true"], run=False).trainer
     assert isinstance(trainer.progress_bar_callback, RichProgressBar)

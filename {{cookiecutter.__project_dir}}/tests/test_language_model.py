@@ -409,7 +409,7 @@ def test_training_steps_with_the_default_callbacks_never_wait_for_the_gpu(tmp_pa
     # synchronous guard is the control: the same window then fails, so the check sees syncs.
     gpu = [f"--config={CONFIGS / 'presets' / 'gpu.yaml'}", "--trainer.accelerator=gpu", "--trainer.max_steps=10"]
     quiet = ["--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=100", "--test_after_fit=false"]
-    cli = main(["fit", *shrunk_args(tmp_path), *gpu, *quiet], run=False)
+    cli = main([*shrunk_args(tmp_path), *gpu, *quiet], run=False)
     guard = next(c for c in cli.trainer.callbacks if isinstance(c, StopOnNonFinite))
     guard.on_device = on_device
     cli.trainer.callbacks.append(SyncFreeWindow(first=3, last=7))

@@ -13,14 +13,19 @@ class NonFiniteError(RuntimeError):
 class _Check:
     """One step's verdict, still on the device: its step, the max-abs value of each checked tensor, and a host copy."""
 
-    def __init__(self, step: int, epoch: int, names: list[str], largest: torch.Tensor, bad: torch.Tensor) -> None:
+    def __init__(
+        self, step: int, epoch: int, names: list[str], largest: torch.Tensor, bad: torch.Tensor, wait: bool
+    ) -> None:
         self.step, self.epoch, self.names, self.largest = step, epoch, names, largest
+        self.event = None
+        if wait or not bad.is_cuda:
+            self.host = bad.cpu()  # the host waits here for the GPU to reach this step's check
+            return
         # Copied to page-locked host memory without waiting; the event says when the copy is there.
-        self.host = torch.empty((), dtype=bad.dtype, pin_memory=bad.is_cuda)
+        self.host = torch.empty((), dtype=bad.dtype, pin_memory=True)
         self.host.copy_(bad, non_blocking=True)
-        self.event = torch.cuda.Event() if bad.is_cuda else None
-        if self.event is not None:
-            self.event.record()
+        self.event = torch.cuda.Event()
+        self.event.record()
 
     def bad(self) -> bool:
         if self.event is not None and not self.event.query():
@@ -95,15 +100,14 @@ class StopOnNonFinite(L.Callback):
         # Every process skips and stops together: a NaN seen by one rank alone would leave the others waiting.
         if trainer.world_size > 1:
             bad = (trainer.strategy.reduce(bad, reduce_op="sum") > 0).float()
-        check = _Check(trainer.global_step, trainer.current_epoch, names, largest, bad)
-        if self.on_device and getattr(optimizer, "_step_supports_amp_scaling", False) and not loss_scaled:
-            # A fused optimizer skips the step (weights and state unchanged) where found_inf is 1.
-            optimizer.found_inf = bad.to(tensors[-1].device)
-            self._skipping.append(optimizer)
-            self._pending = check
+        on_device = self.on_device and getattr(optimizer, "_step_supports_amp_scaling", False) and not loss_scaled
+        self._pending = _Check(trainer.global_step, trainer.current_epoch, names, largest, bad, wait=not on_device)
+        if not on_device:
+            self._raise_if_a_step_was_bad(trainer)
             return
-        self._pending = check
-        self._raise_if_a_step_was_bad(trainer)
+        # A fused optimizer skips the step (weights and state unchanged) where found_inf is 1.
+        optimizer.found_inf = bad.to(tensors[-1].device)
+        self._skipping.append(optimizer)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         for optimizer in self._skipping:  # found_inf holds for one step only (GradScaler deletes it too)
