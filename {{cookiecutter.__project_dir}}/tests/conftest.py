@@ -194,6 +194,17 @@ def with_tests_importable() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in paths if path)}
 
 
+class NaNBatchOnRank(L.Callback):
+    """Fills the inputs of process ``rank``'s batch at optimizer step ``step`` with NaN (the others' stay finite)."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            batch[0].fill_(float("nan"))
+
+
 def fit_in_subprocess(args: list[str], timeout: int = 300) -> None:
     """Run ``fit`` with ``args`` in a fresh process, as distributed runs need; fail the test on an error."""
     done = subprocess.run(

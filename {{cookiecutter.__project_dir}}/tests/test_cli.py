@@ -159,9 +159,10 @@ def test_the_progress_bar_reads_training_metrics_only_where_the_logger_does(
     cli = main([*cli_args, *every_redraw], run=False)
     cli.trainer.progress_bar_callback._refresh_rate = 10**6  # a redraw is due at every batch
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    assert cli.trainer.global_step == 10
-    # The first redraw (nothing read yet), the logger's steps 4 and 8, the last batch and the epoch's end.
-    assert sorted(set(reads)) == [1, 4, 8, 10], reads
+    steps = cli.trainer.global_step  # one epoch: 10 batches, or fewer where the data has fewer
+    assert steps >= 6
+    # The first redraw (nothing read yet), the logger's steps (4, 8), the last batch and the epoch's end.
+    assert sorted(set(reads)) == sorted({1, *range(4, steps + 1, 4), steps}), reads
     assert "train/loss" in cli.trainer.progress_bar_callback._shown
 
 

@@ -4,6 +4,7 @@ import errno
 import hashlib
 import io
 import os
+import re
 import shutil
 import signal
 import stat
@@ -15,7 +16,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import ROOT, shrunk_args, user_error
+from conftest import CONFIGS, ROOT, shrunk_args, user_error, with_tests_importable
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine import checkpoints
@@ -172,6 +173,35 @@ def test_a_fused_optimizer_skips_a_non_finite_step_on_the_device_and_the_run_sto
     assert all(torch.equal(spy.weights[k], after[k]) for k in spy.weights)  # the skipped step changed no weight
     state = next(iter(cli.trainer.optimizers[0].state.values()))
     assert state["step"].item() == 5  # nor the optimizer's state: steps 0 to 4 counted, not 5
+
+
+@pytest.mark.slow  # two processes
+def test_under_ddp_a_nan_on_one_process_stops_every_process_at_that_step(tmp_path: Path) -> None:
+    # Every process skips the step and stops at the same one, none left waiting at the next
+    # all-reduce; fused AdamW: the on-device path. Rank 1 sees its NaN loss; rank 0 its gradients,
+    # which DDP averaged with rank 1's.
+    nan_on_rank_1 = '{"class_path": "conftest.NaNBatchOnRank", "init_args": {"rank": 1, "step": 3}}'
+    args = [
+        *shrunk_args(tmp_path),
+        f"--config={CONFIGS / 'presets' / 'ddp.yaml'}",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--model.init_args.optimizer.init_args.fused=true",
+        f"--trainer.callbacks+={nan_on_rank_1}",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args],
+        cwd=ROOT,
+        env=with_tests_importable(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    rank_1 = r"\[rank1\]: \S+NonFiniteError: Non-finite loss \(nan\) at global step 3 "
+    rank_0 = r"\[rank0\]: \S+NonFiniteError: Non-finite gradient of \S+ .*at global step 3 "
+    assert re.search(rank_1, done.stderr) and re.search(rank_0, done.stderr), done.stderr[-3000:]
+    assert not list(tmp_path.rglob("*.ckpt"))  # nothing saved after the bad step (the epoch never ended)
 
 
 def test_a_non_finite_gradient_is_named(cli_args: list[str]) -> None:
