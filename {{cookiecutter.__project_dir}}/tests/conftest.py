@@ -194,6 +194,17 @@ def with_tests_importable() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in paths if path)}
 
 
+class StartingWeights(L.Callback):
+    """Saves each process's parameters as training starts to ``folder``/rank<N>.pt (a state dict on the CPU)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        state = {key: value.detach().cpu() for key, value in pl_module.state_dict().items()}
+        torch.save(state, self.folder / f"rank{trainer.global_rank}.pt")
+
+
 class NaNBatchOnRank(L.Callback):
     """Fills the inputs of process ``rank``'s batch at optimizer step ``step`` with NaN (the others' stay finite)."""
 

@@ -1,12 +1,13 @@
 """``model.init_from``: a new run that starts from an earlier run's weights (engine/module.py)."""
 
+import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import shrunk_args, user_error
+from conftest import CONFIGS, fit_in_subprocess, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import CLI, main
 
@@ -107,3 +108,20 @@ def test_weights_of_another_tokenizer_are_refused(pretrained: Path, tmp_path: Pa
     with user_error("trained with the tokenizer 'some-org/some-model' and this run's data uses 'bytes'"):
         main(["fit", *shrunk_args(tmp_path), f"--model.init_args.init_from={other}"])
 {%- endif %}
+
+
+@pytest.mark.slow  # two processes
+def test_under_ddp_every_process_starts_from_the_checkpoints_weights(pretrained: Path, tmp_path: Path) -> None:
+    # Each process reads init_from in its own setup, before DDP wraps the model and broadcasts
+    # rank 0's weights: every process must start from the checkpoint, not from a fresh net.
+    record = json.dumps({"class_path": "conftest.StartingWeights", "init_args": {"folder": str(tmp_path)}})
+    ddp = [f"--config={CONFIGS / 'presets' / 'ddp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2"]
+    fit_in_subprocess(
+        [*shrunk_args(tmp_path), *ddp, f"--model.init_args.init_from={pretrained}", f"--trainer.callbacks+={record}"]
+    )
+    saved = net_weights(torch.load(pretrained, map_location="cpu", weights_only=True)["state_dict"])
+    for rank in (0, 1):
+        started = net_weights(torch.load(tmp_path / f"rank{rank}.pt", weights_only=True))
+        assert set(started) == set(saved)
+        assert all(torch.equal(started[key], saved[key]) for key in saved), f"rank {rank}"
+    assert list((tmp_path / "logs").rglob("last.ckpt"))  # and trained on
