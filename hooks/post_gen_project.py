@@ -92,6 +92,10 @@ SWEEP_FILES = [
 ]
 
 
+# The files of the training benchmark (use_benchmark): make bench's command.
+BENCHMARK_FILES = ["src/{package}/commands/bench.py"]
+
+
 # The files some task families share (pretrained Hugging Face models), and those families.
 SHARED_TASK_FILES = {
     "src/{package}/nets/hf.py": ("image-classification", "language-model"),
@@ -111,6 +115,9 @@ def prune() -> None:
     if ANSWERS["use_sweeps"] != "yes":
         for relative in SWEEP_FILES:
             (PROJECT / relative.format(package=PACKAGE)).unlink(missing_ok=True)  # sweep.sbatch: with SLURM only
+    if ANSWERS["use_benchmark"] != "yes":
+        for relative in BENCHMARK_FILES:
+            (PROJECT / relative.format(package=PACKAGE)).unlink()
     if ANSWERS["include_slurm"] != "yes":
         shutil.rmtree(PROJECT / "scripts" / "slurm")
         (PROJECT / "tests" / "test_slurm_script.py").unlink()

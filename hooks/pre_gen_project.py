@@ -19,6 +19,7 @@ CHOICES = {
     "precision": ("bf16-mixed", "16-mixed", "32-true"),
     "compile": ("yes", "no"),
     "use_sweeps": ("yes", "no"),
+    "use_benchmark": ("yes", "no"),
     "include_slurm": ("yes", "no"),
 }
 # Import names the generated project or its users rely on: a package with one of these names

@@ -117,7 +117,12 @@ TASK_CONFIG_FILES = {
 
 
 def expected_files(
-    slug: str, package: str, include_slurm: bool, task: str = "image-classification", use_sweeps: bool = True
+    slug: str,
+    package: str,
+    include_slurm: bool,
+    task: str = "image-classification",
+    use_sweeps: bool = True,
+    use_benchmark: bool = True,
 ) -> set[str]:
     """The exact file set of a bake: nothing missing, nothing extra."""
     files = {*PROJECT_FILES, f".claude/agents/{slug}.md", "configs/default.yaml", "configs/sweep.yaml"}
@@ -133,6 +138,8 @@ def expected_files(
     if not use_sweeps:  # the sweep command, its config, its tests and its SLURM array
         files -= {"configs/sweep.yaml", f"src/{package}/commands/sweep.py", "tests/test_sweep.py"}
         files -= {"scripts/slurm/sweep.sbatch"}
+    if not use_benchmark:  # make bench's command
+        files -= {f"src/{package}/commands/bench.py"}
     return files
 
 

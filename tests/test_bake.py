@@ -24,7 +24,7 @@ LICENSE_FIRST_LINE = {
     "BSD-3-Clause": "BSD 3-Clause License",
     "Proprietary": "All rights reserved.",
 }
-# Every logger x precision pair once; task, compile, use_sweeps, include_slurm, license and python_version
+# Every logger x precision pair once; task, compile, use_sweeps, use_benchmark, include_slurm, license and python_version
 # cycle through their choices along the way, so every answer of every question is baked.
 MATRIX = [
     {
@@ -34,6 +34,7 @@ MATRIX = [
         "compile": ("yes", "no")[i % 2],
         "include_slurm": ("no", "yes")[i % 2],
         "use_sweeps": ("yes", "no")[(i // 2) % 2],
+        "use_benchmark": ("yes", "no")[(i // 4) % 2],
         "license": QUESTIONS["license"][i % 4],
         "python_version": QUESTIONS["python_version"][i % 4],
         "project_name": f"Bake {i}",
@@ -49,7 +50,9 @@ def check_bake(project: Path, answers: dict) -> None:
     slug, package = project.name, project.name.replace("-", "_")
     task = answers.get("task", "image-classification")
     sweeps = answers.get("use_sweeps", "yes") == "yes"
-    assert files_of(project) == expected_files(slug, package, answers["include_slurm"] == "yes", task, sweeps)
+    benchmark = answers.get("use_benchmark", "yes") == "yes"
+    slurm = answers["include_slurm"] == "yes"
+    assert files_of(project) == expected_files(slug, package, slurm, task, sweeps, benchmark)
     assert leftover_template_syntax(project) == []
 
     pyproject = tomllib.loads((project / "pyproject.toml").read_text())
@@ -78,7 +81,7 @@ def check_bake(project: Path, answers: dict) -> None:
     assert LICENSE_FIRST_LINE[answers["license"]] in (project / "LICENSE").read_text().splitlines()[0]
     check_make_targets_run_commands(project)
     assert engine_imports(project / "src" / package / "engine") & TASK_LIBRARIES == set()
-    assert pruned_names_left(project, task, sweeps) == []
+    assert pruned_names_left(project, task, sweeps, benchmark) == []
     check_first_read(project)
 
     # The GitHub workflow is valid against GitHub's workflow schema (vendored by check-jsonschema: offline).
@@ -106,6 +109,7 @@ PRUNED_NAMES = {
 
 
 SWEEP_NAMES = r"[Oo]ptuna|make sweep|sweep\.yaml|commands\.sweep|sweep\.sbatch|extra sweep|\bsweep,"
+BENCHMARK_NAMES = r"make bench\b|commands\.bench|\bbench\.py|``bench``|`bench`|overhead_ratio"
 
 
 def engine_imports(engine: Path) -> set[str]:
@@ -120,10 +124,11 @@ def engine_imports(engine: Path) -> set[str]:
     return found
 
 
-def pruned_names_left(project: Path, task: str, sweeps: bool = True) -> list[str]:
+def pruned_names_left(project: Path, task: str, sweeps: bool = True, benchmark: bool = True) -> list[str]:
     """``file:line`` of every mention of a name the bake pruned, by its task and its use_* answers
     (outside uv.lock and .git)."""
-    pattern = re.compile(PRUNED_NAMES[task] + ("" if sweeps else "|" + SWEEP_NAMES))
+    pruned = [PRUNED_NAMES[task], *([] if sweeps else [SWEEP_NAMES]), *([] if benchmark else [BENCHMARK_NAMES])]
+    pattern = re.compile("|".join(pruned))
     return [
         f"{file.relative_to(project)}:{number}: {line.strip()[:100]}"
         for file in sorted(project.rglob("*"))

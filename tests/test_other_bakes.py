@@ -16,7 +16,8 @@ SECOND = {
     "precision": "16-mixed",
     "compile": "yes",
     "include_slurm": "no",
-    "use_sweeps": "no",  # the smallest bake: no SLURM, no sweeps
+    "use_sweeps": "no",  # the smallest bake: no SLURM, no sweeps, no benchmark
+    "use_benchmark": "no",
     "license": "Apache-2.0",
 }
 

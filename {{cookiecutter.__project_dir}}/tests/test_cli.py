@@ -169,7 +169,7 @@ def test_the_progress_bar_reads_training_metrics_only_where_the_logger_does(
 def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> None:
     trainer = main([*cli_args, "--trainer.enable_model_summary=true"], run=False).trainer
     assert isinstance(trainer.progress_bar_callback, RichProgressBar)
-    assert trainer.progress_bar_callback.refresh_rate == 4  # redraws per second (make bench)
+    assert trainer.progress_bar_callback.refresh_rate == 4  # redraws per second (docs/performance.md)
     best, last = (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint))
     assert (best.monitor, best.mode, best.save_top_k) == ("val/loss", "min", 1)
     assert (last.monitor, last.filename) == (None, "last")
@@ -384,6 +384,7 @@ def test_the_private_lightning_hook_the_training_module_reads_exists() -> None:
     from {{ cookiecutter.package_name }}.engine import module
 
     assert module._given_hyperparameters is not None, "lightning.pytorch.core.mixins.hparams_mixin lost it"
+{%- if cookiecutter.use_benchmark == 'yes' %}
 
 
 @pytest.mark.slow
@@ -407,3 +408,4 @@ def test_make_bench_times_both_paths_of_the_default_config_and_ends_with_the_ove
     assert figures["overhead_ratio"] == pytest.approx(figures["project_step_ms"] / figures["plain_step_ms"])
     assert figures["project_step_ms"] > 0 and figures["plain_step_ms"] > 0 and figures["first_step_s"] > 0
     assert figures["loader_samples_per_s"] > 0 and figures["train_samples_per_s"] > 0
+{%- endif %}

@@ -1,6 +1,6 @@
 """The gpu preset on a CUDA GPU: mixed precision (bf16 and fp16 with loss scaling) and compile.
 
-Skipped without CUDA; `make bench` on a GPU measures the same configurations' speed.
+Skipped without CUDA{{ "; `make bench` on a GPU measures the same configurations' speed" if cookiecutter.use_benchmark == 'yes' else '' }}.
 """
 
 import json

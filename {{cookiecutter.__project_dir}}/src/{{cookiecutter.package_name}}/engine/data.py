@@ -167,8 +167,7 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
 
         Override for work that is cheaper per batch than per sample: augmentation and normalisation
         of whole image batches on the GPU, for instance. ``training`` is True for training batches
-        only. Lightning calls it through ``on_after_batch_transfer``; ``make bench``'s plain loop calls
-        it too, so both paths do the same work.
+        only. Lightning calls it through ``on_after_batch_transfer``{{ "; ``make bench``'s plain loop calls\n        it too, so both paths do the same work" if cookiecutter.use_benchmark == 'yes' else '' }}.
         """
         return batch
 

@@ -113,7 +113,7 @@ class TrainingModule(ShippableModel, L.LightningModule):
     def shared_step(self, batch: Any, metrics: MetricCollection) -> torch.Tensor:
         """The loss of ``batch`` (a scalar tensor); update ``metrics`` with the batch's predictions.
 
-        Used by training, validation and test steps alike, and by ``make bench``'s plain loop.
+        Used by training, validation and test steps alike{{ ", and by ``make bench``'s plain loop" if cookiecutter.use_benchmark == 'yes' else '' }}.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement shared_step(batch, metrics) -> loss")
 
@@ -196,7 +196,7 @@ class TrainingModule(ShippableModel, L.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         loss = self.shared_step(batch, self.train_metrics)
         # Only on the steps the logger writes: each self.log costs Lightning about as much as a small
-        # model's step (make bench).
+        # model's step (measured on a 2-core CPU).
         if self._logger_writes_this_step():
             self.log("train/loss", loss, prog_bar=True)
         return loss
@@ -212,7 +212,7 @@ class TrainingModule(ShippableModel, L.LightningModule):
 
     # The metrics are updated in every step (on device, no host sync) and computed once per epoch
     # here. Logging the Metric objects from the steps instead (self.log_dict(metrics)) made
-    # Lightning move each metric's state every step: 3.3 ms of a 6 ms step on CPU (make bench).
+    # Lightning move each metric's state every step: 3.3 ms of a 6 ms step on CPU (measured).
     def on_train_epoch_end(self) -> None:
         self._log_epoch_metrics(self.train_metrics)
 

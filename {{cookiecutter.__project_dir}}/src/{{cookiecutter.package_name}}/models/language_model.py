@@ -128,7 +128,7 @@ class LanguageModel(TrainingModule):
     # A trained BPE is the DataModule's; the model keeps a copy in each checkpoint to decode with.
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        # No Trainer when `make bench` runs its plain loop: that loop calls setup itself.
+        # No Trainer when a loop of its own{{ " (make bench's plain loop)" if cookiecutter.use_benchmark == 'yes' else '' }} calls setup: no DataModule to ask.
         datamodule = getattr(self._trainer, "datamodule", None)
         if self.hparams.tokenizer == BPE and datamodule is not None:
             self._tokenizer = datamodule.tokenizer

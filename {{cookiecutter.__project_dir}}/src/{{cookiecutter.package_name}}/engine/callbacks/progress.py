@@ -12,7 +12,7 @@ class ThrottledRichProgressBar(RichProgressBar):
 
     Lightning's bar redraws ``refresh_rate`` times a second, but on every training batch it still
     updates its task, gathers the progress-bar metrics and soft-refreshes: about 1.5 ms per batch
-    on a 2-core CPU, a third of a small tabular model's step (``make bench``). Here that work runs
+    on a 2-core CPU, a third of a small tabular model's step (measured). Here that work runs
     only when a redraw is due and on an epoch's last batch, so what is shown is the same.
 
     In training, the metrics shown (the loss) are read only at the logger's steps (every
