@@ -24,8 +24,8 @@ LICENSE_FIRST_LINE = {
     "BSD-3-Clause": "BSD 3-Clause License",
     "Proprietary": "All rights reserved.",
 }
-# Every logger x precision pair once; task, compile, use_sweeps, use_benchmark, include_slurm, license and python_version
-# cycle through their choices along the way, so every answer of every question is baked.
+# Every logger x precision pair once; task, compile, use_sweeps, use_benchmark, include_slurm, license and
+# python_version cycle through their choices along the way, so every answer of every question is baked.
 MATRIX = [
     {
         "task": QUESTIONS["task"][(i // 2) % len(QUESTIONS["task"])],  # every task with compile on and off
