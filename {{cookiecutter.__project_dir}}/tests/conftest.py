@@ -216,8 +216,9 @@ class NaNBatchOnRank(L.Callback):
             batch[0].fill_(float("nan"))
 
 
-def fit_in_subprocess(args: list[str], timeout: int = 300) -> None:
-    """Run ``fit`` with ``args`` in a fresh process, as distributed runs need; fail the test on an error."""
+def fit_in_subprocess(args: list[str], timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``fit`` with ``args`` in a fresh process, as distributed runs need; fail the test on an error
+    (``check=False``: return what it printed and its exit status, whatever they are)."""
     done = subprocess.run(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args],
         cwd=ROOT,
@@ -226,7 +227,8 @@ def fit_in_subprocess(args: list[str], timeout: int = 300) -> None:
         text=True,
         timeout=timeout,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0 or not check, done.stderr[-3000:]
+    return done
 
 
 class ReplicaGaps(L.Callback):

@@ -16,7 +16,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, shrunk_args, user_error, with_tests_importable
+from conftest import CONFIGS, ROOT, fit_in_subprocess, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine import checkpoints
@@ -189,14 +189,7 @@ def test_under_ddp_a_nan_on_one_process_stops_every_process_at_that_step(tmp_pat
         "--model.init_args.optimizer.init_args.fused=true",
         f"--trainer.callbacks+={nan_on_rank_1}",
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args],
-        cwd=ROOT,
-        env=with_tests_importable(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = fit_in_subprocess(args, check=False)
     assert done.returncode != 0
     rank_1 = r"\[rank1\]: \S+NonFiniteError: Non-finite loss \(nan\) at global step 3 "
     rank_0 = r"\[rank0\]: \S+NonFiniteError: Non-finite gradient of \S+ .*at global step 3 "
