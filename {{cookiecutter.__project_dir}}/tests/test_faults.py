@@ -3,6 +3,7 @@
 import errno
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -180,7 +181,8 @@ def test_under_ddp_a_nan_on_one_process_stops_every_process_at_that_step(tmp_pat
     # Every process skips the step and stops at the same one, none left waiting at the next
     # all-reduce; fused AdamW: the on-device path. Rank 1 sees its NaN loss; rank 0 its gradients,
     # which DDP averaged with rank 1's.
-    nan_on_rank_1 = '{"class_path": "conftest.NaNBatchOnRank", "init_args": {"rank": 1, "step": 3}}'
+    at_step_3 = {"rank": 1, "step": 3}
+    nan_on_rank_1 = json.dumps({"class_path": "conftest.NaNBatchOnRank", "init_args": at_step_3})
     args = [
         *shrunk_args(tmp_path),
         f"--config={CONFIGS / 'presets' / 'ddp.yaml'}",

@@ -114,7 +114,8 @@ def test_weights_of_another_tokenizer_are_refused(pretrained: Path, tmp_path: Pa
 def test_under_ddp_every_process_starts_from_the_checkpoints_weights(pretrained: Path, tmp_path: Path) -> None:
     # Each process reads init_from in its own setup, before DDP wraps the model and broadcasts
     # rank 0's weights: every process must start from the checkpoint, not from a fresh net.
-    record = json.dumps({"class_path": "conftest.StartingWeights", "init_args": {"folder": str(tmp_path)}})
+    folder = {"folder": str(tmp_path)}
+    record = json.dumps({"class_path": "conftest.StartingWeights", "init_args": folder})
     ddp = [f"--config={CONFIGS / 'presets' / 'ddp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2"]
     fit_in_subprocess(
         [*shrunk_args(tmp_path), *ddp, f"--model.init_args.init_from={pretrained}", f"--trainer.callbacks+={record}"]
