@@ -193,9 +193,11 @@ def test_under_ddp_a_nan_on_one_process_stops_every_process_at_that_step(tmp_pat
     ]
     done = fit_in_subprocess(args, check=False)
     assert done.returncode != 0
-    rank_1 = r"\[rank1\]: \S+NonFiniteError: Non-finite loss \(nan\) at global step 3 "
-    rank_0 = r"\[rank0\]: \S+NonFiniteError: Non-finite gradient of \S+ .*at global step 3 "
-    assert re.search(rank_1, done.stderr) and re.search(rank_0, done.stderr), done.stderr[-3000:]
+    # Rank 0, whose own batch was finite, stops at step 3 too. (Rank 1's own error may not be printed:
+    # Lightning kills the other processes once rank 0 raises; a "[rank0]:" prefix is torch's, or not.)
+    rank_0 = r"NonFiniteError:\s+Non-finite gradient of \S+ .*at global step 3 "
+    assert re.search(rank_0, done.stderr), done.stderr[-3000:]
+    assert "at global step 4" not in done.stderr
     assert not list(tmp_path.rglob("*.ckpt"))  # nothing saved after the bad step (the epoch never ended)
 
 
