@@ -176,6 +176,23 @@ def test_a_fused_optimizer_skips_a_non_finite_step_on_the_device_and_the_run_sto
     assert state["step"].item() == 5  # nor the optimizer's state: steps 0 to 4 counted, not 5
 
 
+def test_a_step_skipped_on_the_device_at_an_epochs_end_is_never_saved(cli_args: list[str]) -> None:
+    # The bad step is an epoch's last: the next thing to run is the epoch-end checkpoint, not a
+    # step, so the verdict must be read before that save (on_save_checkpoint), not one step later.
+    class NaNBatchAt(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if trainer.global_step == trainer.num_training_batches - 1:
+                batch[0].fill_(float("nan"))
+
+    cli = main([*cli_args, "--trainer.max_epochs=2", "--model.init_args.optimizer.init_args.fused=true"], run=False)
+    cli.trainer.callbacks.append(NaNBatchAt())
+    with pytest.raises(NonFiniteError, match=r"Non-finite loss \(nan\) at global step \d+ \(epoch 0\)") as raised:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert f"global step {cli.trainer.num_training_batches - 1} " in str(raised.value)
+    assert not list(run_dir(cli.trainer).rglob("*.ckpt"))  # the epoch-end save was refused
+    assert cli.trainer.current_epoch == 0  # it never got to epoch 1
+
+
 @pytest.mark.slow  # two processes
 def test_under_ddp_a_nan_on_one_process_stops_every_process_at_that_step(tmp_path: Path) -> None:
     # Every process skips the step and stops at the same one, none left waiting at the next
