@@ -96,6 +96,21 @@ SWEEP_FILES = [
 BENCHMARK_FILES = ["src/{package}/commands/bench.py"]
 
 
+# The files of shipping a model (use_serving): make export and make serve, their load test and tests.
+SERVING_FILES = [
+    "src/{package}/serving/__init__.py",
+    "src/{package}/serving/api.py",
+    "src/{package}/serving/openai_api.py",  # the language model's only
+    "src/{package}/commands/serve.py",
+    "src/{package}/commands/export.py",
+    "src/{package}/engine/export.py",
+    "src/{package}/data/image_files.py",  # image requests (base64 files): the image task's only
+    "scripts/serve_load.py",
+    "tests/test_ship.py",
+    "tests/test_openai_api.py",  # the language model's only
+]
+
+
 # The files some task families share (pretrained Hugging Face models), and those families.
 SHARED_TASK_FILES = {
     "src/{package}/nets/hf.py": ("image-classification", "language-model"),
@@ -118,6 +133,9 @@ def prune() -> None:
     if ANSWERS["use_benchmark"] != "yes":
         for relative in BENCHMARK_FILES:
             (PROJECT / relative.format(package=PACKAGE)).unlink()
+    if ANSWERS["use_serving"] != "yes":
+        for relative in SERVING_FILES:
+            (PROJECT / relative.format(package=PACKAGE)).unlink(missing_ok=True)  # openai_api: language model only
     if ANSWERS["include_slurm"] != "yes":
         shutil.rmtree(PROJECT / "scripts" / "slurm")
         (PROJECT / "tests" / "test_slurm_script.py").unlink()
@@ -158,7 +176,7 @@ def placeholders() -> dict[str, str]:
         "model_dirs": f"{src}/nets/ (architectures), {src}/models/ (LightningModules)",
         "checkpoint_dirs": f"{run}/checkpoints/",
         "training_dirs": f"{src}/cli.py (LightningCLI entry point), {src}/data/ (LightningDataModules)",
-        "config_dirs": "configs/ (default.yaml, presets/)",
+        "config_dirs": "configs/ (default.yaml, trainer.yaml, presets/)",
         "train_command": "make train",
         "test_command": "make test",
         "profile_command": "make profile",

@@ -20,6 +20,7 @@ CHOICES = {
     "compile": ("yes", "no"),
     "use_sweeps": ("yes", "no"),
     "use_benchmark": ("yes", "no"),
+    "use_serving": ("yes", "no"),
     "include_slurm": ("yes", "no"),
 }
 # Import names the generated project or its users rely on: a package with one of these names

@@ -123,9 +123,16 @@ def expected_files(
     task: str = "image-classification",
     use_sweeps: bool = True,
     use_benchmark: bool = True,
+    use_serving: bool = True,
 ) -> set[str]:
     """The exact file set of a bake: nothing missing, nothing extra."""
-    files = {*PROJECT_FILES, f".claude/agents/{slug}.md", "configs/default.yaml", "configs/sweep.yaml"}
+    files = {
+        *PROJECT_FILES,
+        f".claude/agents/{slug}.md",
+        "configs/default.yaml",
+        "configs/trainer.yaml",
+        "configs/sweep.yaml",
+    }
     files |= {f"configs/presets/{name}.yaml" for name in PRESETS}
     files |= {f"configs/{name}" for name in TASK_CONFIG_FILES[task]}
     files |= {f"src/{package}/{name}" for name in [*PACKAGE_FILES, *TASK_PACKAGE_FILES[task]]}
@@ -140,6 +147,11 @@ def expected_files(
         files -= {"scripts/slurm/sweep.sbatch"}
     if not use_benchmark:  # make bench's command
         files -= {f"src/{package}/commands/bench.py"}
+    if not use_serving:  # make export and make serve: their commands, the HTTP APIs, the load test and tests
+        files -= {f"src/{package}/serving/{name}" for name in ("__init__.py", "api.py", "openai_api.py")}
+        files -= {f"src/{package}/{name}" for name in ("commands/serve.py", "commands/export.py", "engine/export.py")}
+        files -= {f"src/{package}/data/image_files.py"}
+        files -= {"scripts/serve_load.py", "tests/test_ship.py", "tests/test_openai_api.py"}
     return files
 
 

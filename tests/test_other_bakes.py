@@ -16,8 +16,9 @@ SECOND = {
     "precision": "16-mixed",
     "compile": "yes",
     "include_slurm": "no",
-    "use_sweeps": "no",  # the smallest bake: no SLURM, no sweeps, no benchmark
+    "use_sweeps": "no",  # the smallest bake: no SLURM, no sweeps, no benchmark, no export or serving
     "use_benchmark": "no",
+    "use_serving": "no",
     "license": "Apache-2.0",
 }
 

@@ -58,7 +58,7 @@ def test_update_template_applies_a_release_and_keeps_the_users_edits(tmp_path: P
     assert git(project, "status", "--porcelain") == ""
 
     # The user's edit, then a template release that touches another file.
-    config = project / "configs" / "default.yaml"
+    config = project / "configs" / "trainer.yaml"
     config.write_text(config.read_text().replace("max_epochs: 30", "max_epochs: 7"))
     git(project, "commit", "--quiet", "-am", "Train for 7 epochs")
     makefile = template / "{{cookiecutter.__project_dir}}" / "Makefile"
@@ -80,11 +80,11 @@ def test_update_template_applies_a_release_and_keeps_the_users_edits(tmp_path: P
     # A release that changes the line the user changed: a conflict, which cruft reports as success.
     config.write_text(config.read_text().replace("max_epochs: 7", "max_epochs: 9"))
     git(project, "commit", "--quiet", "-am", "Train for 9 epochs")
-    template_config = template / "{{cookiecutter.__project_dir}}" / "configs" / "default.yaml"
+    template_config = template / "{{cookiecutter.__project_dir}}" / "configs" / "trainer.yaml"
     template_config.write_text(template_config.read_text().replace("cookiecutter.task, 30)", "cookiecutter.task, 50)"))
     release(template, "v3: longer training")
 
     done = update(project)
     assert done.returncode != 0
-    assert "configs/default.yaml" in done.stderr
+    assert "configs/trainer.yaml" in done.stderr
     assert "conflict markers" in done.stderr or ".rej" in done.stderr

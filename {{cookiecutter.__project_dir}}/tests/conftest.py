@@ -1,16 +1,22 @@
 """One shrunk config for every test: the real configs/default.yaml, on CPU, written under tmp_path."""
 
+{% if cookiecutter.use_serving == "yes" -%}
 import contextlib
+{% endif -%}
 import json
 import os
 import re
 import signal
+{% if cookiecutter.use_serving == "yes" -%}
 import socket
+{% endif -%}
 import subprocess
 import sys
+{% if cookiecutter.use_serving == "yes" -%}
 import time
 import urllib.error
 import urllib.request
+{% endif -%}
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,33 +110,49 @@ def colour_folder(root: Path, per_class: int = 30, seed: int = 0) -> Path:
     return root
 
 
-def assert_fine_tunes_exports_and_predicts(
-    tmp_path: Path, images: Path, args: list[str], onnx: bool = True
+def assert_fine_tunes_and_ships(
+    tmp_path: Path,
+    images: Path,
+    args: list[str],
+{%- if cookiecutter.use_serving == "yes" %}
+    onnx: bool = True,
+{%- endif %}
 ) -> tuple[Path, Path, list]:
     """``fit`` with ``args`` on the colour folder ``images`` (:func:`colour_folder`, 30 a class), then check:
+{%- if cookiecutter.use_serving == "yes" %}
     test accuracy above chance, ONNX (with ``onnx`` and onnxruntime) and ``.pt2`` files that score the test
     split as PyTorch does, and ``predict`` labelling the blue images blue once the training folder is gone.
+{%- else %}
+    test accuracy above chance, and ``predict`` labelling the blue images blue once the training folder is
+    gone.
+{%- endif %}
 
     Returns the best checkpoint, the folder of the moved blue images and predict's rows.
     """
     import csv
+{%- if cookiecutter.use_serving == "yes" %}
     import importlib.util
+{%- endif %}
     import shutil
 
     from {{ cookiecutter.package_name }}.cli import main
     from {{ cookiecutter.package_name }}.commands.predict import predict
+{%- if cookiecutter.use_serving == "yes" %}
     from {{ cookiecutter.package_name }}.engine.export import export_all
     from {{ cookiecutter.package_name }}.engine.inference import load_trained
+{%- endif %}
 
     cli = main(["fit", *args])
     accuracy = cli.trainer.callback_metrics["test/acc"].item()
     assert accuracy > 0.6  # three classes: chance is 1/3
     checkpoint = Path(cli.trainer.checkpoint_callback.best_model_path)
+{%- if cookiecutter.use_serving == "yes" %}
     onnx = onnx and importlib.util.find_spec("onnxruntime") is not None
     record = export_all(load_trained(checkpoint), tmp_path / "export", onnx=onnx)
     assert len(record["files"]) == 1 + onnx
     for exported in record["files"]:
         assert record["test_scores"][exported]["acc"] == pytest.approx(accuracy)
+{%- endif %}
     moved = tmp_path / "moved"
     shutil.copytree(images / "blue", moved)
     shutil.rmtree(images)  # the training images are gone: the checkpoint (and the backbone's files) are enough
@@ -139,6 +161,7 @@ def assert_fine_tunes_exports_and_predicts(
         rows = list(csv.DictReader(file))
     assert len(rows) == 30 and sum(row["label"] == "blue" for row in rows) >= 24
     return checkpoint, moved, rows
+{%- if cookiecutter.use_serving == "yes" %}
 
 
 def assert_serves_as_predicted(checkpoint: Path, folder: Path, moved: Path, rows: list) -> None:
@@ -153,6 +176,7 @@ def assert_serves_as_predicted(checkpoint: Path, folder: Path, moved: Path, rows
         with urllib.request.urlopen(request, timeout=120) as answer:
             labels = json.loads(answer.read())["labels"]
     assert labels == [row["label"] for row in rows]
+{%- endif %}
 
 
 def hub_snapshot(cache: Path, model_id: str) -> Path:
@@ -184,6 +208,17 @@ def run_readme_training(tmp_path: Path, command: str, cache: Path) -> dict[str, 
     assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     (summary,) = (project / "logs").rglob("test_metrics.json")
     return json.loads(summary.read_text())["metrics"]
+
+
+{% endif -%}
+{% if cookiecutter.task == "language-model" and cookiecutter.use_serving != "yes" -%}
+def greedy_completions(trained, prompts: list[str]) -> list[str]:
+    """Each prompt's greedy continuation from a :func:`engine.inference.load_trained` model, as ``make predict
+    INPUTS=prompts.txt`` writes it (the model's ``predict_step``, ending at the end-of-text token)."""
+    model, data = trained.model, trained.datamodule
+    with torch.no_grad():
+        outputs = [model.predict_step((data.prompt_tokens(prompt, "prompt").unsqueeze(0),), 0) for prompt in prompts]
+    return [model.describe(output, [])[0]["completion"] for output in outputs]
 
 
 {% endif -%}
@@ -347,6 +382,7 @@ def _no_pytest_argv():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "argv", sys.argv[:1])
         yield
+{%- if cookiecutter.use_serving == "yes" %}
 
 
 # ---- a server to test against --------------------------------------------------------------------
@@ -419,3 +455,4 @@ def serving(checkpoint: Path, folder: Path, *args: str, env: dict[str, str] | No
     assert stopped, "the server ignored SIGTERM for 60 s and was killed:\n" + log_path.read_text()[-3000:]
     # Stopped cleanly: nothing left behind for multiprocessing's resource tracker to warn about.
     assert "resource_tracker" not in log_path.read_text(), log_path.read_text()[-3000:]
+{%- endif %}

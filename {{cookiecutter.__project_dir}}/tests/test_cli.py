@@ -81,7 +81,7 @@ def test_a_default_run_prints_only_lines_a_person_needs(tmp_path: Path) -> None:
     # A fresh process, as `make train` runs, with the project's own logger (wandb logs offline here;
     # a project baked with another logger does not install wandb) and the model summary; its output
     # is not a terminal, so no colour codes either.
-    logger = yaml.safe_load((CONFIGS / "default.yaml").read_text())["trainer"]["logger"]["class_path"]
+    logger = yaml.safe_load((CONFIGS / "trainer.yaml").read_text())["logger"]["class_path"]
     overrides = [
         f"--trainer.logger={logger}",
         f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
@@ -218,7 +218,7 @@ def test_presets_stack_on_the_default(capsys: pytest.CaptureFixture, preset: str
             assert printed["trainer"][key]["class_path"] == value["class_path"]
         else:
             assert printed["trainer"][key] == value, key
-    default_epochs = yaml.safe_load((CONFIGS / "default.yaml").read_text())["trainer"]["max_epochs"]
+    default_epochs = yaml.safe_load((CONFIGS / "trainer.yaml").read_text())["max_epochs"]
     expected_epochs = {"profile": 2, "trace": 1}.get(preset, default_epochs)
     assert printed["trainer"]["max_epochs"] == expected_epochs  # the default stays unless the preset sets it
 
@@ -261,7 +261,7 @@ def test_gpu_preset_uses_the_chosen_precision_and_tf32() -> None:
 
 def test_test_metrics_name_the_epoch_and_step_of_the_tested_checkpoint(tmp_path: Path) -> None:
     # The best checkpoint by the inverted criterion is the first epoch's, not the last step's.
-    best = yaml.safe_load((CONFIGS / "default.yaml").read_text())["trainer"]["callbacks"][0]
+    best = yaml.safe_load((CONFIGS / "trainer.yaml").read_text())["callbacks"][0]
     assert best["class_path"].endswith("ModelCheckpoint")
     worst = {**best["init_args"], "mode": "min" if best["init_args"]["mode"] == "max" else "max"}
     inverted = tmp_path / "worst.yaml"

@@ -22,11 +22,16 @@ from conftest import (
     ROOT,
     assert_ddp_run_resumes_exactly,
     documentation,
+{%- if cookiecutter.use_serving != "yes" %}
+    greedy_completions,
+{%- endif %}
     shrunk_args,
     user_error,
 )
 from test_language_model import assert_cached_decoding_equals_uncached
+{%- if cookiecutter.use_serving == "yes" %}
 from test_openai_api import served_as_run_here
+{%- endif %}
 from test_preemption import SignalAtStep
 from test_resume import EXACT, assert_same_end_state
 
@@ -158,9 +163,9 @@ def test_lora_trains_only_the_adapters_and_its_checkpoint_holds_only_them(
     expected = summary["metrics"]["test/loss"] / math.log(2) * tokens_per_byte
     assert summary["metrics"]["test/bpb"] == pytest.approx(expected, rel=0.02)
 
-    # The checkpoint alone rebuilds the base from its folder and the adapters: generate and serve answer.
+    # The checkpoint alone rebuilds the base from its folder and the adapters: generate{{ " and serve" if cookiecutter.use_serving == "yes" else "" }} answer{{ "" if cookiecutter.use_serving == "yes" else "s" }}.
     trained = load_trained(summary["checkpoint"])
-    (completion,) = trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(["The whale"]))
+    (completion,) = {{ 'trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(["The whale"]))' if cookiecutter.use_serving == "yes" else 'greedy_completions(trained, ["The whale"])' }}
     assert isinstance(completion, str) and completion
     assert "sea" in completion or "ship" in completion or "whale" in completion  # it learnt the text's words
 
@@ -176,7 +181,7 @@ def test_gpu_preset_fine_tunes_with_lora_in_mixed_precision(tiny: Path, tmp_path
     assert {p.dtype for p in cli.model.net.parameters() if p.requires_grad} == {torch.float32}
     # The checkpoint holds the adapters alone and loads on a machine without a GPU.
     trained = load_trained(summary["checkpoint"], map_location="cpu")
-    (completion,) = trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(["The whale"]))
+    (completion,) = {{ 'trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(["The whale"]))' if cookiecutter.use_serving == "yes" else 'greedy_completions(trained, ["The whale"])' }}
     assert isinstance(completion, str) and completion
 
 
@@ -227,6 +232,7 @@ def test_lora_under_ddp_stopped_by_sigterm_resumes_exactly(tiny: Path, tmp_path:
     interrupted = assert_ddp_run_resumes_exactly(tmp_path, args_for, step=14)
     saved = torch.load(interrupted, weights_only=True)
     assert "net._extra_state" in saved["state_dict"]  # adapters only, under DDP too
+{%- if cookiecutter.use_serving == "yes" %}
 
 
 def test_merged_export_loads_in_transformers_alone_and_equals_the_unmerged_model(
@@ -248,6 +254,7 @@ def test_merged_export_loads_in_transformers_alone_and_equals_the_unmerged_model
     assert difference < 1e-4
     record = json.loads((tmp_path / "export" / "export.json").read_text())
     assert record["max_abs_diff"]["hf"]["batch_1"] < 1e-4 and record["files"]["hf"] == "hf"
+{%- endif %}
 
 
 def test_generate_and_predict_continue_prompts_from_the_checkpoint_alone(
@@ -304,7 +311,7 @@ def test_supervised_finetuning_learns_the_completions(tiny: Path, tmp_path: Path
     summary = json.loads((run_dir(cli.trainer) / "test_metrics.json").read_text())
     assert summary["metrics"]["test/loss"] < 1.0  # from ln(300) = 5.7 nats per completion token
     trained = load_trained(summary["checkpoint"])
-    answers = trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json([PAIRS[0]["prompt"]]))
+    answers = {{ 'trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json([PAIRS[0]["prompt"]]))' if cookiecutter.use_serving == "yes" else 'greedy_completions(trained, [PAIRS[0]["prompt"]])' }}
     assert answers == [PAIRS[0]["completion"]]  # greedy decoding stops at the end-of-text token
 
 
@@ -565,7 +572,7 @@ def test_chat_examples_score_the_assistant_turns_only(tmp_path: Path) -> None:
         assert data.tokenizer.decode(targets[scored].tolist()) == f"The whale swims.{ends}It dives.{ends}"
         assert targets[scored].tolist().count(data.tokenizer.eos_id) == 2  # each turn ends with end-of-text
         assert not scored[: (targets != IGNORE).nonzero()[0].item()].any() and counts[~scored].sum() == 0
-        prompt = ChatTemplate(data.tokenizer).ids(CHATS[0]["messages"][:2])  # what make serve sends the model
+        prompt = ChatTemplate(data.tokenizer).ids(CHATS[0]["messages"][:2])  # what {{ "make serve sends the model" if cookiecutter.use_serving == "yes" else "a chat prompts the model with" }}
         assert inputs[: len(prompt)].tolist() == prompt
 
 
@@ -584,6 +591,7 @@ def test_a_bad_chat_row_is_one_line_naming_it(row: dict, message: str, tmp_path:
     with pytest.raises(DataError, match=rf"chats\.jsonl line 4\b.*{re.escape(message)}") as refused:
         PromptCompletionDataModule(str(rows), block_size=200, batch_size=1).setup("fit")
     assert "\n" not in str(refused.value)
+{%- if cookiecutter.use_serving == "yes" %}
 
 
 @pytest.mark.slow
@@ -617,3 +625,4 @@ def test_a_gpt2_lora_chat_finetune_is_served_from_its_checkpoint_adapters(tmp_pa
     assert all(weights[key].abs().sum() > 0 for key in weights if "lora_B" in key)  # trained (B starts at 0)
     trained = load_trained(checkpoint)
     served_as_run_here(trained, CHATS[1]["messages"][:2], max_tokens=12, folder=tmp_path)
+{%- endif %}

@@ -1,7 +1,9 @@
 """Pretrained Hugging Face vision backbones (nets.HFImageClassifier) with the image-folder DataModule's
 ``pretrained`` preprocessing: tiny random ViT, ConvNeXt and ResNet folders made with ``save_pretrained``."""
 
+{% if cookiecutter.use_serving == "yes" -%}
 import importlib.util
+{% endif -%}
 import json
 import logging
 from pathlib import Path
@@ -12,8 +14,10 @@ import torch
 import yaml
 from conftest import (
     CONFIGS,
-    assert_fine_tunes_exports_and_predicts,
+    assert_fine_tunes_and_ships,
+{%- if cookiecutter.use_serving == "yes" %}
     assert_serves_as_predicted,
+{%- endif %}
     colour_folder,
     fit_in_subprocess,
     hub_snapshot,
@@ -26,8 +30,12 @@ from conftest import (
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
+{%- if cookiecutter.use_serving == "yes" %}
 from {{ cookiecutter.package_name }}.engine.export import ExportError, export_all
+{%- endif %}
+{% if cookiecutter.use_serving == "yes" -%}
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
+{% endif -%}
 from {{ cookiecutter.package_name }}.nets import HFImageClassifier, LoRA
 from {{ cookiecutter.package_name }}.nets.image_preprocessing import check_preprocessing_fits, image_preprocessing
 
@@ -203,17 +211,23 @@ def test_a_backbone_fine_tunes_above_chance_and_predicts_with_the_images_moved(k
     args += [f"--data.init_args.pretrained={folder}", f"--model.init_args.net={NET}"]
     args += [f"--model.init_args.net.init_args.model={folder}", "--model.init_args.optimizer.init_args.lr=0.003"]
     args += ["--trainer.max_epochs=4", "--data.init_args.batch_size=16"]
+{%- if cookiecutter.use_serving == "yes" %}
     # transformers' Swin: torch.export (model.pt2) converts it, the ONNX exporter does not (see below).
-    checkpoint, moved, rows = assert_fine_tunes_exports_and_predicts(tmp_path, images, args, onnx=kind != "swin")
+    checkpoint, moved, rows = assert_fine_tunes_and_ships(tmp_path, images, args, onnx=kind != "swin")
     if kind == "swin" and importlib.util.find_spec("onnxruntime") is not None:
         with pytest.raises(ExportError, match=r"ONNX exporter cannot convert HFImageClassifier .*--onnx false"):
             export_all(load_trained(checkpoint), tmp_path / "onnx", onnx=True)
+{%- else %}
+    checkpoint, _, _ = assert_fine_tunes_and_ships(tmp_path, images, args)
+{%- endif %}
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     data = next(value for key, value in state.items() if key.endswith("ImageFolderDataModule"))
     assert (data["mean"], data["std"]) == expected_statistics(kind)
     assert (data["image_size"], data["crop_size"]) == SETTINGS[kind]
+{%- if cookiecutter.use_serving == "yes" %}
     if kind == "vit":  # the server (one architecture: it adds a server start to the test) answers as predict does
         assert_serves_as_predicted(checkpoint, tmp_path, moved, rows)
+{%- endif %}
 
 
 @pytest.mark.slow
@@ -243,7 +257,7 @@ def test_under_ddp_a_backbone_frozen_then_unfrozen_fine_tunes_as_one_model(tmp_p
 @pytest.mark.slow
 def test_a_lora_fine_tune_from_the_command_line_checkpoints_only_the_adapters_and_the_head(tmp_path: Path) -> None:
     """The README's ``lora: {r: 8, target_modules: [q_proj, v_proj]}``, given on the command line: the
-    checkpoint holds the adapters and the new head, not the frozen ViT, and still exports and predicts."""
+    checkpoint holds the adapters and the new head, not the frozen ViT, and still {{ "exports and predicts" if cookiecutter.use_serving == "yes" else "predicts" }}."""
     folder = save_tiny("vit", tmp_path / "vit")
     images = colour_folder(tmp_path / "images")
     args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={images}"]
@@ -251,7 +265,7 @@ def test_a_lora_fine_tune_from_the_command_line_checkpoints_only_the_adapters_an
     args += [f"--model.init_args.net.init_args.model={folder}", "--model.init_args.optimizer.init_args.lr=0.003"]
     args += ["--model.init_args.net.init_args.lora={r: 8, target_modules: [q_proj, v_proj]}"]
     args += ["--trainer.max_epochs=4", "--data.init_args.batch_size=16"]
-    checkpoint, _, _ = assert_fine_tunes_exports_and_predicts(tmp_path, images, args)
+    checkpoint, _, _ = assert_fine_tunes_and_ships(tmp_path, images, args)
     weights = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
     net = {key for key, value in weights.items() if key.startswith("net.") and isinstance(value, torch.Tensor)}
     assert net and all("lora_" in key or ".classifier." in key for key in net)
@@ -275,8 +289,9 @@ def test_lora_with_backbone_freeze_is_refused_before_training(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_the_lora_experiment_config_fine_tunes_and_every_reload_scores_as_tested(tmp_path: Path) -> None:
-    """configs/experiments/lora.yaml with a tiny ViT: the export's fresh load of the best checkpoint scores
-    the test split as the run did after training (assert_fine_tunes_exports_and_predicts)."""
+    """configs/experiments/lora.yaml with a tiny ViT: {% if cookiecutter.use_serving == "yes" %}the export's fresh load of the best checkpoint scores
+    the test split as the run did after training{% else %}it trains above chance and a fresh load of the best
+    checkpoint predicts{% endif %} (assert_fine_tunes_and_ships)."""
     folder = save_tiny("vit", tmp_path / "vit")
     images = colour_folder(tmp_path / "images")
     lora = CONFIGS / "experiments" / "lora.yaml"
@@ -284,7 +299,7 @@ def test_the_lora_experiment_config_fine_tunes_and_every_reload_scores_as_tested
     args += [f"--data.init_args.root={images}", f"--data.init_args.pretrained={folder}"]
     args += [f"--model.init_args.net.init_args.model={folder}", "--trainer.max_epochs=4"]
     args += ["--data.init_args.batch_size=16"]
-    assert_fine_tunes_exports_and_predicts(tmp_path, images, args)
+    assert_fine_tunes_and_ships(tmp_path, images, args)
 
 
 @pytest.mark.slow

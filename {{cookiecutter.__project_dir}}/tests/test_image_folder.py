@@ -1,23 +1,38 @@
 """Your own images: a folder of PNGs made here trains to a stated accuracy; bad folders fail before training."""
 
+{% if cookiecutter.use_serving == "yes" -%}
 import base64
+{% endif -%}
 import csv
+{% if cookiecutter.use_serving == "yes" -%}
 import importlib.util
+{% endif -%}
+{% if cookiecutter.use_serving == "yes" -%}
 import io
+{% endif -%}
 import json
 import logging
 import re
 import shlex
 import shutil
+{% if cookiecutter.use_serving == "yes" -%}
 import struct
+{% endif -%}
 import subprocess
 import sys
+{% if cookiecutter.use_serving == "yes" -%}
 import urllib.error
+{% endif -%}
+{% if cookiecutter.use_serving == "yes" -%}
 import urllib.request
+{% endif -%}
+{% if cookiecutter.use_serving == "yes" -%}
 import zlib
+{% endif -%}
 from pathlib import Path
+{% if cookiecutter.use_serving == "yes" -%}
 from typing import Any
-
+{% endif %}
 import numpy as np
 import pytest
 import torch
@@ -31,10 +46,12 @@ from conftest import (
     user_error,
     with_tests_importable,
 )
-from PIL import Image, ImageFile
+from PIL import Image{{ ", ImageFile" if cookiecutter.use_serving == "yes" else "" }}
 
 from {{ cookiecutter.package_name }}.cli import main
+{%- if cookiecutter.use_serving == "yes" %}
 from {{ cookiecutter.package_name }}.commands.export import main as export_main
+{%- endif %}
 from {{ cookiecutter.package_name }}.commands.predict import main as predict_main
 from {{ cookiecutter.package_name }}.commands.predict import predict
 from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
@@ -42,7 +59,9 @@ from {{ cookiecutter.package_name }}.commands.prepare import train_command
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
+{%- if cookiecutter.use_serving == "yes" %}
 from {{ cookiecutter.package_name }}.engine.export import export_all
+{%- endif %}
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.engine.prepared import file_sha256, sampled_sha256
 
@@ -238,16 +257,18 @@ def test_images_at_real_sizes_keep_their_aspect_and_are_cropped_at_random_in_tra
     # Kept: the centre 20 x 20 square, not the whole picture squeezed (the bands would then fill 2/3).
     for path in sorted((root / "vertical").glob("*.png"))[:3]:
         centre = np.asarray(Image.open(path))[:, 20:40]
-        stored = data.read_inputs(str(path))[1][0, 0]  # (20, 20), as INPUTS= and serving decode it
+        stored = data.read_inputs(str(path))[1][0, 0]  # (20, 20), as {{ "INPUTS= and serving decode" if cookiecutter.use_serving == "yes" else "INPUTS= decodes" }} it
         assert np.abs(stored.numpy() - centre).max() <= 1
 
-    # Evaluation takes the centre 16 x 16 crop; inference (predict, export, serve) crops the same from raw pixels.
+    # Evaluation takes the centre 16 x 16 crop; inference ({{ "predict, export, serve" if cookiecutter.use_serving == "yes" else "predict" }}) crops the same from raw pixels.
     raw, labels = next(iter(data.val_dataloader()))  # (B, 1, 20, 20) uint8
     images, _ = data.transform_batch((raw, labels), training=False)
     assert images.shape[1:] == (1, 16, 16)
     assert torch.equal(images, data.normalize(raw[..., 2:18, 2:18].float() / 255.0))
     assert torch.allclose(data.inference_transform()(raw.float()), images, atol=1e-6)
+{%- if cookiecutter.use_serving == "yes" %}
     assert data.request_schema()["shape"] == [1, 20, 20]
+{%- endif %}
 
     # Training: random resized crops of 16 px, on the batch's device; two draws differ.
     batch = next(iter(data.train_dataloader()))
@@ -273,8 +294,12 @@ def test_images_at_real_sizes_keep_their_aspect_and_are_cropped_at_random_in_tra
 
 @pytest.mark.slow
 def test_a_cropping_model_trains_on_prepared_data_and_predicts_raw_squares_as_it_was_tested(tmp_path: Path) -> None:
+{%- if cookiecutter.use_serving == "yes" %}
     # prepare -> train -> test on the streamed path with crops; the shipped model takes 20 px squares,
     # and the export scores the test split as training's test did.
+{%- else %}
+    # prepare -> train -> test on the streamed path with crops, the training folder moved away.
+{%- endif %}
     root = wide_folder(tmp_path / "images", per_class=30)
     config = [f"--config={EXPERIMENT}", f"--data.init_args.root={root}", "--data.init_args.image_size=20"]
     config += ["--data.init_args.crop_size=16", "--data.init_args.crop_scale=[0.5,1.0]"]
@@ -285,11 +310,13 @@ def test_a_cropping_model_trains_on_prepared_data_and_predicts_raw_squares_as_it
     cli = main(["fit", *args, "--trainer.max_epochs=12", "--trainer.log_every_n_steps=2"])
     summary = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
     assert summary["metrics"]["test/acc"] >= 0.85
+{%- if cookiecutter.use_serving == "yes" %}
     trained = load_trained(cli.trainer.checkpoint_callback.best_model_path)
     record = export_all(trained, tmp_path / "export", onnx=importlib.util.find_spec("onnxruntime") is not None)
     assert record["input"]["shape"] == ["batch", 1, 20, 20]
     for kind in record["files"]:
         assert record["test_scores"][kind]["acc"] == pytest.approx(summary["metrics"]["test/acc"], abs=1e-6)
+{%- endif %}
 
 
 def test_prepare_names_a_corrupt_image_or_counts_what_it_skipped(tmp_path: Path) -> None:
@@ -302,6 +329,7 @@ def test_prepare_names_a_corrupt_image_or_counts_what_it_skipped(tmp_path: Path)
     prepared = prepare_folder(tmp_path, root, "--data.init_args.skip_unreadable=true")
     manifest = json.loads((prepared / "manifest.json").read_text())
     assert manifest["state"]["skipped"] == 1 and sum(s["count"] for s in manifest["splits"].values()) == 30
+{%- if cookiecutter.use_serving == "yes" %}
 
 
 def test_export_needs_no_training_folder_and_checks_on_inputs_given(tmp_path: Path, capsys) -> None:
@@ -320,6 +348,7 @@ def test_export_needs_no_training_folder_and_checks_on_inputs_given(tmp_path: Pa
     printed = capsys.readouterr().out
     assert f"checked on INPUTS={samples}" in printed and "; test {" not in printed
     assert json.loads((tmp_path / "given" / "export.json").read_text())["checked_on"] == f"INPUTS={samples}"
+{%- endif %}
 
 
 def test_prepare_prints_the_command_that_trains_on_what_it_wrote(tmp_path: Path, capsys) -> None:
@@ -368,6 +397,7 @@ def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
     assert cli.model.net.blocks[0].conv1.in_channels == 3  # linked from the data
     summary = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
     assert summary["metrics"]["test/acc"] >= 0.9
+{%- if cookiecutter.use_serving == "yes" %}
 
     # Shipped: the export takes raw 8-bit pixels and scores what training measured; predict reads a folder.
     trained = load_trained(cli.trainer.checkpoint_callback.best_model_path)
@@ -375,6 +405,11 @@ def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
     for kind in record["files"]:
         assert record["test_scores"][kind]["acc"] == pytest.approx(summary["metrics"]["test/acc"], abs=1e-6)
     assert record["input"]["shape"] == ["batch", 3, 16, 16]
+{%- else %}
+
+    # Shipped: predict reads a folder.
+    trained = load_trained(cli.trainer.checkpoint_callback.best_model_path)
+{%- endif %}
     path = predict(ckpt=trained.checkpoint, inputs=str(root / "vertical"), output=tmp_path / "p.csv", accelerator="cpu")
     with path.open() as file:
         rows = list(csv.DictReader(file))
@@ -382,7 +417,7 @@ def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
     assert sum(row["label"] == "vertical" for row in rows) >= 36
 
     # The trained model stands alone: a class folder added after training (sorted first) shifts
-    # nothing, and a folder moved away is not needed to predict on files or to serve.
+    # nothing, and a folder moved away is not needed to predict on files{{ " or to serve" if cookiecutter.use_serving == "yes" else "" }}.
     samples = tmp_path / "samples"
     shutil.copytree(root / "vertical", samples)
     before = predict(ckpt=trained.checkpoint, inputs=str(samples), output=tmp_path / "before.csv", accelerator="cpu")
@@ -399,6 +434,7 @@ def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
         message = "no such folder" if moved else r"class folders \['aaa-new-class', .*\] are not the classes"
         with user_error(message):
             predict_main(["--ckpt", str(trained.checkpoint), "--output", str(tmp_path / "test.csv")])
+{%- if cookiecutter.use_serving == "yes" %}
 
     # Served: image files as base64 text beside arrays, answered as predict answers for the same
     # files; refused files are one 422 line each, and the worker goes on.
@@ -519,6 +555,7 @@ def test_a_request_may_hold_image_files_decoded_as_inputs_files_are(tmp_path: Pa
         with pytest.raises(ValueError, match=r"^inputs\[0\] is not a PNG, JPEG, GIF, BMP or TIFF image file"):
             check_inputs([base64.b64encode(ico).decode()], schema)
     assert decoded == []
+{%- endif %}
 
 
 def write_bad(kind: str, root: Path) -> Path:

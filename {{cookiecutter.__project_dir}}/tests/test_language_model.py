@@ -16,6 +16,9 @@ from conftest import (
     CONFIGS,
     assert_ddp_run_resumes_exactly,
     assert_prepared_run_resumes_as_in_memory,
+{%- if cookiecutter.use_serving != "yes" %}
+    greedy_completions,
+{%- endif %}
     shrunk_args,
     user_error,
 )
@@ -286,16 +289,18 @@ def test_own_folder_of_text_trains_below_its_unigram_entropy_and_generates(
         model.generate(torch.tensor([list(b"x" * 33)]), 5)
 
 
-def test_a_trained_model_generates_and_serves_after_its_text_moved(tmp_path: Path, capsys) -> None:
+def test_a_trained_model_generates_{{ "and_serves_" if cookiecutter.use_serving == "yes" else "" }}after_its_text_moved(tmp_path: Path, capsys) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the whale sees the sea.\n" * 400)
     cli = main(["fit", *shrunk_args(tmp_path), f"--data.init_args.path={corpus}", "--test_after_fit=false"])
     checkpoint = Path(cli.trainer.checkpoint_callback.dirpath) / "last.ckpt"
     corpus.rename(tmp_path / "moved.txt")
     trained = load_trained(checkpoint)  # the checkpoint alone: the text is not read
-    (completion,) = trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(["the whale"]))
+    (completion,) = {{ 'trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(["the whale"]))' if cookiecutter.use_serving == "yes" else 'greedy_completions(trained, ["the whale"])' }}
     assert isinstance(completion, str) and completion
+{%- if cookiecutter.use_serving == "yes" %}
     assert "max_bytes" in trained.datamodule.request_schema()  # what make serve's start-up asks
+{%- endif %}
     capsys.readouterr()
     generate_main(["--ckpt", str(checkpoint), "--prompt", "the ", "--max_new_tokens", "20"])
     assert capsys.readouterr().out.startswith("the ")
@@ -305,7 +310,7 @@ def test_a_trained_model_generates_and_serves_after_its_text_moved(tmp_path: Pat
 
 def test_a_run_shorter_than_an_epoch_validates_and_tests_its_best_checkpoint(tmp_path: Path) -> None:
     # The README's quick try (--trainer.max_steps=200) stops long before the first epoch ends.
-    trainer = yaml.safe_load((CONFIGS / "default.yaml").read_text())["trainer"]
+    trainer = yaml.safe_load((CONFIGS / "trainer.yaml").read_text())
     interval = trainer["val_check_interval"]
     assert isinstance(interval, int) and trainer["check_val_every_n_epoch"] is None  # counted in steps
     args = [*shrunk_args(tmp_path), f"--trainer.val_check_interval={interval}"]

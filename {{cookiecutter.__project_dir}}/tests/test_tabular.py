@@ -1,6 +1,8 @@
 """Tables: encoding with training statistics, your own CSV (strings, gaps, unseen categories), regression, bad input."""
 
+{% if cookiecutter.use_serving == "yes" -%}
 import importlib.util
+{% endif -%}
 import json
 import logging
 import re
@@ -25,7 +27,9 @@ from {{ cookiecutter.package_name }}.commands.predict import predict
 from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
 from {{ cookiecutter.package_name }}.data import TabularDataModule
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
+{%- if cookiecutter.use_serving == "yes" %}
 from {{ cookiecutter.package_name }}.engine.export import export_all
+{%- endif %}
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 
 EXPERIMENT = CONFIGS / "experiments" / "tabular-csv.yaml"
@@ -74,7 +78,7 @@ def test_encoding_uses_training_statistics_and_handles_gaps_and_unseen_categorie
 
 
 def test_the_encoding_exports_with_gaps_and_unseen_categories(table: Path) -> None:
-    """encode() is raw_rows() then TableEncoder, the module inside ONNX / torch.export graphs."""
+    """encode() is raw_rows() then TableEncoder, the module inside {{ "ONNX / torch.export graphs" if cookiecutter.use_serving == "yes" else "the predictor predict runs" }}."""
     data = TabularDataModule(path=str(table), target="label")
     data.setup("fit")
     rows = pd.read_csv(table).drop(columns=["label"])
@@ -228,7 +232,7 @@ def test_a_csv_is_read_as_written_never_with_data_turned_into_an_index(
     assert """--data.init_args.drop_columns='["date"]'""" in caplog.text
 
 
-def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_files_and_requests(
+def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_{{ "files_and_requests" if cookiecutter.use_serving == "yes" else "files" }}(
     table: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     frame = pd.read_csv(table)
@@ -242,7 +246,7 @@ def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_files_
     test_rows = cli.datamodule.split_rows["test"]
     assert pd.read_csv(tested)["id"].tolist() == frame["batch_id"].iloc[test_rows].tolist()
 
-    # New rows with the id, a column the model never saw, and no label: one rule for files and requests.
+    # New rows with the id, a column the model never saw, and no label{{ ": one rule for files and requests" if cookiecutter.use_serving == "yes" else "" }}.
     new = frame.drop(columns=["label"]).head(5).assign(note="checked")
     new.to_csv(tmp_path / "new.csv", index=False)
     with caplog.at_level(logging.INFO):
@@ -250,6 +254,7 @@ def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_files_
     assert f"INPUTS={tmp_path / 'new.csv'}: columns the model was not trained on, left out: ['note']" in caplog.text
     predicted = pd.read_csv(written)
     assert predicted["id"].tolist() == ["b0000", "b0001", "b0002", "b0003", "b0004"]
+{%- if cookiecutter.use_serving == "yes" %}
     trained = load_trained(best["checkpoint"])
     records = json.loads(new.to_json(orient="records"))  # as a client sends them: the id and the note too
     if importlib.util.find_spec("litserve") is not None:  # the serve extra: the server's own check of them
@@ -269,6 +274,7 @@ def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_files_
     given = str(tmp_path / "new.csv")
     record = export_all(load_trained(best["checkpoint"]), tmp_path / "export", onnx=False, inputs=given)
     assert record["checked_on"] == f"INPUTS={tmp_path / 'new.csv'}" and record["test_scores"] == {}
+{%- endif %}
 
 
 def test_missing_file_names_the_field(tmp_path: Path) -> None:
@@ -300,9 +306,11 @@ def test_a_prepared_table_holds_exactly_what_memory_would(tmp_path: Path, table:
         expected, actual = (stack_samples(getattr(data, f"{split}_set")) for data in (in_memory, on_disk))
         assert all(torch.equal(a, b) for a, b in zip(expected, actual, strict=True))
         assert counts[split] == len(expected[0])
+{%- if cookiecutter.use_serving == "yes" %}
         expected, actual = in_memory.raw_inputs(split), on_disk.raw_inputs(split)
         assert torch.equal(expected[0].nan_to_num(-9.0), actual[0].nan_to_num(-9.0))  # raw rows keep their gaps
         assert torch.equal(expected[1], actual[1])
+{%- endif %}
     assert on_disk.test_ids() == in_memory.test_ids() and on_disk.preprocessing == in_memory.preprocessing
     assert (on_disk.num_features, on_disk.class_names) == (in_memory.num_features, in_memory.class_names)
 

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, assert_prepared_run_resumes_as_in_memory, shrunk_args, user_error
+from conftest import (
+    CONFIGS,
+    assert_prepared_run_resumes_as_in_memory,
+{%- if cookiecutter.use_serving != "yes" %}
+    greedy_completions,
+{%- endif %}
+    shrunk_args,
+    user_error,
+)
 from test_language_model import write_texts
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -87,10 +95,12 @@ def test_a_bpe_run_saves_its_tokenizer_and_generates_after_its_text_moved(tmp_pa
     corpus.rename(tmp_path / "moved.txt")
     trained = load_trained(checkpoint)  # the checkpoint alone: the text is not read
     assert trained.model.tokenizer.to_json() == trained.datamodule.tokenizer.to_json() == tokenizer.to_json()
-    (completion,) = trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(["the whale"]))
+    (completion,) = {{ 'trained.model.infer(trained.predictor, trained.datamodule.inputs_from_json(["the whale"]))' if cookiecutter.use_serving == "yes" else 'greedy_completions(trained, ["the whale"])' }}
     assert isinstance(completion, str) and completion
+{%- if cookiecutter.use_serving == "yes" %}
     assert trained.datamodule.inference_files() == {"tokenizer.json": tokenizer.to_json()}  # beside an export
     assert "tokenizer.json" in trained.datamodule.raw_description()
+{%- endif %}
     capsys.readouterr()
     generate_main(["--ckpt", str(checkpoint), "--prompt", "the whale", "--max_new_tokens", "10"])
     assert capsys.readouterr().out.startswith("the whale")

@@ -13,8 +13,10 @@ import torch
 import yaml
 from conftest import (
     CONFIGS,
-    assert_fine_tunes_exports_and_predicts,
+    assert_fine_tunes_and_ships,
+{%- if cookiecutter.use_serving == "yes" %}
     assert_serves_as_predicted,
+{%- endif %}
     colour_folder,
     fit_in_subprocess,
     fit_stopped_by_signal,
@@ -353,12 +355,16 @@ def test_a_library_backbone_fine_tunes_exports_and_predicts_offline(case: str, t
         args += ["--data.init_args.crop_size=32", f"--data.init_args.mean={IMAGENET['mean']}"]
         args += [f"--data.init_args.std={IMAGENET['std']}"]
         expected = {"image_size": 36, "crop_size": 32, **IMAGENET}
-    checkpoint, moved, rows = assert_fine_tunes_exports_and_predicts(tmp_path, images, args)
+    checkpoint, {{ "moved, rows" if cookiecutter.use_serving == "yes" else "_, _" }} = assert_fine_tunes_and_ships(tmp_path, images, args)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     data = next(value for key, value in state.items() if key.endswith("ImageFolderDataModule"))
+{%- if cookiecutter.use_serving == "yes" %}
     assert {key: data[key] for key in expected} == expected  # what predict, export and serve prepare images with
     if case != "timm-file-efficientnet":  # a server per library (the same code serves either file kind)
         assert_serves_as_predicted(checkpoint, tmp_path, moved, rows)
+{%- else %}
+    assert {key: data[key] for key in expected} == expected  # what predict prepares images with
+{%- endif %}
 
 
 @pytest.mark.slow

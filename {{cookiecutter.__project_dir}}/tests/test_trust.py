@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ROOT, shrunk_args, user_error
+from conftest import {{ "ROOT, " if cookiecutter.use_serving == "yes" else "" }}shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands.predict import main as predict_main
@@ -221,6 +221,7 @@ def _load_trained(folder: Path, path: Path) -> None:
 
 def _predict(folder: Path, path: Path) -> None:
     predict_main(["--ckpt", str(path)])
+{%- if cookiecutter.use_serving == "yes" %}
 
 
 def _export(folder: Path, path: Path) -> None:
@@ -243,6 +244,7 @@ def _serve_bench(folder: Path, path: Path) -> None:
     serve_load = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(serve_load)
     serve_load.main(["--ckpt", str(path)])
+{%- endif %}
 
 
 def _cli(subcommand: str) -> Callable[[Path, Path], None]:
@@ -259,9 +261,11 @@ def _resume(folder: Path, path: Path) -> None:  # make resume: the latest run's 
 COMMANDS = {
     "load_trained": _load_trained,
     "predict": _predict,
+{%- if cookiecutter.use_serving == "yes" %}
     "export": _export,
     "serve": _serve,
     "serve-bench": _serve_bench,
+{%- endif %}
     "fit --ckpt_path": _cli("fit"),
     "test --ckpt_path": _cli("test"),
     "predict --ckpt_path": _cli("predict"),
@@ -283,7 +287,7 @@ COMMANDS["generate"] = _generate
 def _from_checkpoint(folder: Path, path: Path) -> None:
     from {{ cookiecutter.package_name }}.data import TabularDataModule
 
-    TabularDataModule.from_checkpoint(path)  # the server's and export's encoder of raw rows
+    TabularDataModule.from_checkpoint(path)  # {{ "the server's and export's" if cookiecutter.use_serving == "yes" else "predict's" }} encoder of raw rows
 
 
 COMMANDS["TabularDataModule.from_checkpoint"] = _from_checkpoint

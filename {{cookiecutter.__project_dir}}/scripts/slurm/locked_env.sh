@@ -6,7 +6,7 @@
 if [[ "${LOCK_CHECK:-1}" != 0 && "$PYTHON" == .venv/bin/python && -f uv.lock ]]; then
     if ! command -v uv >/dev/null; then
         echo "uv is not on the PATH of this job: .venv is not checked against uv.lock"
-    elif ! uv sync --offline --locked --inexact --check --extra dev{{ ' --extra sweep' if cookiecutter.use_sweeps == 'yes' else '' }} --extra export --extra serve \
+    elif ! uv sync --offline --locked --inexact --check --extra dev{{ ' --extra sweep' if cookiecutter.use_sweeps == 'yes' else '' }}{{ ' --extra export --extra serve' if cookiecutter.use_serving == 'yes' else '' }} \
         >/dev/null 2>&1; then
         echo "error: .venv does not match uv.lock; run \`make install\` (after \`make lock\` if you edited" \
             "pyproject.toml) on the login node, then submit again (LOCK_CHECK=0 skips this check)" >&2

@@ -111,6 +111,7 @@ class DigitsDataModule(ResumableDataModule):
         """
         self.normalize(torch.zeros(()))  # the same check, the same message
         return Standardize(self.mean, self.std, scale=1.0 / _PIXEL_MAX)
+{%- if cookiecutter.use_serving == "yes" %}
 
     def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
         """Raw images (N, 1, 8, 8) float32 0-16 and labels (N,) of ``split`` ("all" for the whole set)."""
@@ -124,6 +125,7 @@ class DigitsDataModule(ResumableDataModule):
 
     def request_schema(self) -> dict[str, Any]:
         return {"kind": "array", "shape": list(self.image_shape), "min": 0.0, "max": _PIXEL_MAX}
+{%- endif %}
 
     def test_ids(self) -> list[int]:
         """Row numbers of the test images in ``sklearn.datasets.load_digits()``."""

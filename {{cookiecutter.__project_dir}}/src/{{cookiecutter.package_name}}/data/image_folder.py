@@ -22,7 +22,7 @@ nets; ``configs/experiments/transfer-learning.yaml``): the recipe of torchvision
 for the random resized crop). Each image is kept at its aspect ratio, its shorter side resized to
 ``image_size`` and its centre square kept (Pillow's ``ImageOps.fit``), once, in memory or in a prepared
 data set; then training batches get a random resized crop of ``crop_scale`` of that square, resized to
-``crop_size``, and a flip, on the device (kornia), and evaluation, prediction, export and serving take
+``crop_size``, and a flip, on the device (kornia), and evaluation, prediction{{ ', export and serving' if cookiecutter.use_serving == 'yes' else '' }} take
 the centre ``crop_size`` square (:class:`engine.inference.CenterCrop`): the region torchvision's
 ``Resize(image_size)`` + ``CenterCrop(crop_size)`` takes. Training crops come from the stored square,
 not the whole original image: what is outside the centre square of a wide image is never seen.
@@ -49,9 +49,13 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import TensorDataset
 
+{% if cookiecutter.use_serving == "yes" -%}
 from {{ cookiecutter.package_name }}.data.image_files import image_file_bytes, open_image
+{% endif -%}
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
+{% if cookiecutter.use_serving == "yes" -%}
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
+{% endif -%}
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.inference import CenterCrop, Standardize
@@ -497,6 +501,7 @@ class ImageFolderDataModule(ResumableDataModule):
             )
         standardize = Standardize(self.mean, self.std, scale=1.0 / 255.0)
         return standardize if self.center_crop is None else nn.Sequential(self.center_crop, standardize)
+{%- if cookiecutter.use_serving == "yes" %}
 
     def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
         """Images (N, C, image_size, image_size) float32 0-255 of ``split`` and their labels (N,)."""
@@ -534,6 +539,7 @@ class ImageFolderDataModule(ResumableDataModule):
             except UNREADABLE as error:  # a header that promises more than the file holds
                 raise DataError(f"{where}: the image file does not decode ({error})") from None
         return torch.stack(images)
+{%- endif %}
 
     def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
         """Every image under folder ``path`` (or one image file), decoded and resized as in training.

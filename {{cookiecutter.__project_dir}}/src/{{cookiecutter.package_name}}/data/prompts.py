@@ -4,7 +4,7 @@ data sets: https://huggingface.co/docs/trl/dataset_formats).
 
 A pair is the prompt's tokens, then the completion's, then the tokenizer's end-of-text token (so
 the model learns where to stop). A chat is its text through the tokenizer's chat template (or the
-plain one: :class:`data.tokenizer.ChatTemplate`), the very text ``make serve`` prompts the model
+plain one: :class:`data.tokenizer.ChatTemplate`), the very text {{ '``make serve``' if cookiecutter.use_serving == 'yes' else 'a chat model' }} prompts the model
 with. The model reads every token but is scored on the completion, or the assistant's turns with
 the template's end of turn, only: other positions carry the target -100, which ``cross_entropy``
 ignores (the "completion-only" / "assistant-only" loss of TRL's ``SFTTrainer``). Examples of a
@@ -184,6 +184,7 @@ class PromptCompletionDataModule(LanguageDataModule):
     def setup(self, stage: str | None = None) -> None:
         self.train_set, self.val_set, self.test_set = (self.splits[name] for name in ("train", "val", "test"))
         self.check_batch_size()
+{%- if cookiecutter.use_serving == "yes" %}
 
     def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
         """The first T tokens (N, T) of each example of ``split`` (T: the shortest's length) and the next token (N,)."""
@@ -191,3 +192,4 @@ class PromptCompletionDataModule(LanguageDataModule):
         length = min(len(example[0]) for example in examples)
         full = [torch.cat([example[0], example[1][-1:]]) for example in examples]  # every token of each (L + 1,)
         return torch.stack([ids[:length] for ids in full]), torch.stack([ids[length] for ids in full])
+{%- endif %}

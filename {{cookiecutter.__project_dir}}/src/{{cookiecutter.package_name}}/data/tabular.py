@@ -517,6 +517,7 @@ class TabularDataModule(ResumableDataModule):
     def inference_transform(self) -> nn.Module:
         """Raw rows (:meth:`raw_rows`) -> the encoded rows (B, F) the net trained on, as tensor operations."""
         return TableEncoder(self._preprocessing())
+{%- if cookiecutter.use_serving == "yes" %}
 
     def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
         """Raw rows (N, columns) of ``split`` and targets (N,): class indices, or values in the target's units."""
@@ -543,6 +544,7 @@ class TabularDataModule(ResumableDataModule):
     def inference_metadata(self) -> dict[str, Any]:
         prep = self._preprocessing()
         return {"numeric_columns": list(prep["numeric"]), "categories": prep["categorical"], "task": prep["task"]}
+{%- endif %}
 
     def test_ids(self) -> list[Any]:
         """The ``id_column`` values of the test rows, else their row numbers (0-based, header not counted)."""
@@ -578,6 +580,7 @@ class TabularDataModule(ResumableDataModule):
         if id_column is not None and id_column in frame.columns:
             return frame[id_column].astype(str).tolist(), rows
         return [str(i) for i in range(len(frame))], rows
+{%- if cookiecutter.use_serving == "yes" %}
 
     def request_schema(self) -> dict[str, Any]:
         prep = self._preprocessing()
@@ -586,6 +589,7 @@ class TabularDataModule(ResumableDataModule):
     def inputs_from_json(self, inputs: list[Any]) -> torch.Tensor:
         """Rows given as objects ``{column: value}`` (null for a missing value) -> raw rows (B, columns)."""
         return self.raw_rows(pd.DataFrame.from_records(inputs))
+{%- endif %}
 
     def setup(self, stage: str | None = None) -> None:
         """Split and encode the table (every process, every stage; idempotent); or open the prepared one."""
@@ -709,7 +713,7 @@ class TableEncoder(nn.Module):
 
     Numeric values are standardised with the training statistics, a missing one (NaN) becomes 0
     (the training mean) and sets its indicator column; a category index becomes a one-hot row
-    (-1: all zeros). Plain tensor operations, so ONNX and ``torch.export`` carry the encoding.
+    (-1: all zeros). Plain tensor operations{{ ', so ONNX and ``torch.export`` carry the encoding' if cookiecutter.use_serving == 'yes' else '' }}.
     """
 
     def __init__(self, preprocessing: dict[str, Any]) -> None:

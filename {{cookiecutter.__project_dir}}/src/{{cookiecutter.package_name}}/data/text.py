@@ -289,10 +289,12 @@ class LanguageDataModule(ResumableDataModule):
         super().check_checkpoint_state(state)
         if self._tokenizer_name == BPE and "tokenizer" in state:
             saved_bpe(state["tokenizer"], self.tokenizer)
+{%- if cookiecutter.use_serving == "yes" %}
 
     def inference_files(self) -> dict[str, str]:
         """``tokenizer.json`` of a trained BPE, written beside an export (none for bytes or a pretrained model)."""
         return {"tokenizer.json": self.tokenizer.to_json()} if self._tokenizer_name == BPE else {}
+{%- endif %}
 
     @property
     def block_size(self) -> int:
@@ -310,6 +312,7 @@ class LanguageDataModule(ResumableDataModule):
         return self._tokenizer_name
 
     # ---- inference: text in, token ids to the model --------------------------------------------
+{%- if cookiecutter.use_serving == "yes" %}
     def dynamic_dims(self) -> dict[int, Any]:
         """Batch and sequence length (1 to ``block_size`` tokens) stay free in an export.
 
@@ -347,6 +350,7 @@ class LanguageDataModule(ResumableDataModule):
             ValueError: a prompt of more than ``block_size`` tokens (names its index).
         """
         return [self.prompt_tokens(text, f"inputs[{index}]") for index, text in enumerate(inputs)]
+{%- endif %}
 
     def prompt_tokens(self, prompt: str, where: str) -> torch.Tensor:
         """Token ids (T,) int64 of ``prompt``.
@@ -622,9 +626,11 @@ class TextDataModule(LanguageDataModule):
         self.val_set = TokenWindows(self.splits["val"][0], block, block, self.splits["val"][1])
         self.test_set = TokenWindows(self.splits["test"][0], block, block, self.splits["test"][1])
         self.check_batch_size()
+{%- if cookiecutter.use_serving == "yes" %}
 
     def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
         """Token windows (N, T) of ``split`` (tiled, no overlap) and the token that follows each (N,)."""
         windows = TokenWindows(self.splits[split][0], self.hparams.block_size, self.hparams.block_size)
         inputs, targets = zip(*(windows[i] for i in range(len(windows))), strict=True)
         return torch.stack(inputs), torch.stack(targets)[:, -1]
+{%- endif %}

@@ -113,7 +113,7 @@ class ByteTokenizer:
 
     The byte 0xFF, which no UTF-8 text contains, is the end-of-text token (:data:`BYTE_EOS`): appended
     after a completion or an assistant's turn in fine-tuning, so a chat model learns to stop, and
-    where generation and serving stop. Encoding text never gives it; decoding leaves it out.
+    where generation{{ ' and serving' if cookiecutter.use_serving == 'yes' else '' }} stop{{ '' if cookiecutter.use_serving == 'yes' else 's' }}. Encoding text never gives it; decoding leaves it out.
     """
 
     source = None
@@ -284,7 +284,7 @@ def load_tokenizer(source: str | None) -> Tokenizer:
 
 
 # ---- chat ------------------------------------------------------------------------------------------
-CHAT_ROLES = ("system", "developer", "user", "assistant")  # OpenAI's "developer" is the newer "system"
+CHAT_ROLES = ("system", "developer", "user", "assistant")  # "developer": the newer name of "system" in chat formats
 
 
 class ChatTemplate:

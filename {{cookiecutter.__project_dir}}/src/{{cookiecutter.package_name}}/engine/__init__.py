@@ -11,9 +11,12 @@
   (fix-ups before anything is built) and ``callbacks/`` (pre-emption, RNG state, NaN stop, plots,
   the predictions writer).
 - ``trust.py`` (which names a checkpoint may make the program import: checked before every load),
-  ``inference.py`` (a checkpoint alone -> model, DataModule and a raw-input ``Predictor``),
-  ``export.py`` (ONNX, torch.export, AOTInductor, int8, each checked against eager PyTorch) and
-  ``serving.py`` (the LitServe API and its request checks): ``make predict``, ``export``, ``serve``.
+  ``contract.py`` (what a trained model needs of its DataModule and task module, with defaults) and
+  ``inference.py`` (a checkpoint alone -> model, DataModule and a raw-input ``Predictor``): ``make predict``.
+{%- if cookiecutter.use_serving == 'yes' %}
+- ``export.py`` (ONNX, torch.export, AOTInductor, int8, each checked against eager PyTorch): ``make
+  export``; the HTTP APIs of ``make serve`` live in ``serving/``.
+{%- endif %}
 """
 
 import importlib

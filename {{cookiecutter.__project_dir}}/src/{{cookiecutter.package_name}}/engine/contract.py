@@ -1,13 +1,16 @@
-"""What a trained model needs from its DataModule and its task module to ship: ``make predict``, ``export``, ``serve``.
+"""What a trained model needs from its DataModule and its task module to ship: ``make predict``{{ ', ``export``, ``serve``' if cookiecutter.use_serving == 'yes' else '' }}.
 
-This file is the whole serving contract. :class:`engine.ResumableDataModule` inherits
+This file is the whole {{ 'serving' if cookiecutter.use_serving == 'yes' else 'inference' }} contract. :class:`engine.ResumableDataModule` inherits
 :class:`ShippableData` and :class:`engine.TrainingModule` inherits :class:`ShippableModel`, so an
 own DataModule or task module gets every hook with a default, and overrides only what differs.
 
 **Nothing to add** for the README's recipe: a DataModule whose ``setup`` makes map-style data sets
 of ``(inputs, target)`` samples of tensors and whose batches are normalised (if at all) by
-``transform_batch``, and a classifier on ``TrainingModule``. Then the raw input of an export and
+``transform_batch``, and a classifier on ``TrainingModule``. Then the raw input of {% if cookiecutter.use_serving == "yes" %}an export and
 of a request is one ``inputs`` sample as the data set holds it, the preprocessing in the graph is
+{%- else %}a prediction is
+one ``inputs`` sample as the data set holds it, the preprocessing is
+{%- endif %}
 ``transform_batch(training=False)``, and the answer is class probabilities.
 
 **What to override, and when** (the bundled DataModules and task modules show each):
@@ -15,15 +18,23 @@ of a request is one ``inputs`` sample as the data set holds it, the preprocessin
 =========================  ===========================================================================
 ``inference_transform``    the preprocessing does more than ``transform_batch`` (e.g. ``setup`` scaled
                            the data): a module from raw input to the net's input, from saved statistics
+{%- if cookiecutter.use_serving == "yes" %}
 ``raw_inputs``             the data sets are not ``(inputs, target)`` tensors samples
+{%- endif %}
 ``read_inputs``            ``make predict INPUTS=...`` should read files (default: refused, one line)
+{%- if cookiecutter.use_serving == "yes" %}
 ``request_schema``         requests are not arrays shaped like one raw input (rows, text)
 ``inputs_from_json``       a request's ``inputs`` are not nested lists of numbers
+{%- endif %}
 ``test_ids``               predictions files should name test samples by more than their position
+{%- if cookiecutter.use_serving == "yes" %}
 ``dynamic_dims``           an export should leave more than the batch axis free (a sequence length)
 ``inference_files``        building an input needs a file beside the export (a trained tokenizer)
 ``output_head`` & co.      the task is not a classifier: ``output_head``, ``describe``, ``response``,
                            ``score``, ``output_description``, ``prediction_format``, ``infer``
+{%- else %}
+``output_head`` & co.      the task is not a classifier: ``output_head``, ``describe``, ``prediction_format``
+{%- endif %}
 =========================  ===========================================================================
 
 Everything these hooks read must come from the checkpoint (``state_dict`` / ``load_state_dict`` of
@@ -79,6 +90,7 @@ class ShippableData:
         must do both, from statistics saved in the checkpoint.
         """
         return BatchTransform(self)
+{%- if cookiecutter.use_serving == "yes" %}
 
     def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
         """Raw inputs (N, ...) of a split, as :meth:`inference_transform` takes them, and their targets (N, ...).
@@ -111,12 +123,14 @@ class ShippableData:
         """What a raw input is, in words (units, range), for an export's model card."""
         inputs, _ = self.raw_inputs("test")
         return f"{inputs.dtype} tensors shaped (B, {', '.join(map(str, inputs.shape[1:]))}), as the data set holds them"
+{%- endif %}
 
     def explain_input(self, raw: torch.Tensor) -> str:
-        """Why the model's output may not be finite for one raw input (one row of :meth:`raw_inputs`), e.g.
-        a value far outside the training data; said when predict or serve refuses such an input.
+        """Why the model's output may not be finite for one raw input (one row of {{ ':meth:`raw_inputs`' if cookiecutter.use_serving == 'yes' else 'the inputs' }}), e.g.
+        a value far outside the training data; said when predict{{ ' or serve' if cookiecutter.use_serving == 'yes' else '' }} refuses such an input.
         Default: nothing to add."""
         return ""
+{%- if cookiecutter.use_serving == "yes" %}
 
     def inference_metadata(self) -> dict[str, Any]:
         """Anything else a user of an export needs to build its input (written to ``export.json``)."""
@@ -142,6 +156,7 @@ class ShippableData:
         read saved state, never the data.
         """
         return torch.tensor(inputs, dtype=torch.float32)
+{%- endif %}
 
     def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
         """Ids and raw inputs (N, ...) read from a user's file or folder (``make predict INPUTS=...``).
@@ -184,6 +199,7 @@ class ShippableModel:
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         """The :meth:`output_head` of the net's output for the inputs ``batch[0]`` (default: probabilities)."""
         return self.output_head()(self(batch[0]))
+{%- if cookiecutter.use_serving == "yes" %}
 
     def infer(self, predictor: nn.Module, inputs: Any) -> Any:
         """The server's and the export's computation on raw ``inputs``: ``predictor(inputs)`` here.
@@ -191,6 +207,7 @@ class ShippableModel:
         A task whose answer takes more than one pass (a language model's generation) overrides it.
         """
         return predictor(inputs)
+{%- endif %}
 
     def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
         """One readable record per row of ``outputs`` (B, num_classes): the likeliest class and its probability."""
@@ -200,6 +217,7 @@ class ShippableModel:
             {"label": names[i], "probability": round(p, 6)}
             for i, p in zip(index.tolist(), probability.tolist(), strict=True)
         ]
+{%- if cookiecutter.use_serving == "yes" %}
 
     def response(self, outputs: torch.Tensor, class_names: list[str]) -> dict[str, Any]:
         """The JSON answer of ``make serve`` for ``outputs`` (B, num_classes): labels and every probability."""
@@ -215,3 +233,4 @@ class ShippableModel:
     def score(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         """Quality of outputs (B, num_classes) against targets (B,): accuracy (for export checks and int8)."""
         return {"acc": (outputs.argmax(dim=-1) == targets).float().mean().item()}
+{%- endif %}

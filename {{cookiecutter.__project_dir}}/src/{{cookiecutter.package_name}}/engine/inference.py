@@ -11,10 +11,14 @@ task provides:
 - ``model.output_head()``: the net's output -> what a user reads (class probabilities, a value in
   the target's units, next-token probabilities).
 
+{% if cookiecutter.use_serving == 'yes' -%}
 ``make predict``, ``make export`` and ``make serve`` all run this one module, so the exported
 graph, the server and the predictions file compute the same thing, and a user's own DataModule
 and model keep all three (``engine/contract.py`` lists the hooks and their defaults).
-
+{% else -%}
+``make predict`` runs this one module, and a user's own DataModule and model keep it
+(``engine/contract.py`` lists the hooks and their defaults).
+{% endif %}
 **Which classes a checkpoint may name.** Loading builds the classes a checkpoint names (model,
 DataModule, net, optimizer), so a checkpoint decides what code runs. ``engine/trust.py`` checks
 every name in it first: this project's package, classes of ``torch.optim`` and ``torch.nn``, and
@@ -66,7 +70,7 @@ class CenterCrop(nn.Module):
 
     The evaluation half of the ImageNet recipe (resize, then centre crop; torchvision's ``CenterCrop``,
     https://pytorch.org/vision/stable/generated/torchvision.transforms.CenterCrop.html) as plain
-    slicing, so ONNX, ``torch.export`` and the server crop exactly as evaluation did.
+    slicing, so {{ 'ONNX, ``torch.export`` and the server crop' if cookiecutter.use_serving == 'yes' else 'prediction crops' }} exactly as evaluation did.
 
     Raises:
         ValueError: (at call) images smaller than ``size`` on a side.

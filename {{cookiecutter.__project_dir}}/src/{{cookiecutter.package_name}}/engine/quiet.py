@@ -113,12 +113,16 @@ def replace_resume_warnings(run_dir: str) -> None:
     )
 
 
+{% if cookiecutter.use_serving == 'yes' -%}
 # Export and serving (engine.export, serving.api), each the dependency's note to itself:
 # torch.onnx's dynamo exporter lists the torchvision operators it skips when torchvision is absent;
 # torchao (0.18) logs every optional CUDA/cutlass kernel library it cannot load on this machine;
 # torch's _pytree logs that torchao registers an Enum as a pytree constant.
 EXPORT_LOGGERS = ("torch.onnx._internal.exporter._registration", "torchao", "torch.utils._pytree")
-
+{% else -%}
+# torch's _pytree logs that an optional library peft may import registers an Enum as a pytree constant.
+EXPORT_LOGGERS = ("torch.utils._pytree",)
+{% endif %}
 
 def silence_export_noise() -> None:
     """Raise the loggers above to ERROR (their warnings describe the dependency, not the user's model)."""

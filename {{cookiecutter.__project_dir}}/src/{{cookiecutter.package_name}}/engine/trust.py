@@ -11,8 +11,8 @@ its code, so such a file could decide what code runs. The rule, what a checkpoin
 - ``torch.optim`` and ``torch.nn``: classes defined there only (an optimizer, a schedule, a layer),
   never a function, since a callable from a checkpoint is code that runs;
 - Lightning's own callbacks, loggers, strategies and plugins, where a run folder's config names them;
-- the modules the user vouches for: ``--trust my_lab.data`` on predict, export, serve, serve-bench
-  and generate (``make predict TRUST=my_lab.data``), ``load_trained(path, trust=[...])`` in
+- the modules the user vouches for: ``--trust my_lab.data`` on predict{{ ', export, serve, serve-bench' if cookiecutter.use_serving == 'yes' else '' }}{{ ' and generate' if cookiecutter.task == 'language-model' else '' }}
+  (``make predict TRUST=my_lab.data``), ``load_trained(path, trust=[...])`` in
   Python; for ``fit``/``test``/``predict --ckpt_path`` and ``make resume``, the modules the user's
   own arguments and ``--config`` files name (never those of the run folder's ``config.yaml``).
 

@@ -6,8 +6,10 @@ per token.
 """
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator{{ ', Sequence' if cookiecutter.use_serving == "yes" else '' }}
+{%- if cookiecutter.use_serving == "yes" %}
 from dataclasses import dataclass
+{%- endif %}
 from typing import Any
 
 import torch
@@ -16,7 +18,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import Metric, MetricCollection
 
-from {{ cookiecutter.package_name }}.data.tokenizer import BPE, BYTES, ChatTemplate, Tokenizer, load_tokenizer, saved_bpe
+from {{ cookiecutter.package_name }}.data.tokenizer import BPE, BYTES, {{ "ChatTemplate, " if cookiecutter.use_serving == "yes" else "" }}Tokenizer, load_tokenizer, saved_bpe
 from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
@@ -84,8 +86,8 @@ class LanguageModel(TrainingModule):
             :meth:`generate`.
         tokenizer: the tokenizer's source (linked from the data by the CLI): None or ``bytes``, ``bpe``
             for a BPE the DataModule trained (taken from the trainer's DataModule in ``setup`` and
-            saved in every checkpoint), else the pretrained model whose tokenizer it is. Generation
-            and serving decode with it.
+            saved in every checkpoint), else the pretrained model whose tokenizer it is. Generation{% if cookiecutter.use_serving == 'yes' %}
+            and serving decode{% else %} decodes{% endif %} with it.
         optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from: see
             :class:`engine.TrainingModule`.
 
@@ -113,7 +115,7 @@ class LanguageModel(TrainingModule):
 
     @property
     def tokenizer(self) -> Tokenizer:
-        """The tokenizer generation and serving decode with; a trained BPE comes from the checkpoint.
+        """The tokenizer generation{{ ' and serving decode' if cookiecutter.use_serving == 'yes' else ' decodes' }} with; a trained BPE comes from the checkpoint.
 
         Raises:
             engine.checkpoints.CheckpointError: a ``bpe`` model neither trained nor loaded from a checkpoint.
@@ -178,11 +180,13 @@ class LanguageModel(TrainingModule):
     def output_head(self) -> nn.Module:
         """Logits (B, T, V) -> probabilities of the next token after the last position (B, V)."""
         return NextTokenProbabilities()
+{%- if cookiecutter.use_serving == "yes" %}
 
     def output_description(self) -> str:
         if self.tokenizer.source is None:
             return "probabilities of the next byte (softmax over 256 values) after the last input token"
         return f"probabilities of the next token ({self.tokenizer.vocab_size} values) after the last input token"
+{%- endif %}
 
     def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
         """A prompt ``(tokens (1, T0),)`` -> its greedy continuation (1, N) token ids, N <= served_new_tokens;
@@ -212,6 +216,7 @@ class LanguageModel(TrainingModule):
                 break
             sequence = torch.cat([sequence, next_token])
         return sequence[len(tokens) :]
+{%- if cookiecutter.use_serving == "yes" %}
 
     def infer(self, predictor: nn.Module, inputs: list[torch.Tensor]) -> list[str]:
         """Greedy continuations (text) of prompts given as token ids, one (T0,) tensor each.
@@ -229,6 +234,8 @@ class LanguageModel(TrainingModule):
             for ids in inputs
         ]
         return [self.tokenizer.decode(completion[0].tolist()) for completion in completions]
+{%- endif %}
+{%- if cookiecutter.use_serving == "yes" %}
 
     # ---- chat: what the OpenAI API serves (serving/openai_api.py) --------------------------------------
     def chat_template(self) -> ChatTemplate:
@@ -291,11 +298,13 @@ class LanguageModel(TrainingModule):
             if len(whole) - held > sent:  # what can no longer change nor start a stop string
                 yield Piece(whole[sent : len(whole) - held], count)
                 sent = len(whole) - held
+{%- endif %}
 
     def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
         if outputs.dtype == torch.long:  # continuations of prompts
             return [{"completion": self.tokenizer.decode(row.tolist())} for row in outputs]
         return [{"bits_per_byte": round(value, 4)} for value in outputs.tolist()]
+{%- if cookiecutter.use_serving == "yes" %}
 
     def response(self, outputs: list[str], class_names: list[str]) -> dict[str, Any]:
         return {"completions": outputs}
@@ -307,6 +316,7 @@ class LanguageModel(TrainingModule):
         accuracy = (outputs.argmax(dim=-1) == targets).float().mean().item()
         unit = "byte" if self.tokenizer.source is None else "token"
         return {f"next_{unit}_acc": accuracy, f"bits_per_{unit}": (-chosen.log2()).mean().item()}
+{%- endif %}
 
     @torch.no_grad()
     def generate(
@@ -461,6 +471,7 @@ def check_tokenizer_fits(net: nn.Module, tokenizer: Tokenizer) -> None:
             f"data.tokenizer {tokenizer.source} has another vocabulary than the net's model {folder}: set "
             "data.init_args.tokenizer to the same model as net.model"
         )
+{%- if cookiecutter.use_serving == "yes" %}
 
 
 @dataclass
@@ -471,3 +482,4 @@ class Piece:
     text: str
     tokens: int
     finish_reason: str | None = None
+{%- endif %}

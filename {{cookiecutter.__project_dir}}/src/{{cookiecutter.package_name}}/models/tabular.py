@@ -84,16 +84,19 @@ class TabularModel(TrainingModule):
         if self.hparams.task == "classification":
             return nn.Softmax(dim=-1)
         return TargetUnits(*self.hparams.target_scale)
+{%- if cookiecutter.use_serving == "yes" %}
 
     def output_description(self) -> str:
         if self.hparams.task == "classification":
             return "class probabilities (softmax), one column per class"
         return "the predicted target value in its own units (the table's, not standardised)"
+{%- endif %}
 
     def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
         if self.hparams.task == "classification":
             return super().describe(outputs, class_names or list(self.hparams.class_names or []))
         return [{"prediction": round(value, 6)} for value in outputs.tolist()]
+{%- if cookiecutter.use_serving == "yes" %}
 
     def response(self, outputs: torch.Tensor, class_names: list[str]) -> dict[str, Any]:
         if self.hparams.task == "classification":
@@ -105,6 +108,7 @@ class TabularModel(TrainingModule):
         if self.hparams.task == "classification":
             return super().score(outputs, targets)
         return {"mae": (outputs - targets).abs().mean().item()}
+{%- endif %}
 
 
 class TargetUnits(nn.Module):

@@ -180,7 +180,7 @@ def targets_conv1d(model: nn.Module, targets: list[str] | str | None) -> bool:
 
 def libraries(user: str) -> tuple[Any, Any]:
     """(transformers, peft), or ImportError naming the extra that installs them for ``user`` (a net's name)."""
-    silence_export_noise()  # peft imports torchao (through transformers), whose loggers list missing CUDA kernels
+    silence_export_noise()  # {{ 'peft imports torchao (through transformers), whose loggers list missing CUDA kernels' if cookiecutter.use_serving == 'yes' else "the pytree notes of libraries peft may import" }}
     try:
         import peft
         import transformers
