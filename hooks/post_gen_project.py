@@ -111,6 +111,15 @@ SERVING_FILES = [
 ]
 
 
+# The files of prepared data sets (use_prepared): make prepare, the shard format, their tests and guide.
+PREPARED_FILES = [
+    "src/{package}/engine/prepared.py",
+    "src/{package}/commands/prepare.py",
+    "tests/test_prepared.py",
+    "docs/prepared-data.md",
+]
+
+
 # The files some task families share (pretrained Hugging Face models), and those families.
 SHARED_TASK_FILES = {
     "src/{package}/nets/hf.py": ("image-classification", "language-model"),
@@ -136,6 +145,9 @@ def prune() -> None:
     if ANSWERS["use_serving"] != "yes":
         for relative in SERVING_FILES:
             (PROJECT / relative.format(package=PACKAGE)).unlink(missing_ok=True)  # openai_api: language model only
+    if ANSWERS["use_prepared"] != "yes":
+        for relative in PREPARED_FILES:
+            (PROJECT / relative.format(package=PACKAGE)).unlink()
     if ANSWERS["include_slurm"] != "yes":
         shutil.rmtree(PROJECT / "scripts" / "slurm")
         (PROJECT / "tests" / "test_slurm_script.py").unlink()

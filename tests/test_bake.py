@@ -24,8 +24,8 @@ LICENSE_FIRST_LINE = {
     "BSD-3-Clause": "BSD 3-Clause License",
     "Proprietary": "All rights reserved.",
 }
-# Every logger x precision pair once; task, compile, use_sweeps, use_benchmark, use_serving, include_slurm, license and
-# python_version cycle through their choices along the way, so every answer of every question is baked.
+# Every logger x precision pair once; task, compile, the use_* answers, include_slurm, license and python_version
+# cycle through their choices along the way, so every answer of every question is baked.
 MATRIX = [
     {
         "task": QUESTIONS["task"][(i // 2) % len(QUESTIONS["task"])],  # every task with compile on and off
@@ -36,6 +36,7 @@ MATRIX = [
         "use_sweeps": ("yes", "no")[(i // 2) % 2],
         "use_benchmark": ("yes", "no")[(i // 4) % 2],
         "use_serving": ("yes", "no")[i in (3, 5, 7)],  # off once for each task: tabular, language model, image
+        "use_prepared": ("yes", "no")[i in (1, 2, 5)],  # off for image, tabular, language model (with serving)
         "license": QUESTIONS["license"][i % 4],
         "python_version": QUESTIONS["python_version"][i % 4],
         "project_name": f"Bake {i}",
@@ -53,8 +54,9 @@ def check_bake(project: Path, answers: dict) -> None:
     sweeps = answers.get("use_sweeps", "yes") == "yes"
     benchmark = answers.get("use_benchmark", "yes") == "yes"
     serving = answers.get("use_serving", "yes") == "yes"
+    prepared = answers.get("use_prepared", "yes") == "yes"
     slurm = answers["include_slurm"] == "yes"
-    assert files_of(project) == expected_files(slug, package, slurm, task, sweeps, benchmark, serving)
+    assert files_of(project) == expected_files(slug, package, slurm, task, sweeps, benchmark, serving, prepared)
     assert leftover_template_syntax(project) == []
 
     pyproject = tomllib.loads((project / "pyproject.toml").read_text())
@@ -85,7 +87,7 @@ def check_bake(project: Path, answers: dict) -> None:
     assert LICENSE_FIRST_LINE[answers["license"]] in (project / "LICENSE").read_text().splitlines()[0]
     check_make_targets_run_commands(project)
     assert engine_imports(project / "src" / package / "engine") & TASK_LIBRARIES == set()
-    assert pruned_names_left(project, task, sweeps, benchmark, serving) == []
+    assert pruned_names_left(project, task, sweeps, benchmark, serving, prepared) == []
     check_first_read(project)
 
     # The GitHub workflow is valid against GitHub's workflow schema (vendored by check-jsonschema: offline).
@@ -119,6 +121,10 @@ SERVING_NAMES = (
     r"|commands\.(serve|export)|\b(serve|export)\.py\b|request_schema|inputs_from_json|serve_load|openai|OpenAI"
     r"|torchao|`(export|serve)`|extra (export|serve)|\bexport,serve\b"
 )
+PREPARED_NAMES = (
+    r"make prepare|commands\.prepare|\bprepare\.py|engine\.prepared|prepared\.py|write_prepared|open_prepared|DiskArray"
+    r"|PreparedWriter|prepared-data|prepared data|data\.prepared|init_args\.prepared|\bprepared[:=]|`prepared`"
+)
 
 
 def engine_imports(engine: Path) -> set[str]:
@@ -134,12 +140,12 @@ def engine_imports(engine: Path) -> set[str]:
 
 
 def pruned_names_left(
-    project: Path, task: str, sweeps: bool = True, benchmark: bool = True, serving: bool = True
+    project: Path, task: str, sweeps: bool = True, benchmark: bool = True, serving: bool = True, prepared: bool = True
 ) -> list[str]:
     """``file:line`` of every mention of a name the bake pruned, by its task and its use_* answers
     (outside uv.lock and .git)."""
     pruned = [PRUNED_NAMES[task], *([] if sweeps else [SWEEP_NAMES]), *([] if benchmark else [BENCHMARK_NAMES])]
-    pruned += [] if serving else [SERVING_NAMES]
+    pruned += ([] if serving else [SERVING_NAMES]) + ([] if prepared else [PREPARED_NAMES])
     pattern = re.compile("|".join(pruned))
     return [
         f"{file.relative_to(project)}:{number}: {line.strip()[:100]}"

@@ -16,9 +16,10 @@ SECOND = {
     "precision": "16-mixed",
     "compile": "yes",
     "include_slurm": "no",
-    "use_sweeps": "no",  # the smallest bake: no SLURM, no sweeps, no benchmark, no export or serving
+    "use_sweeps": "no",  # the smallest bake: every optional capability off
     "use_benchmark": "no",
     "use_serving": "no",
+    "use_prepared": "no",
     "license": "Apache-2.0",
 }
 

@@ -348,6 +348,7 @@ def assert_ddp_run_resumes_exactly(tmp_path: Path, args_for: Callable[[Path], li
     fit_in_subprocess(resume_as_printed(interrupted))
     assert_same_training_state(reference, interrupted.parent / "last.ckpt")
     return interrupted
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 def assert_prepared_run_resumes_as_in_memory(
@@ -368,6 +369,7 @@ def assert_prepared_run_resumes_as_in_memory(
     source.rename(source.with_name(source.name + ".moved"))
     main(["fit", *resume_as_printed(interrupted)])
     assert_same_training_state(reference, interrupted.parent / "last.ckpt")
+{%- endif %}
 
 
 @pytest.fixture

@@ -40,7 +40,9 @@ from conftest import (
     CONFIGS,
     ROOT,
     assert_ddp_run_resumes_exactly,
+{%- if cookiecutter.use_prepared == "yes" %}
     assert_prepared_run_resumes_as_in_memory,
+{%- endif %}
     fit_stopped_by_signal,
     shrunk_args,
     user_error,
@@ -54,16 +56,24 @@ from {{ cookiecutter.package_name }}.commands.export import main as export_main
 {%- endif %}
 from {{ cookiecutter.package_name }}.commands.predict import main as predict_main
 from {{ cookiecutter.package_name }}.commands.predict import predict
+{%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
+{%- endif %}
+{% if cookiecutter.use_prepared == "yes" -%}
 from {{ cookiecutter.package_name }}.commands.prepare import train_command
+{% endif -%}
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
+{%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
+{%- endif %}
 {%- if cookiecutter.use_serving == "yes" %}
 from {{ cookiecutter.package_name }}.engine.export import export_all
 {%- endif %}
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
+{%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import file_sha256, sampled_sha256
+{%- endif %}
 
 EXPERIMENT = CONFIGS / "experiments" / "image-folder.yaml"
 CLASSES = ("blobs", "horizontal", "vertical")  # tell-apart patterns that survive a flip and a crop
@@ -107,6 +117,7 @@ def test_folder_gives_classes_channels_splits_and_train_statistics(tmp_path: Pat
     assert data.mean == pytest.approx(train.mean(dim=(0, 2, 3)).tolist(), abs=1e-5)
     images, labels = data.transform_batch(next(iter(data.val_dataloader())), training=False)
     assert images.shape == (16, 3, 16, 16) and images.dtype == torch.float32 and labels.dtype == torch.int64
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 def prepare_folder(tmp_path: Path, root: Path, *extra: str) -> Path:
@@ -115,6 +126,8 @@ def prepare_folder(tmp_path: Path, root: Path, *extra: str) -> Path:
     config = [f"--config={CONFIGS / 'default.yaml'}", f"--config={EXPERIMENT}", f"--data.init_args.root={root}"]
     prepare_main(["--out", str(out), "--workers", "2", *config, "--data.init_args.image_size=16", *extra])
     return out
+{%- endif %}
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 def test_a_prepared_folder_holds_exactly_what_memory_would(tmp_path: Path) -> None:
@@ -155,6 +168,8 @@ def test_a_prepared_folder_holds_exactly_what_memory_would(tmp_path: Path) -> No
     with pytest.raises(ValueError, match=r"source .*images changed since prepare \(120 files, .* 119 files, .*prepare"):
         ImageFolderDataModule(root=str(root), image_size=16, prepared=str(prepared)).setup("fit")
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))
+{%- endif %}
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 @pytest.mark.slow  # a SIGTERM and a resume: two more processes (CI: .ci/slow)
@@ -169,6 +184,8 @@ def test_a_prepared_run_trains_and_resumes_exactly_as_in_memory_after_the_folder
     common += ["--trainer.log_every_n_steps=3"]
     common += [f"--data.init_args.root={root}"]
     assert_prepared_run_resumes_as_in_memory(tmp_path, common, prepared, root, step=8)
+{%- endif %}
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 @pytest.mark.slow
@@ -182,6 +199,20 @@ def test_a_prepared_run_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: P
     args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
     args += ["--trainer.log_every_n_steps=3"]
     assert_ddp_run_resumes_exactly(tmp_path, lambda folder: [*shrunk_args(folder), *args], step=4)
+{%- else %}
+
+
+@pytest.mark.slow
+def test_an_image_folder_run_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
+    # Two processes, each reading its half of the training split (3 batches of 16 an epoch), 2 epochs;
+    # SIGTERM after step 4, mid-epoch 2.
+    root = make_folder(tmp_path / "images")
+    args = [f"--config={EXPERIMENT}", "--data.init_args.image_size=16", "--data.init_args.batch_size=16"]
+    args += [f"--data.init_args.root={root}"]
+    args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
+    args += ["--trainer.log_every_n_steps=3"]
+    assert_ddp_run_resumes_exactly(tmp_path, lambda folder: [*shrunk_args(folder), *args], step=4)
+{%- endif %}
 
 
 def test_make_resume_rebuilds_an_experiment_run_from_its_own_config(tmp_path: Path) -> None:
@@ -275,6 +306,8 @@ def test_images_at_real_sizes_keep_their_aspect_and_are_cropped_at_random_in_tra
     first, second = (data.transform_batch(batch, training=True)[0] for _ in range(2))
     assert first.shape == second.shape == (8, 1, 16, 16) and not torch.equal(first, second)
 
+{%- if cookiecutter.use_prepared == "yes" %}
+
     # The prepared path stores the same squares; a prepared data set made without the crop is refused.
     config = [f"--config={CONFIGS / 'default.yaml'}", f"--config={EXPERIMENT}", f"--data.init_args.root={root}"]
     sizes = ["--data.init_args.image_size=20", "--data.init_args.crop_size=16"]
@@ -287,9 +320,16 @@ def test_images_at_real_sizes_keep_their_aspect_and_are_cropped_at_random_in_tra
     uncropped = [*shrunk_args(tmp_path), *config[1:], sizes[0]]
     with user_error(r"data.crop_size=None, but data.prepared=.* was prepared with crop_size=16: set data.crop_size"):
         main(["fit", *uncropped, f"--data.init_args.prepared={tmp_path / 'prepared'}"])
+{%- else %}
+
+    # A crop larger than the stored square is refused before anything trains.
+    config = [f"--config={EXPERIMENT}", f"--data.init_args.root={root}"]
+    uncropped = [*shrunk_args(tmp_path), *config, "--data.init_args.image_size=20"]
+{%- endif %}
     with user_error(r"data.crop_size=24 must be between 4 and data.image_size=20 pixels"):
         main(["fit", *uncropped, "--data.init_args.crop_size=24"])
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 @pytest.mark.slow
@@ -317,6 +357,8 @@ def test_a_cropping_model_trains_on_prepared_data_and_predicts_raw_squares_as_it
     for kind in record["files"]:
         assert record["test_scores"][kind]["acc"] == pytest.approx(summary["metrics"]["test/acc"], abs=1e-6)
 {%- endif %}
+{%- endif %}
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 def test_prepare_names_a_corrupt_image_or_counts_what_it_skipped(tmp_path: Path) -> None:
@@ -329,6 +371,7 @@ def test_prepare_names_a_corrupt_image_or_counts_what_it_skipped(tmp_path: Path)
     prepared = prepare_folder(tmp_path, root, "--data.init_args.skip_unreadable=true")
     manifest = json.loads((prepared / "manifest.json").read_text())
     assert manifest["state"]["skipped"] == 1 and sum(s["count"] for s in manifest["splits"].values()) == 30
+{%- endif %}
 {%- if cookiecutter.use_serving == "yes" %}
 
 
@@ -349,6 +392,7 @@ def test_export_needs_no_training_folder_and_checks_on_inputs_given(tmp_path: Pa
     assert f"checked on INPUTS={samples}" in printed and "; test {" not in printed
     assert json.loads((tmp_path / "given" / "export.json").read_text())["checked_on"] == f"INPUTS={samples}"
 {%- endif %}
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 def test_prepare_prints_the_command_that_trains_on_what_it_wrote(tmp_path: Path, capsys) -> None:
@@ -363,12 +407,15 @@ def test_prepare_prints_the_command_that_trains_on_what_it_wrote(tmp_path: Path,
     # `make prepare` passes the project's default config first: the printed command is make's own.
     made = train_command(["--config", "configs/default.yaml", "--config", "configs/experiments/image-folder.yaml"], "p")
     assert made == "make train ARGS='--config configs/experiments/image-folder.yaml --data.init_args.prepared=p'"
+{%- endif %}
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 def test_prepare_of_the_bundled_digits_says_which_data_has_a_prepared_form(tmp_path: Path) -> None:
     with user_error(r"data: DigitsDataModule has no prepared form .*--config configs/experiments/<experiment>.yaml"):
         prepare_main(["--out", str(tmp_path / "prepared"), f"--config={CONFIGS / 'default.yaml'}"])
     assert not (tmp_path / "prepared").exists()
+{%- endif %}
 
 
 def test_given_split_folders_are_used(tmp_path: Path) -> None:

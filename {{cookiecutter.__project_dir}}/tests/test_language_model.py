@@ -15,7 +15,9 @@ import yaml
 from conftest import (
     CONFIGS,
     assert_ddp_run_resumes_exactly,
+{%- if cookiecutter.use_prepared == "yes" %}
     assert_prepared_run_resumes_as_in_memory,
+{%- endif %}
 {%- if cookiecutter.use_serving != "yes" %}
     greedy_completions,
 {%- endif %}
@@ -26,7 +28,9 @@ from conftest import (
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands.generate import main as generate_main
 from {{ cookiecutter.package_name }}.commands.predict import main as predict_main
+{%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
+{%- endif %}
 from {{ cookiecutter.package_name }}.data import TextDataModule
 from {{ cookiecutter.package_name }}.data.text import TokenWindows, checked_text_files, read_text
 from {{ cookiecutter.package_name }}.engine.callbacks import StopOnNonFinite
@@ -172,6 +176,7 @@ def test_suffixes_pick_the_files_a_folder_is_read_from(tmp_path: Path) -> None:
     assert data == (folder / "a.md").read_bytes() + b"\n\n" + (folder / "deeper" / "b.RST").read_bytes()
     with pytest.raises(ValueError, match=r"data.suffixes must name at least one file ending"):
         TextDataModule(path=str(folder), suffixes=())
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 def test_a_prepared_corpus_holds_exactly_the_tokens_of_memory(tmp_path: Path) -> None:
@@ -199,6 +204,18 @@ def test_a_prepared_corpus_holds_exactly_the_tokens_of_memory(tmp_path: Path) ->
     (folder / "c.txt").write_bytes(b"x" * 100 + "café".encode("latin-1"))
     with pytest.raises(ValueError, match=r"c.txt is not UTF-8 text \(byte 103: b'\\xe9'\)"):
         checked_text_files(folder, block=64)
+{%- else %}
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_byte_offset(tmp_path: Path) -> None:
+    # Read a block at a time: the offset counts across the blocks.
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "c.txt").write_bytes(b"x" * 100 + "café".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"c.txt is not UTF-8 text \(byte 103: b'\\xe9'\)"):
+        checked_text_files(folder, block=64)
+{%- endif %}
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 @pytest.mark.slow  # a SIGTERM and a resume: two more processes (CI: .ci/slow)
@@ -218,6 +235,8 @@ def test_a_prepared_corpus_trains_and_resumes_exactly_as_in_memory_after_it_move
     with user_error(r"data.prepared: .*tokens-00000.bin is missing \(deleted since prepare\?\); run `make prepare"):
         main(["fit", *shrunk_args(tmp_path / "bad"), *common, f"--data.init_args.prepared={out}"])
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").rglob("*.*"))
+{%- endif %}
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 @pytest.mark.slow
@@ -230,6 +249,17 @@ def test_a_prepared_corpus_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path
     args = [f"--config={EXPERIMENT}", f"--data.init_args.path={folder}", f"--data.init_args.prepared={out}"]
     args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
     assert_ddp_run_resumes_exactly(tmp_path, lambda root: [*shrunk_args(root), *args], step=7)
+{%- else %}
+
+
+@pytest.mark.slow
+def test_a_corpus_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
+    # Two processes, each reading its share of the windows, 2 epochs; SIGTERM mid-epoch 2.
+    folder = write_texts(tmp_path / "texts")
+    args = [f"--config={EXPERIMENT}", f"--data.init_args.path={folder}"]
+    args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
+    assert_ddp_run_resumes_exactly(tmp_path, lambda root: [*shrunk_args(root), *args], step=7)
+{%- endif %}
 
 
 NOUNS = ["the whale", "the sea", "a ship", "the captain", "an oar"]

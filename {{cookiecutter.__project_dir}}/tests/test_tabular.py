@@ -16,7 +16,9 @@ import torch
 from conftest import (
     CONFIGS,
     assert_ddp_run_resumes_exactly,
+{%- if cookiecutter.use_prepared == "yes" %}
     assert_prepared_run_resumes_as_in_memory,
+{%- endif %}
     readme_commands,
     shrunk_args,
     user_error,
@@ -24,9 +26,13 @@ from conftest import (
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands.predict import predict
+{%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
+{%- endif %}
 from {{ cookiecutter.package_name }}.data import TabularDataModule
+{%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
+{%- endif %}
 {%- if cookiecutter.use_serving == "yes" %}
 from {{ cookiecutter.package_name }}.engine.export import export_all
 {%- endif %}
@@ -291,6 +297,7 @@ def test_preprocessing_restored_from_a_checkpoint_splits_and_encodes_the_table_t
     for split in ("train", "val", "test"):
         assert (restored.split_rows[split] == trained.split_rows[split]).all()
     assert torch.equal(restored.test_set.tensors[0], trained.test_set.tensors[0])
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 @pytest.mark.parametrize("bundled", [None, "diabetes"])
@@ -313,6 +320,8 @@ def test_a_prepared_table_holds_exactly_what_memory_would(tmp_path: Path, table:
 {%- endif %}
     assert on_disk.test_ids() == in_memory.test_ids() and on_disk.preprocessing == in_memory.preprocessing
     assert (on_disk.num_features, on_disk.class_names) == (in_memory.num_features, in_memory.class_names)
+{%- endif %}
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 @pytest.mark.slow  # a SIGTERM and a resume: two more processes (CI: .ci/slow)
@@ -334,6 +343,8 @@ def test_a_prepared_table_trains_and_resumes_exactly_as_in_memory_after_it_moved
     with user_error(r"data.split_seed=1, but data.prepared=.* was prepared with split_seed=0"):
         main([*bad, "--data.init_args.split_seed=1"])
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").rglob("*.*"))
+{%- endif %}
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 @pytest.mark.slow
@@ -347,6 +358,18 @@ def test_a_prepared_table_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path:
     args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
     args += ["--trainer.log_every_n_steps=2"]
     assert_ddp_run_resumes_exactly(tmp_path, lambda root: [*shrunk_args(root), *args], step=6)
+{%- else %}
+
+
+@pytest.mark.slow
+def test_a_table_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: Path, table: Path) -> None:
+    # Two processes, each reading its share of the rows (4 batches an epoch), 2 epochs; SIGTERM after
+    # step 6, mid-epoch 2.
+    args = [f"--config={EXPERIMENT}", f"--data.init_args.path={table}"]
+    args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
+    args += ["--trainer.log_every_n_steps=2"]
+    assert_ddp_run_resumes_exactly(tmp_path, lambda root: [*shrunk_args(root), *args], step=6)
+{%- endif %}
 
 
 def test_table_messages_give_counts_and_options_a_shell_takes_as_they_are(tmp_path: Path, caplog) -> None:

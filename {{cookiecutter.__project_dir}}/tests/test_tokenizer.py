@@ -1,26 +1,34 @@
 """The trained tokenizer (data.tokenizer: bpe): learnt from the training split only, lossless, the same
-in pieces as whole, saved in the checkpoint and the prepared data set, refused where it cannot work."""
+in pieces as whole, saved in the checkpoint{{ " and the prepared data set" if cookiecutter.use_prepared == "yes" else "" }}, refused where it cannot work."""
 
 import json
 from pathlib import Path
 
 import pytest
+{%- if cookiecutter.use_prepared == "yes" %}
 import torch
+{%- endif %}
 from conftest import (
     CONFIGS,
+{%- if cookiecutter.use_prepared == "yes" %}
     assert_prepared_run_resumes_as_in_memory,
+{%- endif %}
 {%- if cookiecutter.use_serving != "yes" %}
     greedy_completions,
 {%- endif %}
     shrunk_args,
     user_error,
 )
+{%- if cookiecutter.use_prepared == "yes" %}
 from test_language_model import write_texts
+{%- endif %}
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands.generate import main as generate_main
+{%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
-from {{ cookiecutter.package_name }}.data import PromptCompletionDataModule, TextDataModule, text
+{%- endif %}
+from {{ cookiecutter.package_name }}.data import PromptCompletionDataModule, TextDataModule{{ ", text" if cookiecutter.use_prepared == "yes" else "" }}
 from {{ cookiecutter.package_name }}.data.tokenizer import BPETokenizer, safe_pieces, safe_stream
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
@@ -50,7 +58,7 @@ def test_bpe_is_lossless_counts_bytes_and_tokenizes_in_pieces_as_whole() -> None
     assert len(ids) < len(text.encode("utf-8")) / 2  # the merges do compress
     whole = tokenizer.backend.encode(text).ids  # the library's own encoding of the text at once
     assert ids == whole
-    # Read a block at a time (make prepare), regrouped into pieces of at least ``group`` characters that
+    # Read a block at a time{{ " (make prepare)" if cookiecutter.use_prepared == "yes" else "" }}, regrouped into pieces of at least ``group`` characters that
     # end where a token never spans: the same tokens. (The 300 x's are no place to cut: a group of
     # less than 300 / 4 characters would be cut inside them, as safe_stream's docstring says.)
     for size, group in ((7, 100), (50, 100), (333, 666)):
@@ -109,6 +117,7 @@ def test_a_bpe_run_saves_its_tokenizer_and_generates_after_its_text_moved(tmp_pa
     corpus.write_text("an entirely different text about quokkas and zyzzyvas.\n" * 300)
     with user_error("the BPE trained on the text now differs from the checkpoint's"):
         main(["fit", *args, "--resume=true", "--trainer.max_epochs=2"])
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 def test_a_prepared_bpe_corpus_holds_exactly_the_tokens_of_memory(tmp_path: Path, monkeypatch) -> None:
@@ -133,6 +142,8 @@ def test_a_prepared_bpe_corpus_holds_exactly_the_tokens_of_memory(tmp_path: Path
     args = [*shrunk_args(tmp_path / "bad"), *BPE, f"--data.init_args.prepared={out}"]
     with user_error(r"data.bpe_vocab_size=400, but data.prepared=.* was prepared with bpe_vocab_size=300"):
         main(["fit", *args, "--data.init_args.bpe_vocab_size=400"])
+{%- endif %}
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 @pytest.mark.slow
@@ -145,6 +156,7 @@ def test_a_prepared_bpe_run_interrupted_mid_epoch_resumes_exactly_as_in_memory(t
     common = [*BPE, f"--data.init_args.path={folder}", "--trainer.max_epochs=2", "--test_after_fit=false"]
     common += ["--trainer.deterministic=true"]
     assert_prepared_run_resumes_as_in_memory(tmp_path, common, tmp_path / "prepared", folder, step=13)
+{%- endif %}
 
 
 def test_bpe_is_refused_where_it_cannot_work(tmp_path: Path) -> None:

@@ -20,23 +20,29 @@ standardised per channel with the training split's statistics, saved in checkpoi
 nets; ``configs/experiments/transfer-learning.yaml``): the recipe of torchvision's reference training
 (https://pytorch.org/vision/stable/models.html; Szegedy et al., 2015, "Going deeper with convolutions",
 for the random resized crop). Each image is kept at its aspect ratio, its shorter side resized to
-``image_size`` and its centre square kept (Pillow's ``ImageOps.fit``), once, in memory or in a prepared
-data set; then training batches get a random resized crop of ``crop_scale`` of that square, resized to
+``image_size`` and its centre square kept (Pillow's ``ImageOps.fit``), once, in memory{% if cookiecutter.use_prepared == "yes" %} or in a prepared data set{% endif %};
+then training batches get a random resized crop of ``crop_scale`` of that square, resized to
 ``crop_size``, and a flip, on the device (kornia), and evaluation, prediction{{ ', export and serving' if cookiecutter.use_serving == 'yes' else '' }} take
 the centre ``crop_size`` square (:class:`engine.inference.CenterCrop`): the region torchvision's
 ``Resize(image_size)`` + ``CenterCrop(crop_size)`` takes. Training crops come from the stored square,
 not the whole original image: what is outside the centre square of a wide image is never seen.
+{%- if cookiecutter.use_prepared == "yes" %}
 
 A folder too large for memory is prepared once (``make prepare``: :meth:`ImageFolderDataModule.write_prepared`
 decodes and resizes every image on every core into a prepared data set, :mod:`engine.prepared`)
 and then trained on with ``data.prepared=FOLDER``: batches are read from disk, memory stays flat in
 the folder's size, and resume stays exact. Class names, mode and statistics come from the prepared
 data set then; the image folder itself may move away.
+{%- endif %}
 """
 
+{% if cookiecutter.use_prepared == "yes" -%}
 import os
+{% endif -%}
 from collections.abc import Sequence
+{% if cookiecutter.use_prepared == "yes" -%}
 from concurrent.futures import ProcessPoolExecutor
+{% endif -%}
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +65,7 @@ from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.inference import CenterCrop, Standardize
+{%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
     NAMES,
     ArrayRecords,
@@ -69,6 +76,7 @@ from {{ cookiecutter.package_name }}.engine.prepared import (
     open_prepared,
     prepare_command,
 )
+{%- endif %}
 from {{ cookiecutter.package_name }}.nets.hub import locate
 from {{ cookiecutter.package_name }}.nets.image_preprocessing import image_preprocessing
 
@@ -104,8 +112,10 @@ class ImageFolderDataModule(ResumableDataModule):
         skip_unreadable: leave out files Pillow cannot read (broken, truncated, decompression
             bombs) instead of stopping, in ``root`` and in ``INPUTS=``; one log line counts them
             and names the first ten.
+{%- if cookiecutter.use_prepared == "yes" %}
         prepared: a folder ``make prepare`` wrote from this image folder: read from disk instead of
             decoding ``root`` into memory (``image_size`` must be the one it was prepared with).
+{%- endif %}
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
         pretrained: the folder or hub id (local cache) of the pretrained backbone (``net.model`` of
             ``nets.HFImageClassifier`` or ``nets.TimmNet``): its ``preprocessor_config.json``
@@ -140,7 +150,9 @@ class ImageFolderDataModule(ResumableDataModule):
         test_fraction: float = 0.15,
         split_seed: int = 0,
         skip_unreadable: bool = False,
+{%- if cookiecutter.use_prepared == "yes" %}
         prepared: str | None = None,
+{%- endif %}
         batch_size: int = 64,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -220,17 +232,21 @@ class ImageFolderDataModule(ResumableDataModule):
 
     def _find_files(self) -> None:
         """Scan ``root`` once; a model restored from a checkpoint keeps its own class names and mode.
+{%- if cookiecutter.use_prepared == "yes" %}
 
         With ``prepared`` the prepared data set's manifest gives them instead (``root`` may be gone).
+{%- endif %}
 
         Raises:
             ValueError: the folder's class folders are not the ones the model was trained on.
         """
+{%- if cookiecutter.use_prepared == "yes" %}
         if self.hparams.prepared is not None:
             if self._class_names is None:
                 state = self._open_prepared().state
                 self._class_names, self._mode = state["class_names"], state["mode"]
             return
+{%- endif %}
         if self.files is not None:
             return
         files, class_names, mode = self._scan(Path(self.hparams.root))
@@ -285,13 +301,16 @@ class ImageFolderDataModule(ResumableDataModule):
     # ---- decoding, splitting, statistics --------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         """Decode every image once, split, and measure the training split's statistics (idempotent).
+{%- if cookiecutter.use_prepared == "yes" %}
 
         With ``prepared``: open the prepared data set (checked: :func:`engine.prepared.open_prepared`) instead.
         """
+{%- else %}"""{% endif %}
         if self.train_set is not None:
             return
         if stage == "predict" and self.predict_set is not None:
             return  # your own inputs (use_inputs): the training folder is not needed
+{%- if cookiecutter.use_prepared == "yes" %}
         if self.hparams.prepared is not None:
             prepared = self._open_prepared()
             self._class_names, self._mode = prepared.state["class_names"], prepared.state["mode"]
@@ -302,6 +321,7 @@ class ImageFolderDataModule(ResumableDataModule):
             )
             self.check_batch_size()
             return
+{%- endif %}
         parts = self._split_parts()
         decoded = {split: self._decode(items)[:2] for split, items in parts.items()}
         self._report_skipped(f"data.root={self.hparams.root}")
@@ -344,6 +364,7 @@ class ImageFolderDataModule(ResumableDataModule):
                 for split in ("train", *missing):
                     parts[split] = [train[i] for i in rows[split]]
         return parts
+{%- if cookiecutter.use_prepared == "yes" %}
 
     # ---- a prepared data set: decoded once, on every core, read from disk ---------------------------
     def _open_prepared(self):
@@ -382,11 +403,13 @@ class ImageFolderDataModule(ResumableDataModule):
         # crop_size decides how images became squares (stretched, or fitted: see resize).
         return {"image_size": hp.image_size, "crop_size": hp.crop_size, "val_fraction": hp.val_fraction,
                 "test_fraction": hp.test_fraction, "split_seed": hp.split_seed}  # fmt: skip
+{%- endif %}
 
     @property
     def resize(self) -> str:
         """How images become ``image_size`` squares: ``stretch``; with ``crop_size``, ``fit`` (see :func:`resized`)."""
         return "stretch" if self.hparams.crop_size is None else "fit"
+{%- if cookiecutter.use_prepared == "yes" %}
 
     def write_prepared(self, out: str | Path, workers: int | None = None, chunk: int = 256) -> dict[str, Any]:
         """Decode and resize every image of ``root`` once, on ``workers`` processes (default: every
@@ -428,6 +451,7 @@ class ImageFolderDataModule(ResumableDataModule):
             writer.state(class_names=self.class_names, mode=mode, mean=self.mean, std=self.std, skipped=skipped)
             self._report_skipped(f"data.root={self.hparams.root}")
         return {split: writer.manifest["splits"][split]["count"] for split in SPLITS} | {"skipped": skipped}
+{%- endif %}
 
     def _decode(
         self, items: Sequence[tuple[Path, int]], fix: str = TRAINING_FIX
@@ -609,11 +633,13 @@ def given_stats(
     if min(std) <= 0:
         raise ConfigError(f"data.std={std} must be above 0 in every channel")
     return [float(v) for v in mean], [float(v) for v in std]
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 def image_files(root: Path) -> list[Path]:
     """Every file under ``root`` with an image suffix: what a prepared data set's fingerprint covers."""
     return [path for path in root.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES]
+{%- endif %}
 
 
 def pixel_sums(images: np.ndarray) -> np.ndarray:
@@ -654,6 +680,7 @@ def resized(image: Image.Image, mode: str, size: int, resize: str = "stretch") -
         image = image.resize((size, size), Image.Resampling.BILINEAR)
     pixels = np.array(image)  # a writable copy: torch.from_numpy warns on read-only arrays
     return np.ascontiguousarray(pixels.reshape(size, size, -1).transpose(2, 0, 1))
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 def _decode_chunk(
@@ -674,6 +701,7 @@ def _decode_chunk(
     channels = 3 if mode == "RGB" else 1
     stacked = np.stack(images) if images else np.zeros((0, channels, size, size), np.uint8)
     return stacked, np.asarray(labels, dtype=np.int64), left_out
+{%- endif %}
 
 
 def _image_mode(path: Path) -> str:

@@ -20,10 +20,12 @@ training (``TabularDataModule.from_checkpoint``):
 
 scikit-learn's encoders would do the same transforms, but a fitted encoder is a pickled Python
 object, which ``torch.load(weights_only=True)`` rightly refuses; the statistics here are data.
+{%- if cookiecutter.use_prepared == "yes" %}
 
 A table encoded once (``make prepare``: :meth:`TabularDataModule.write_prepared`) is trained on with
 ``data.prepared=FOLDER``: encoded rows are read from disk, so training memory stays flat in the
 table's size (prepare itself reads the table with pandas once: it must fit in memory then).
+{%- endif %}
 """
 
 import csv
@@ -45,7 +47,9 @@ from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
+{%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import MAPPING, ArrayRecords, PreparedWriter, fingerprint, open_prepared
+{%- endif %}
 from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, checkpoint_arguments, loading
 
 TargetType = Literal["auto", "classification", "regression"]
@@ -222,7 +226,7 @@ class TabularDataModule(ResumableDataModule):
         drop_columns: columns the model must not see: leaks of the target, free text.
         id_column: a column that names each row (an id, a file name): the model does not see it, and
             predictions name their rows by it (the test split's, and an ``INPUTS=`` file's when it has
-            the column; else row numbers). A prepared table names its test rows by row number.
+            the column; else row numbers).{{ " A prepared table names its test rows by row number." if cookiecutter.use_prepared == "yes" else "" }}
         drop_missing_target: leave out rows whose target is empty (counted in the log); by default
             they stop the run, naming their lines.
         bundled: the scikit-learn table served when ``path`` is None.
@@ -231,8 +235,10 @@ class TabularDataModule(ResumableDataModule):
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
         val_fraction, test_fraction: shares of the rows held out for validation and testing.
         split_seed: seed of the split, independent of the training seed.
+{%- if cookiecutter.use_prepared == "yes" %}
         prepared: a folder ``make prepare`` wrote from this table: encoded rows are read from disk
             (the target, dropped columns, task and split settings must be the ones it was prepared with).
+{%- endif %}
 
     Raises:
         ValueError: the file is missing, empty or not a table; ``target`` or a name in
@@ -254,7 +260,9 @@ class TabularDataModule(ResumableDataModule):
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         split_seed: int = 0,
+{%- if cookiecutter.use_prepared == "yes" %}
         prepared: str | None = None,
+{%- endif %}
         separator: str | None = None,
         skip_rows: int = 0,
         header: bool = True,
@@ -323,8 +331,10 @@ class TabularDataModule(ResumableDataModule):
         return frame
 
     def _preprocessing(self) -> dict[str, Any]:
+{%- if cookiecutter.use_prepared == "yes" %}
         if self.preprocessing is None and self.hparams.prepared is not None:
             self.preprocessing = self._open_prepared().state["preprocessing"]
+{%- endif %}
         if self.preprocessing is None:
             self.preprocessing = self._fit(self._frame())
         return self.preprocessing
@@ -521,9 +531,11 @@ class TabularDataModule(ResumableDataModule):
 
     def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
         """Raw rows (N, columns) of ``split`` and targets (N,): class indices, or values in the target's units."""
+{%- if cookiecutter.use_prepared == "yes" %}
         if self.hparams.prepared is not None:
             fields = self._open_prepared().split(split)
             return torch.from_numpy(fields["raw"][:]), torch.from_numpy(fields["raw_targets"][:])
+{%- endif %}
         frame = self._frame().iloc[self.split_rows[split]]
         prep = self._preprocessing()
         if prep["task"] == "regression":
@@ -548,8 +560,10 @@ class TabularDataModule(ResumableDataModule):
 
     def test_ids(self) -> list[Any]:
         """The ``id_column`` values of the test rows, else their row numbers (0-based, header not counted)."""
+{%- if cookiecutter.use_prepared == "yes" %}
         if self.hparams.prepared is not None:
             return self._open_prepared().split("test")["row"][:].tolist()
+{%- endif %}
         if self.hparams.id_column is not None:
             return self._frame()[self.hparams.id_column].iloc[self.split_rows["test"]].astype(str).tolist()
         return self.split_rows["test"].tolist()
@@ -592,9 +606,10 @@ class TabularDataModule(ResumableDataModule):
 {%- endif %}
 
     def setup(self, stage: str | None = None) -> None:
-        """Split and encode the table (every process, every stage; idempotent); or open the prepared one."""
+        """Split and encode the table (every process, every stage; idempotent){{ "; or open the prepared one" if cookiecutter.use_prepared == "yes" else "" }}."""
         if self.train_set is not None:
             return
+{%- if cookiecutter.use_prepared == "yes" %}
         if self.hparams.prepared is not None:
             prepared = self._open_prepared()
             self.preprocessing = self.preprocessing or prepared.state["preprocessing"]
@@ -602,6 +617,7 @@ class TabularDataModule(ResumableDataModule):
             self.train_set, self.val_set, self.test_set = (ArrayRecords(s["features"], s["targets"]) for s in splits)
             self.check_batch_size()
             return
+{%- endif %}
         frame = self._frame()
         prep = self._preprocessing()
         if not self.split_rows:  # preprocessing came from a checkpoint: split this table the same way
@@ -616,6 +632,7 @@ class TabularDataModule(ResumableDataModule):
             TensorDataset(features[rows], targets[rows]) for rows in self.split_rows.values()
         )
         self.check_batch_size()
+{%- if cookiecutter.use_prepared == "yes" %}
 
     # ---- a prepared table: encoded once, read from disk --------------------------------------------
     def _prepared_settings(self) -> dict[str, Any]:
@@ -682,6 +699,7 @@ class TabularDataModule(ResumableDataModule):
                     )
             writer.state(preprocessing=prep)
         return {split: writer.manifest["splits"][split]["count"] for split in self.split_rows}
+{%- endif %}
 
     def state_dict(self) -> dict[str, Any]:
         """The fitted preprocessing (plain data) and, from the base, where a resumed run's data starts."""

@@ -20,17 +20,21 @@ seen in training. A sample is a window of ``block_size + 1`` tokens: the model r
 Training windows start every ``stride`` tokens (overlapping when ``stride < block_size``) and are
 shuffled per epoch by the engine's exact-resume loader; validation and test windows tile their
 stretch without overlap, so every evaluated token is counted once.
+{%- if cookiecutter.use_prepared == "yes" %}
 
 A corpus larger than memory is tokenized once (``make prepare``: :meth:`TextDataModule.write_prepared`
 streams the files a chunk at a time into a prepared data set, :mod:`engine.prepared`) and trained on
 with ``data.prepared=FOLDER``: windows are read from disk, memory stays flat in the corpus's size,
 and the splits are the same cuts at the same byte fractions.
+{%- endif %}
 """
 
 import codecs
 import gzip
+{% if cookiecutter.use_prepared == "yes" -%}
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+{% endif -%}
+from collections.abc import {{ "Iterable, Iterator, " if cookiecutter.use_prepared == "yes" else "" }}Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -41,7 +45,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.data.tokenizer import (
     BPE,
+{%- if cookiecutter.use_prepared == "yes" %}
     BYTES,
+{%- endif %}
     BPETokenizer,
     Tokenizer,
     check_bpe_vocab_size,
@@ -52,6 +58,7 @@ from {{ cookiecutter.package_name }}.data.tokenizer import (
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.data import check_fractions
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
+{%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
     COUNT,
     DiskArray,
@@ -60,6 +67,7 @@ from {{ cookiecutter.package_name }}.engine.prepared import (
     is_preparing,
     open_prepared,
 )
+{%- endif %}
 
 BUNDLED = "moby_dick.txt.gz"
 SPLITS = ("train", "val", "test")
@@ -70,15 +78,17 @@ class TokenWindows(Dataset):
 
     With ``token_bytes`` (N,) (the text bytes each token stands for) an item also holds the targets'
     byte counts (T,), from which the model reports bits per byte; without, every token is one byte.
+{%- if cookiecutter.use_prepared == "yes" %}
     Both may be tensors in memory or :class:`engine.prepared.DiskArray` s on disk (a prepared corpus).
+{%- endif %}
     """
 
     def __init__(
         self,
-        tokens: torch.Tensor | DiskArray,
+        tokens: torch.Tensor{{ " | DiskArray" if cookiecutter.use_prepared == "yes" else "" }},
         block_size: int,
         stride: int,
-        token_bytes: torch.Tensor | DiskArray | None = None,
+        token_bytes: torch.Tensor{{ " | DiskArray" if cookiecutter.use_prepared == "yes" else "" }} | None = None,
     ) -> None:
         self.tokens, self.block_size, self.stride, self.token_bytes = tokens, block_size, stride, token_bytes
 
@@ -171,6 +181,7 @@ def checked_text_files(path: str | Path, suffixes: Sequence[str] = (".txt",), bl
     if not kept:
         raise DataError(f"data.path: {path} holds no text (every file is empty or blank)")
     return kept
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 def text_chunks(files: Sequence[Path], block: int = 1 << 24) -> Iterator[bytes]:
@@ -192,6 +203,7 @@ def text_chunks(files: Sequence[Path], block: int = 1 << 24) -> Iterator[bytes]:
                 carry = raw[cut:]
         if carry:
             yield carry
+{%- endif %}
 
 
 def utf8_boundary(text: bytes, position: int) -> int:
@@ -199,6 +211,7 @@ def utf8_boundary(text: bytes, position: int) -> int:
     while position < len(text) and text[position] & 0xC0 == 0x80:  # a continuation byte 10xxxxxx
         position += 1
     return position
+{%- if cookiecutter.use_prepared == "yes" %}
 
 
 def split_pieces(chunks: Iterable[bytes], cuts: Sequence[int]) -> Iterator[tuple[int, bytes]]:
@@ -217,6 +230,7 @@ def split_pieces(chunks: Iterable[bytes], cuts: Sequence[int]) -> Iterator[tuple
                 split += 1
             start = end
         position += len(chunk)
+{%- endif %}
 
 
 class LanguageDataModule(ResumableDataModule):
@@ -253,7 +267,7 @@ class LanguageDataModule(ResumableDataModule):
 
     @property
     def tokenizer(self) -> Tokenizer:
-        """The tokenizer; a BPE is trained (or read from a prepared data set) when first asked."""
+        """The tokenizer; a BPE is trained{{ " (or read from a prepared data set)" if cookiecutter.use_prepared == "yes" else "" }} when first asked."""
         if self._tokenizer is None:
             self._tokenizer = self.train_tokenizer()
         return self._tokenizer
@@ -418,7 +432,7 @@ class TextDataModule(LanguageDataModule):
         path: a UTF-8 text file or a folder of text files; None for the bundled corpus.
         suffixes: endings of the files read from a folder (case-insensitive), e.g. ``[.txt, .md]``.
         tokenizer: None (or ``bytes``) for UTF-8 bytes; ``bpe`` for a byte-level BPE trained on the
-            training split (saved in the checkpoint and the prepared data set); or a pretrained
+            training split (saved in the checkpoint{{ " and the prepared data set" if cookiecutter.use_prepared == "yes" else "" }}); or a pretrained
             model's folder or hub id (its tokenizer).
         bpe_vocab_size: tokens of a ``bpe`` tokenizer (256 bytes, an end token, then merges); fewer
             when the training text has too few distinct merges.
@@ -426,15 +440,17 @@ class TextDataModule(LanguageDataModule):
         stride: tokens between the starts of consecutive training windows (default ``block_size``:
             no overlap; smaller values give more, overlapping windows per epoch).
         val_fraction, test_fraction: shares of the text held out, taken from its end (val, then test).
+{%- if cookiecutter.use_prepared == "yes" %}
         prepared: a folder ``make prepare`` wrote from this text: tokens are read from disk instead of
             reading and tokenizing ``path`` into memory (``tokenizer`` and the fractions must be the
             ones it was prepared with).
+{%- endif %}
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
 
     Raises:
         ValueError: a fraction or size out of range, or a split shorter than one window (names the
-            field and the fix); see :func:`read_text` for the file errors and
-            :func:`engine.prepared.open_prepared` for a prepared data set's.
+            field and the fix); see :func:`read_text` for the file errors{% if cookiecutter.use_prepared == "yes" %} and
+            :func:`engine.prepared.open_prepared` for a prepared data set's{% endif %}.
     """
 
     def __init__(
@@ -447,7 +463,9 @@ class TextDataModule(LanguageDataModule):
         stride: int | None = None,
         val_fraction: float = 0.05,
         test_fraction: float = 0.05,
+{%- if cookiecutter.use_prepared == "yes" %}
         prepared: str | None = None,
+{%- endif %}
         batch_size: int = 32,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -478,38 +496,11 @@ class TextDataModule(LanguageDataModule):
         """
         if self._splits is None:
             hp = self.hparams
-            if hp.prepared is not None:
-                prepared = open_prepared(
-                    hp.prepared,
-                    type(self).__name__,
-                    self._prepared_settings(),
-                    self._files,
-                    source=hp.path,
-                    fields={"tokens": ("|u1", "<u2", "<u4"), "?counts": ("<u2",)},
-                    state={"bytes": COUNT, "vocab_size": COUNT},
-                    splits=SPLITS,
-                )
-                prepared.check_below("tokens", prepared.state["vocab_size"], "the vocabulary size")
-                if self._tokenizer is None:
-                    self._tokenizer = BPETokenizer.from_json(
-                        prepared.state["tokenizer"], f"data.prepared={hp.prepared}"
-                    )
-                fields = {name: prepared.split(name) for name in SPLITS}
-                splits = {name: (split["tokens"], split.get("counts")) for name, split in fields.items()}
-                size = prepared.state["bytes"]
-            else:
-                text = read_text(hp.path, self._endings)
-                size = len(text)
-                ends = (
-                    utf8_boundary(text, int(len(text) * (1 - hp.val_fraction - hp.test_fraction))),
-                    utf8_boundary(text, int(len(text) * (1 - hp.test_fraction))),
-                )
-                parts = {"train": text[: ends[0]], "val": text[ends[0] : ends[1]], "test": text[ends[1] :]}
-                if self._tokenizer is None:
-                    self._tokenizer = BPETokenizer.train(
-                        safe_stream([parts["train"].decode("utf-8")]), hp.bpe_vocab_size
-                    )
-                splits = {name: self._tokenize(part) for name, part in parts.items()}
+{%- if cookiecutter.use_prepared == "yes" %}
+            splits, size = self._open_splits() if hp.prepared is not None else self._read_splits()
+{%- else %}
+            splits, size = self._read_splits()
+{%- endif %}
             for name, (tokens, _) in splits.items():
                 if len(tokens) < hp.block_size + 1:
                     where = "the bundled corpus" if hp.path is None else hp.path
@@ -521,19 +512,56 @@ class TextDataModule(LanguageDataModule):
             self._splits = splits
         return self._splits
 
+    def _read_splits(self) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor | None]], int]:
+        """The text read into memory, cut at the byte fractions and tokenized; and its size in bytes."""
+        hp = self.hparams
+        text = read_text(hp.path, self._endings)
+        size = len(text)
+        ends = (
+            utf8_boundary(text, int(len(text) * (1 - hp.val_fraction - hp.test_fraction))),
+            utf8_boundary(text, int(len(text) * (1 - hp.test_fraction))),
+        )
+        parts = {"train": text[: ends[0]], "val": text[ends[0] : ends[1]], "test": text[ends[1] :]}
+        if self._tokenizer is None:
+            self._tokenizer = BPETokenizer.train(safe_stream([parts["train"].decode("utf-8")]), hp.bpe_vocab_size)
+        splits = {name: self._tokenize(part) for name, part in parts.items()}
+        return splits, size
+
     @property
     def _endings(self) -> tuple[str, ...]:
         return tuple("." + suffix.lower().lstrip(".") for suffix in self.hparams.suffixes)
+
+    def train_tokenizer(self) -> Tokenizer:
+        """The BPE of the training split{{ " (the prepared data set's, with ``prepared``)" if cookiecutter.use_prepared == "yes" else "" }}: reading the splits trains it."""
+        self.splits  # noqa: B018
+        return self._tokenizer
+{%- if cookiecutter.use_prepared == "yes" %}
 
     # ---- a prepared corpus: tokenized once, a chunk at a time, read from disk ----------------------
     def _files(self, root: Path) -> list[Path]:
         """The files of the source at ``root`` (a file or a folder), as prepare fingerprinted them."""
         return text_files(root, self._endings)
 
-    def train_tokenizer(self) -> Tokenizer:
-        """The BPE of the training split (the prepared data set's, with ``prepared``): reading the splits trains it."""
-        self.splits  # noqa: B018
-        return self._tokenizer
+    def _open_splits(self) -> tuple[dict[str, Any], int]:
+        """The prepared data set's splits (checked, read from disk) and the corpus's size in bytes."""
+        hp = self.hparams
+        prepared = open_prepared(
+            hp.prepared,
+            type(self).__name__,
+            self._prepared_settings(),
+            self._files,
+            source=hp.path,
+            fields={"tokens": ("|u1", "<u2", "<u4"), "?counts": ("<u2",)},
+            state={"bytes": COUNT, "vocab_size": COUNT},
+            splits=SPLITS,
+        )
+        prepared.check_below("tokens", prepared.state["vocab_size"], "the vocabulary size")
+        if self._tokenizer is None:
+            self._tokenizer = BPETokenizer.from_json(prepared.state["tokenizer"], f"data.prepared={hp.prepared}")
+        fields = {name: prepared.split(name) for name in SPLITS}
+        splits = {name: (split["tokens"], split.get("counts")) for name, split in fields.items()}
+        size = prepared.state["bytes"]
+        return splits, size
 
     def _prepared_settings(self) -> dict[str, Any]:
         hp = self.hparams
@@ -602,6 +630,7 @@ class TextDataModule(LanguageDataModule):
             writer.state(bytes=total, vocab_size=vocab, **trained)
         counts = {name: writer.manifest["splits"][name]["count"] for name in SPLITS}
         return {**counts, "bytes": total}
+{%- endif %}
 
     def _tokenize(self, text: bytes) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.tokenizer.source is None:  # bytes: the text itself, one byte per token
@@ -612,11 +641,15 @@ class TextDataModule(LanguageDataModule):
 
     @property
     def vocab_size(self) -> int:
+{%- if cookiecutter.use_prepared == "yes" %}
         """The tokenizer's vocabulary (256: bytes); asking reads and checks the text, or opens and checks
         the prepared data set (the CLI asks first). While ``make prepare`` builds the classes it reads
         nothing (the text is read by :meth:`write_prepared`, a block at a time)."""
         if is_preparing():
             return self.hparams.bpe_vocab_size if self._tokenizer_name == BPE else self.tokenizer.vocab_size
+{%- else %}
+        """The tokenizer's vocabulary (256: bytes); asking reads and checks the text (the CLI asks first)."""
+{%- endif %}
         self.splits  # noqa: B018 -- a bad path or a too short text fails here, before any run folder exists
         return self.tokenizer.vocab_size
 

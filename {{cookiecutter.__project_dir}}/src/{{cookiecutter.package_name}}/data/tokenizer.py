@@ -8,11 +8,11 @@ stands for. Summed over a split, those counts turn a loss in nats per token into
 
 :func:`load_tokenizer` is the entry for bytes (``None`` or ``"bytes"``) and pretrained models (a
 folder or hub id, :func:`nets.hub.locate`, read offline). A BPE (``"bpe"``) is trained
-on a DataModule's training split (:meth:`BPETokenizer.train`) and travels as JSON: in the
-prepared data set, in the checkpoint, beside an export (``tokenizer.json``).
+on a DataModule's training split (:meth:`BPETokenizer.train`) and travels as JSON:
+in the checkpoint{% if cookiecutter.use_prepared == "yes" %}, in the prepared data set{% endif %}{% if cookiecutter.use_serving == "yes" %}, beside an export (``tokenizer.json``){% endif %}.
 
 Text is tokenized in pieces cut only where the tokenizer's pre-tokenizer cuts anyway
-(:func:`safe_cut`), so a corpus tokenized a block at a time (``make prepare``), or in parallel
+(:func:`safe_cut`), so a corpus tokenized a block at a time{{ " (``make prepare``)" if cookiecutter.use_prepared == "yes" else "" }}, or in parallel
 pieces, gives exactly the ids of the whole text tokenized at once.
 """
 

@@ -4,8 +4,10 @@
   channels-last, precision rules, cheap logging. Task LightningModules inherit it.
 - :class:`ResumableDataModule` (``data.py``): loaders that resume exactly mid-epoch for any
   map-style data set. Task LightningDataModules inherit it.
+{%- if cookiecutter.use_prepared == "yes" %}
 - ``prepared.py``: prepared data sets (``make prepare``): fixed-size records in shards, written
   atomically, checked before training, read from disk with memory flat in their size.
+{%- endif %}
 - ``runs.py`` (run folders, resume, test after fit), ``checkpoints.py`` (atomic writes, clear load
   errors), ``launch.py`` (srun/torchrun checks), ``precision.py``, ``optim.py``, ``config.py``
   (fix-ups before anything is built) and ``callbacks/`` (pre-emption, RNG state, NaN stop, plots,

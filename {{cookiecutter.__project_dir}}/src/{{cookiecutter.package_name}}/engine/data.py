@@ -84,7 +84,7 @@ class ResumableSampler(DistributedSampler):
     batches: so the DataModule passes the epoch to resume in and ``skip``, the samples of that
     epoch this process already trained on (dropped from the first iterator only). The order is
     held as an int64 tensor (8 bytes a sample), not a Python list, so that it stays small beside a
-    large prepared data set.
+    large data set read from disk.
     """
 
     def __init__(self, dataset: Dataset, world_size: int, rank: int, seed: int, epoch: int = 0, skip: int = 0) -> None:
@@ -94,7 +94,7 @@ class ResumableSampler(DistributedSampler):
     def __iter__(self) -> Iterator[int]:
         # DistributedSampler's order, kept in an int64 tensor (8 bytes a sample) instead of its Python
         # list (about 36 bytes a sample: 250 MB for the 7 M windows of a 1 GB corpus), so that memory
-        # stays flat for large prepared data sets.
+        # stays flat for large data sets read from disk.
         skip, self.skip = self.skip, 0
         generator = torch.Generator()
         generator.manual_seed(self.seed + self.epoch)
