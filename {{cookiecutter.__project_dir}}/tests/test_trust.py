@@ -366,7 +366,7 @@ def test_python_m_predict_refuses_a_planted_module_beside_the_project_in_one_lin
     # The real situation: `python -m` puts the working folder first on sys.path.
     (tmp_path / "labtools.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
     _, path, _ = hostile_copy(trained_run, tmp_path, "Callable argument of an allowed class", "labtools")
-    for command in (["predict", "--ckpt", str(path)], ["export", "--ckpt", str(path)]):
+    for command in (["predict", "--ckpt", str(path)],{{ ' ["export", "--ckpt", str(path)]' if cookiecutter.use_serving == "yes" else "" }}):
         result = subprocess.run(
             [sys.executable, "-m", f"{{ cookiecutter.package_name }}.commands.{command[0]}", *command[1:]],
             cwd=tmp_path,
