@@ -2,6 +2,7 @@
 
 import functools
 import importlib
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,15 @@ def test_a_yaml_syntax_error_names_its_file_line_and_column(tmp_path: Path) -> N
     broken.write_text("trainer:\n  max_epochs: [1\n")
     with user_error(rf"{broken}: not valid YAML at line 3, column 1"):
         main(["fit", *shrunk_args(tmp_path), f"--config={broken}"])
+
+
+def test_a_yaml_syntax_error_in_a_file_a_config_names_names_that_file(tmp_path: Path) -> None:
+    # default.yaml reads its Trainer from trainer.yaml (a section given as a file): an edit that breaks it.
+    configs = shutil.copytree(CONFIGS, tmp_path / "configs")
+    trainer = configs / "trainer.yaml"
+    trainer.write_text(trainer.read_text().replace("max_epochs: ", "max_epochs: [", 1))
+    with user_error(rf"{trainer}: not valid YAML at line \d+, column \d+"):
+        main(["fit", *shrunk_args(tmp_path), f"--config={configs / 'default.yaml'}"])
 
 
 def test_a_value_a_class_refuses_is_reported_alone(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

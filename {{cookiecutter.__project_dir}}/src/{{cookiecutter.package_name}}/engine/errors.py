@@ -48,27 +48,38 @@ class LaunchError(UserError, RuntimeError):
 
 
 def check_config_files(args: Sequence[str]) -> None:
-    """Parse every ``--config`` file of ``args`` as YAML first, so a syntax error names its file.
+    """Parse every ``--config`` file of ``args`` as YAML first, so a syntax error names its file; and the
+    files a config names for a whole section (``trainer: trainer.yaml``, read relative to that config).
 
-    jsonargparse reports a YAML error as ``in "<unicode string>", line 2`` without the file's name.
+    jsonargparse reports a YAML error as ``in "<unicode string>", line 2`` without the file's name, and
+    a broken nested file as ``Unable to load config 'trainer.yaml'`` without the line.
 
     Raises:
-        ConfigError: a ``--config`` file that is not valid YAML, with its path, line and column.
+        ConfigError: a ``--config`` file, or a file one names, that is not valid YAML, with its path, line
+            and column.
     """
     paths = [value for flag, value in itertools.pairwise(args) if flag == "--config"]
     paths += [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
     for path in map(Path, paths):
         if not path.is_file():
             continue  # jsonargparse names a missing file itself
-        try:
-            yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(error, "problem", None) or str(error)
-            raise ConfigError(
-                f"{path}: not valid YAML{where}: {problem}. Fix that line (lists are [a, b], maps are key: value)."
-            ) from None
+        tree = _read_yaml(path)
+        nested = tree.values() if isinstance(tree, dict) else ()
+        for value in nested:
+            if isinstance(value, str) and value.endswith((".yaml", ".yml")) and (path.parent / value).is_file():
+                _read_yaml(path.parent / value)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(
+            f"{path}: not valid YAML{where}: {problem}. Fix that line (lists are [a, b], maps are key: value)."
+        ) from None
 
 
 # The lines of jsonargparse's error for a value it refused, from the outer option to the inner one.
