@@ -152,10 +152,10 @@ def expected_files(
         files -= {f"src/{package}/serving/{name}" for name in ("__init__.py", "api.py", "openai_api.py")}
         files -= {f"src/{package}/{name}" for name in ("commands/serve.py", "commands/export.py", "engine/export.py")}
         files -= {f"src/{package}/data/image_files.py"}
+        files -= {"scripts/serve_load.py", "tests/test_ship.py", "tests/test_openai_api.py"}
     if not use_prepared:  # make prepare: the command, the shard format, its tests and guide
         files -= {f"src/{package}/engine/prepared.py", f"src/{package}/commands/prepare.py"}
         files -= {"tests/test_prepared.py", "docs/prepared-data.md"}
-        files -= {"scripts/serve_load.py", "tests/test_ship.py", "tests/test_openai_api.py"}
     return files
 
 
