@@ -158,7 +158,8 @@ def pruned_names_left(
 
 def check_first_read(project: Path) -> None:
     """The README fits a first read: the quick start, then "add your own" within its first 120 lines; the
-    reference it links (docs/) exists; default.yaml is short and free of measured figures, which go stale."""
+    reference it links (docs/) exists; default.yaml and trainer.yaml are short and free of measured figures, which go
+    stale."""
     readme = (project / "README.md").read_text().splitlines()
     headings = [line for line in readme if line.startswith("## ")]
     assert headings[0] == "## Quick start" and readme.index("## Add your own data, model or task") < 120, headings
@@ -167,8 +168,11 @@ def check_first_read(project: Path) -> None:
     assert {path.name for path in (project / "docs").glob("*.md")} <= set(
         re.findall(r"docs/([\w.-]+\.md)", "\n".join(readme))
     )
+    figures = re.compile(r"\d\.\d+ to|\d+(\.\d+)? ?ms\b|x the ")
     default = (project / "configs" / "default.yaml").read_text()
-    assert len(default.splitlines()) <= 50 and not re.search(r"\d\.\d+ to|\d+(\.\d+)? ?ms\b|x the ", default), default
+    assert len(default.splitlines()) <= 50 and not figures.search(default), default
+    trainer = (project / "configs" / "trainer.yaml").read_text()  # the Trainer and the default callbacks
+    assert len(trainer.splitlines()) <= 60 and not figures.search(trainer), trainer
 
 
 def check_make_targets_run_commands(project: Path) -> None:
