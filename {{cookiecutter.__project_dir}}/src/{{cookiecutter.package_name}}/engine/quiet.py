@@ -111,20 +111,18 @@ def replace_resume_warnings(run_dir: str) -> None:
         f"Continuing in {run_dir}: its checkpoints and logged metrics are kept (a CSV logger's earlier rows "
         "move to metrics-<n>.csv)."
     )
+{%- if cookiecutter.use_serving == 'yes' %}
 
 
-{% if cookiecutter.use_serving == 'yes' -%}
 # Export and serving (engine.export, serving.api), each the dependency's note to itself:
 # torch.onnx's dynamo exporter lists the torchvision operators it skips when torchvision is absent;
 # torchao (0.18) logs every optional CUDA/cutlass kernel library it cannot load on this machine;
 # torch's _pytree logs that torchao registers an Enum as a pytree constant.
 EXPORT_LOGGERS = ("torch.onnx._internal.exporter._registration", "torchao", "torch.utils._pytree")
-{% else -%}
-# torch's _pytree logs that an optional library peft may import registers an Enum as a pytree constant.
-EXPORT_LOGGERS = ("torch.utils._pytree",)
-{% endif %}
+
 
 def silence_export_noise() -> None:
     """Raise the loggers above to ERROR (their warnings describe the dependency, not the user's model)."""
     for name in EXPORT_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+{%- endif %}

@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+{%- if cookiecutter.use_serving == "yes" %}
 from {{ cookiecutter.package_name }}.engine.quiet import silence_export_noise
+{%- endif %}
 from {{ cookiecutter.package_name }}.nets.hub import Pretrained, fingerprint
 
 
@@ -180,7 +182,9 @@ def targets_conv1d(model: nn.Module, targets: list[str] | str | None) -> bool:
 
 def libraries(user: str) -> tuple[Any, Any]:
     """(transformers, peft), or ImportError naming the extra that installs them for ``user`` (a net's name)."""
-    silence_export_noise()  # {{ 'peft imports torchao (through transformers), whose loggers list missing CUDA kernels' if cookiecutter.use_serving == 'yes' else "the pytree notes of libraries peft may import" }}
+{%- if cookiecutter.use_serving == "yes" %}
+    silence_export_noise()  # peft imports torchao (through transformers), whose loggers list missing CUDA kernels
+{%- endif %}
     try:
         import peft
         import transformers
