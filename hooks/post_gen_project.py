@@ -120,6 +120,28 @@ PREPARED_FILES = [
 ]
 
 
+# The files of pretrained backbones and fine-tuning (use_pretrained): the nets that load them (Hugging
+# Face, timm, torchvision), reading them offline, LoRA, BackboneFreeze, their configs and tests.
+PRETRAINED_FILES = [
+    "src/{package}/nets/hf.py",
+    "src/{package}/nets/hub.py",
+    "src/{package}/nets/hf_image.py",  # from here to the configs: one task's only
+    "src/{package}/nets/timm_net.py",
+    "src/{package}/nets/pretrained.py",
+    "src/{package}/nets/image_preprocessing.py",
+    "src/{package}/nets/causal_lm.py",
+    "src/{package}/engine/callbacks/finetuning.py",
+    "tests/test_hf_image.py",
+    "tests/test_transfer.py",
+    "tests/test_finetune.py",
+    "configs/experiments/transfer-learning.yaml",
+    "configs/experiments/lora.yaml",
+    "configs/experiments/timm.yaml",
+    "configs/experiments/finetune.yaml",
+    "configs/experiments/finetune-sft.yaml",
+]
+
+
 # The files some task families share (pretrained Hugging Face models), and those families.
 SHARED_TASK_FILES = {
     "src/{package}/nets/hf.py": ("image-classification", "language-model"),
@@ -148,6 +170,9 @@ def prune() -> None:
     if ANSWERS["use_prepared"] != "yes":
         for relative in PREPARED_FILES:
             (PROJECT / relative.format(package=PACKAGE)).unlink()
+    if ANSWERS["use_pretrained"] != "yes":
+        for relative in PRETRAINED_FILES:
+            (PROJECT / relative.format(package=PACKAGE)).unlink(missing_ok=True)  # some are one task's only
     if ANSWERS["include_slurm"] != "yes":
         shutil.rmtree(PROJECT / "scripts" / "slurm")
         (PROJECT / "tests" / "test_slurm_script.py").unlink()

@@ -22,6 +22,7 @@ CHOICES = {
     "use_benchmark": ("yes", "no"),
     "use_serving": ("yes", "no"),
     "use_prepared": ("yes", "no"),
+    "use_pretrained": ("yes", "no"),
     "include_slurm": ("yes", "no"),
 }
 # Import names the generated project or its users rely on: a package with one of these names

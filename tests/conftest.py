@@ -125,6 +125,7 @@ def expected_files(
     use_benchmark: bool = True,
     use_serving: bool = True,
     use_prepared: bool = True,
+    use_pretrained: bool = True,
 ) -> set[str]:
     """The exact file set of a bake: nothing missing, nothing extra."""
     files = {
@@ -156,6 +157,13 @@ def expected_files(
     if not use_prepared:  # make prepare: the command, the shard format, its tests and guide
         files -= {f"src/{package}/engine/prepared.py", f"src/{package}/commands/prepare.py"}
         files -= {"tests/test_prepared.py", "docs/prepared-data.md"}
+    if not use_pretrained:  # pretrained backbones: their nets, offline hub reads, BackboneFreeze, configs, tests
+        files -= {f"src/{package}/nets/{name}.py" for name in ("hf", "hub", "hf_image", "timm_net", "pretrained")}
+        files -= {f"src/{package}/nets/{name}.py" for name in ("image_preprocessing", "causal_lm")}
+        files -= {f"src/{package}/engine/callbacks/finetuning.py"}
+        files -= {f"tests/{name}.py" for name in ("test_hf_image", "test_transfer", "test_finetune")}
+        files -= {f"configs/experiments/{name}.yaml" for name in ("transfer-learning", "lora", "timm")}
+        files -= {f"configs/experiments/{name}.yaml" for name in ("finetune", "finetune-sft")}
     return files
 
 

@@ -37,6 +37,7 @@ MATRIX = [
         "use_benchmark": ("yes", "no")[(i // 4) % 2],
         "use_serving": ("yes", "no")[i in (3, 5, 7)],  # off once for each task: tabular, language model, image
         "use_prepared": ("yes", "no")[i in (1, 2, 5)],  # off for image, tabular, language model (with serving)
+        "use_pretrained": ("yes", "no")[i in (0, 3, 4)],  # off for image and language model with serving, tabular
         "license": QUESTIONS["license"][i % 4],
         "python_version": QUESTIONS["python_version"][i % 4],
         "project_name": f"Bake {i}",
@@ -55,8 +56,10 @@ def check_bake(project: Path, answers: dict) -> None:
     benchmark = answers.get("use_benchmark", "yes") == "yes"
     serving = answers.get("use_serving", "yes") == "yes"
     prepared = answers.get("use_prepared", "yes") == "yes"
+    pretrained = answers.get("use_pretrained", "yes") == "yes"
     slurm = answers["include_slurm"] == "yes"
-    assert files_of(project) == expected_files(slug, package, slurm, task, sweeps, benchmark, serving, prepared)
+    expected = expected_files(slug, package, slurm, task, sweeps, benchmark, serving, prepared, pretrained)
+    assert files_of(project) == expected
     assert leftover_template_syntax(project) == []
 
     pyproject = tomllib.loads((project / "pyproject.toml").read_text())
@@ -87,7 +90,7 @@ def check_bake(project: Path, answers: dict) -> None:
     assert LICENSE_FIRST_LINE[answers["license"]] in (project / "LICENSE").read_text().splitlines()[0]
     check_make_targets_run_commands(project)
     assert engine_imports(project / "src" / package / "engine") & TASK_LIBRARIES == set()
-    assert pruned_names_left(project, task, sweeps, benchmark, serving, prepared) == []
+    assert pruned_names_left(project, answers) == []
     check_first_read(project)
 
     # The GitHub workflow is valid against GitHub's workflow schema (vendored by check-jsonschema: offline).
@@ -126,6 +129,12 @@ PREPARED_NAMES = (
     r"|PreparedWriter|prepared-data|prepared data|data\.prepared|init_args\.prepared|\bprepared[:=]|`prepared`"
 )
 
+PRETRAINED_NAMES = (
+    r"BackboneFreeze|HFImageClassifier|TimmNet|PretrainedNet|HFCausalLM|nets\.hub|\bhub\.py|image_preprocessing"
+    r"|\bLoRA\b|\blora\b|\bpeft\b|make timm|timm\.yaml|\bfinetune\b|test_finetune|hf download|save_merged"
+    r"|hub_snapshot|PretrainedTokenizer|transformers|make torchvision|data\.pretrained|init_args\.pretrained|`hf/`"
+)
+
 
 def engine_imports(engine: Path) -> set[str]:
     """The top-level modules the files under ``engine`` import, at the top or inside functions."""
@@ -139,13 +148,21 @@ def engine_imports(engine: Path) -> set[str]:
     return found
 
 
-def pruned_names_left(
-    project: Path, task: str, sweeps: bool = True, benchmark: bool = True, serving: bool = True, prepared: bool = True
-) -> list[str]:
+# The names each use_* answer's "no" prunes.
+ANSWER_NAMES = {
+    "use_sweeps": SWEEP_NAMES,
+    "use_benchmark": BENCHMARK_NAMES,
+    "use_serving": SERVING_NAMES,
+    "use_prepared": PREPARED_NAMES,
+    "use_pretrained": PRETRAINED_NAMES,
+}
+
+
+def pruned_names_left(project: Path, answers: dict) -> list[str]:
     """``file:line`` of every mention of a name the bake pruned, by its task and its use_* answers
     (outside uv.lock and .git)."""
-    pruned = [PRUNED_NAMES[task], *([] if sweeps else [SWEEP_NAMES]), *([] if benchmark else [BENCHMARK_NAMES])]
-    pruned += ([] if serving else [SERVING_NAMES]) + ([] if prepared else [PREPARED_NAMES])
+    pruned = [PRUNED_NAMES[answers.get("task", "image-classification")]]
+    pruned += [names for answer, names in ANSWER_NAMES.items() if answers.get(answer, "yes") != "yes"]
     pattern = re.compile("|".join(pruned))
     return [
         f"{file.relative_to(project)}:{number}: {line.strip()[:100]}"

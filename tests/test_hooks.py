@@ -74,7 +74,7 @@ def test_hook_checks_choices_too() -> None:
         "project_name": "X", "project_slug": "x", "package_name": "x_model", "author_name": "A",
         "author_email": "a@b.io", "license": "GPL", "python_version": "3.11", "logger": "mlflow",
         "precision": "bf16-mixed", "compile": "no", "include_slurm": "yes", "use_sweeps": "yes",
-        "use_benchmark": "yes", "use_serving": "yes", "use_prepared": "yes",
+        "use_benchmark": "yes", "use_serving": "yes", "use_prepared": "yes", "use_pretrained": "yes",
     }  # fmt: skip
     found = namespace["problems"](answers)
     assert [message.split()[0] for message in found] == ["license", "logger"]
@@ -123,7 +123,7 @@ def test_typed_template_syntax_is_kept_literally(tmp_path: Path) -> None:
     name = "Net {{ 7*7 }} {% if 1 %}x{% endif %}"
     description = "Uses {{ cookiecutter.author_name }} and {% raw %} literally"
     # One line per question, in cookiecutter.json's order; empty lines take the default.
-    answers = ["", name, "", "", description, "", "", "", "", "", "", "", "", "", "", "", ""]  # task first: the default
+    answers = ["", name, "", "", description, *[""] * 13]  # task first: the default; 18 questions
     output = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-m", "cookiecutter", "-o", str(output), str(ROOT)],

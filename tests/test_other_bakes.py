@@ -20,6 +20,7 @@ SECOND = {
     "use_benchmark": "no",
     "use_serving": "no",
     "use_prepared": "no",
+    "use_pretrained": "no",
     "license": "Apache-2.0",
 }
 

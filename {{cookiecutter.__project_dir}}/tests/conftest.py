@@ -94,7 +94,7 @@ def readme_commands(section: str) -> list[str]:
     return [line.split("#")[0].strip() for line in block.strip().splitlines()]
 
 
-{% if cookiecutter.task == "image-classification" -%}
+{% if cookiecutter.task == "image-classification" and cookiecutter.use_pretrained == "yes" -%}
 def colour_folder(root: Path, per_class: int = 30, seed: int = 0) -> Path:
     """root/{red,green,blue}/<n>.png: noisy 40x48 images of one dominant colour each: an easy split."""
     import numpy as np

@@ -1,5 +1,5 @@
 """The OpenAI API of ``make serve`` for language models (serving/openai_api.py), called with the official
-``openai`` client and with curl, against a trained byte GPT (the LoRA fine-tune: tests/test_finetune.py).
+``openai`` client and with curl, against a trained byte GPT{{ " (the LoRA fine-tune: tests/test_finetune.py)" if cookiecutter.use_pretrained == "yes" else "" }}.
 
 Answers are checked against the model run in this process (``stream_chat``), token for token.
 """

@@ -17,7 +17,7 @@ kornia (https://kornia.readthedocs.io: random resized crop, horizontal flip), th
 standardised per channel with the training split's statistics, saved in checkpoints.
 
 **Images at real sizes** (``crop_size``, e.g. ``image_size=256, crop_size=224`` for ImageNet-pretrained
-nets; ``configs/experiments/transfer-learning.yaml``): the recipe of torchvision's reference training
+nets{% if cookiecutter.use_pretrained == "yes" %}; ``configs/experiments/transfer-learning.yaml``{% endif %}): the recipe of torchvision's reference training
 (https://pytorch.org/vision/stable/models.html; Szegedy et al., 2015, "Going deeper with convolutions",
 for the random resized crop). Each image is kept at its aspect ratio, its shorter side resized to
 ``image_size`` and its centre square kept (Pillow's ``ImageOps.fit``), once, in memory{% if cookiecutter.use_prepared == "yes" %} or in a prepared data set{% endif %};
@@ -77,8 +77,10 @@ from {{ cookiecutter.package_name }}.engine.prepared import (
     prepare_command,
 )
 {%- endif %}
+{%- if cookiecutter.use_pretrained == "yes" %}
 from {{ cookiecutter.package_name }}.nets.hub import locate
 from {{ cookiecutter.package_name }}.nets.image_preprocessing import image_preprocessing
+{%- endif %}
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLITS = ("train", "val", "test")
@@ -117,21 +119,23 @@ class ImageFolderDataModule(ResumableDataModule):
             decoding ``root`` into memory (``image_size`` must be the one it was prepared with).
 {%- endif %}
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
+{%- if cookiecutter.use_pretrained == "yes" %}
         pretrained: the folder or hub id (local cache) of the pretrained backbone (``net.model`` of
             ``nets.HFImageClassifier`` or ``nets.TimmNet``): its ``preprocessor_config.json``
             (transformers) or its ``config.json``'s ``pretrained_cfg`` (timm) sets ``image_size``,
             ``crop_size`` and the per-channel mean and std (in place of the training split's), as the
             backbone saw images in pretraining (:func:`nets.image_preprocessing.image_preprocessing`), and
             images are RGB. The checkpoint keeps them for predict, export and serve.
+{%- endif %}
         mean, std: per-channel mean and standard deviation of pixels in [0, 1] that a backbone was
             pretrained with, in place of the training split's (for weights that come without a
             preprocessing file, such as torchvision's: ImageNet's ``[0.485, 0.456, 0.406]`` and
             ``[0.229, 0.224, 0.225]``); 3 values each (images become RGB) or 1 (grey). Set with
-            ``image_size`` and ``crop_size``; ``pretrained`` sets all four instead.
+            ``image_size`` and ``crop_size``{{ '; ``pretrained`` sets all four instead' if cookiecutter.use_pretrained == "yes" else "" }}.
 
     Raises:
         ValueError: ``image_size`` below 4, ``crop_size`` larger than ``image_size``, ``crop_scale``
-            not within (0, 1], ``mean`` without ``std`` (or beside ``pretrained``), of other lengths
+            not within (0, 1], ``mean`` without ``std``{{ ' (or beside ``pretrained``)' if cookiecutter.use_pretrained == "yes" else "" }}, of other lengths
             or with a ``std`` not above 0 (named when the config is read); ``root`` is missing, holds no images or
             a single class, a class folder has too
             few images to split, or (without ``skip_unreadable``) a file is not a readable image;
@@ -157,17 +161,21 @@ class ImageFolderDataModule(ResumableDataModule):
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
+{%- if cookiecutter.use_pretrained == "yes" %}
         pretrained: str | None = None,
+{%- endif %}
         mean: list[float] | None = None,
         std: list[float] | None = None,
     ) -> None:
         super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
         check_fractions(val_fraction, test_fraction)
-        self.pretrained_stats = given_stats(mean, std, pretrained)
+        self.pretrained_stats = given_stats(mean, std{{ ", pretrained" if cookiecutter.use_pretrained == "yes" else "" }})
+{%- if cookiecutter.use_pretrained == "yes" %}
         if pretrained is not None:  # sizes and statistics the backbone was pretrained with, in place of the data's
             preprocessing = image_preprocessing(locate(pretrained, key="data.pretrained").folder)
             image_size, crop_size = preprocessing["image_size"], preprocessing["crop_size"]
             self.pretrained_stats = (preprocessing["mean"], preprocessing["std"])
+{%- endif %}
         if image_size < 4:
             raise ConfigError(f"data.image_size must be at least 4 pixels, got {image_size}")
         if crop_size is not None and not 4 <= crop_size <= image_size:
@@ -180,8 +188,10 @@ class ImageFolderDataModule(ResumableDataModule):
                 f"data.crop_scale={list(crop_scale)} must be [lowest, highest] with 0 < lowest <= highest <= 1"
             )
         self.save_hyperparameters()
+{%- if cookiecutter.use_pretrained == "yes" %}
         if pretrained is not None:  # LightningCLI gives hparams the config's values: set the backbone's
             self.hparams.image_size, self.hparams.crop_size = image_size, crop_size
+{%- endif %}
         # Found by scanning root when first asked (the CLI asks while it builds the model), or
         # restored from a checkpoint (load_state_dict), which then never rescans for inference.
         self.files: dict[str, list[tuple[Path, int]]] | None = None
@@ -221,6 +231,7 @@ class ImageFolderDataModule(ResumableDataModule):
     @property
     def num_channels(self) -> int:
         return 3 if self.mode == "RGB" else 1
+{%- if cookiecutter.use_pretrained == "yes" %}
 
     @property
     def image_preparation(self) -> dict[str, Any]:
@@ -229,6 +240,7 @@ class ImageFolderDataModule(ResumableDataModule):
         (:func:`nets.image_preprocessing.check_preprocessing_fits`)."""
         mean, std = self.pretrained_stats or (None, None)
         return {"image_size": self.hparams.image_size, "crop_size": self.hparams.crop_size, "mean": mean, "std": std}
+{%- endif %}
 
     def _find_files(self) -> None:
         """Scan ``root`` once; a model restored from a checkpoint keeps its own class names and mode.
@@ -601,14 +613,17 @@ class ImageFolderDataModule(ResumableDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the classes, mode and statistics the model was trained with: inference never rescans the folder."""
         super().load_state_dict(state_dict)
+{%- if cookiecutter.use_pretrained == "yes" %}
         trained_at = (state_dict.get("image_size"), state_dict.get("crop_size"))
         if self.hparams.pretrained is not None and "image_size" in state_dict and trained_at != self._sizes():
             raise ConfigError(
                 f"data.pretrained={self.hparams.pretrained}: its preprocessing file now gives image_size and "
                 f"crop_size {self._sizes()}, but the model was trained at {trained_at}: restore that folder's file"
             )
+{%- endif %}
         self.mean, self.std = state_dict["mean"], state_dict["std"]
         self._class_names, self._mode = list(state_dict["class_names"]), state_dict["mode"]
+{%- if cookiecutter.use_pretrained == "yes" %}
 
 
 def given_stats(
@@ -625,6 +640,18 @@ def given_stats(
         raise ConfigError(
             "data.mean and data.std come from data.pretrained's preprocessing file: set pretrained, or mean and std"
         )
+{%- else %}
+
+
+def given_stats(mean: list[float] | None, std: list[float] | None) -> tuple[list[float], list[float]] | None:
+    """``(mean, std)`` given in the config, checked; None to use the training split's.
+
+    Raises:
+        ValueError: one without the other, not 1 or 3 values each, or a std not above 0.
+    """
+    if mean is None and std is None:
+        return None
+{%- endif %}
     if mean is None or std is None or len(mean) != len(std) or len(mean) not in (1, 3):
         raise ConfigError(
             f"data.mean={mean} and data.std={std} must both be given, 3 values each (RGB) or 1 (grey): "

@@ -53,7 +53,7 @@ class PromptCompletionDataModule(LanguageDataModule):
     Args:
         path: a JSONL file; each line an object with the strings ``prompt`` and ``completion``, or a
             ``messages`` list of ``{"role", "content"}`` with at least one ``assistant`` message.
-        tokenizer: the pretrained model whose tokenizer to use (folder or hub id); None for bytes.
+        tokenizer: {{ 'the pretrained model whose tokenizer to use (folder or hub id); None for bytes.' if cookiecutter.use_pretrained == "yes" else 'None (or ``bytes``): UTF-8 bytes, the one tokenizer a JSONL file of examples can use.' }}
         block_size: most tokens an example may have (the context the model is trained on); a
             longer completion or chat is cut (the count is logged); a longer prompt, or a chat whose
             first assistant turn starts beyond it, is refused.

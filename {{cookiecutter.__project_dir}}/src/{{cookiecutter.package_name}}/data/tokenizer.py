@@ -1,13 +1,13 @@
-"""The language model's tokenizers: UTF-8 bytes, a byte-level BPE trained on the training text, or a
-pretrained model's own (Hugging Face).
+"""The language model's tokenizers: UTF-8 bytes{% if cookiecutter.use_pretrained == "yes" %}, a byte-level BPE trained on the training text, or a
+pretrained model's own (Hugging Face).{% else %} or a byte-level BPE trained on the training text.{% endif %}
 
 Each turns text into token ids and says, for each token, how many UTF-8 bytes of the text it
 stands for. Summed over a split, those counts turn a loss in nats per token into bits per byte
 (total nats / total bytes / ln 2), the unit in which models with different tokenizers compare
 (Gao et al., "The Pile", 2020, section 4; nanoGPT's byte-level runs report the same).
 
-:func:`load_tokenizer` is the entry for bytes (``None`` or ``"bytes"``) and pretrained models (a
-folder or hub id, :func:`nets.hub.locate`, read offline). A BPE (``"bpe"``) is trained
+:func:`load_tokenizer` is the entry for bytes (``None`` or ``"bytes"``){% if cookiecutter.use_pretrained == "yes" %} and pretrained models (a
+folder or hub id, :func:`nets.hub.locate`, read offline){% endif %}. A BPE (``"bpe"``) is trained
 on a DataModule's training split (:meth:`BPETokenizer.train`) and travels as JSON:
 in the checkpoint{% if cookiecutter.use_prepared == "yes" %}, in the prepared data set{% endif %}{% if cookiecutter.use_serving == "yes" %}, beside an export (``tokenizer.json``){% endif %}.
 
@@ -24,7 +24,9 @@ from typing import Protocol
 import numpy as np
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
+{%- if cookiecutter.use_pretrained == "yes" %}
 from {{ cookiecutter.package_name }}.nets.hub import locate
+{%- endif %}
 
 BYTES, BPE = "bytes", "bpe"
 EOS = "<|endoftext|>"  # the BPE's one special token (GPT-2's name for it)
@@ -94,7 +96,7 @@ def check_bpe_vocab_size(size: int) -> None:
 
 
 class Tokenizer(Protocol):
-    source: str | None  # None for bytes; "bpe" for a trained BPE; else the folder or hub id it was read from
+    source: str | None  # None for bytes; "bpe" for a trained BPE{{ '; else the folder or hub id it was read from' if cookiecutter.use_pretrained == "yes" else '' }}
     vocab_size: int
     eos_id: int | None  # the end-of-text token appended after a completion (None: the tokenizer has none)
 
@@ -130,6 +132,7 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids`` without end-of-text bytes; a multi-byte character cut in half shows as U+FFFD."""
         return bytes(i for i in ids if i != BYTE_EOS).decode("utf-8", errors="replace")
+{%- if cookiecutter.use_pretrained == "yes" %}
 
 
 class PretrainedTokenizer:
@@ -174,6 +177,7 @@ class PretrainedTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(ids)
+{%- endif %}
 
 
 class BPETokenizer:
@@ -237,7 +241,7 @@ class BPETokenizer:
 
     def to_json(self) -> str:
         """The whole tokenizer (vocabulary, merges, pre-tokenizer) as ``tokenizer.json`` text, which
-        ``tokenizers.Tokenizer.from_str`` and ``transformers.PreTrainedTokenizerFast`` read."""
+        ``tokenizers.Tokenizer.from_str``{{ " and ``transformers.PreTrainedTokenizerFast``" if cookiecutter.use_pretrained == "yes" else "" }} read."""
         return self.backend.to_str()
 
     def encode(self, text: str) -> list[int]:
@@ -272,6 +276,7 @@ def saved_bpe(saved: str, current: Tokenizer | None) -> BPETokenizer:
 
 @cache
 def load_tokenizer(source: str | None) -> Tokenizer:
+{%- if cookiecutter.use_pretrained == "yes" %}
     """Bytes for None or ``"bytes"``, else the tokenizer of the pretrained model ``source`` (read once
     per process). A BPE is trained by its DataModule, never loaded by name.
 
@@ -281,6 +286,18 @@ def load_tokenizer(source: str | None) -> Tokenizer:
     if source == BPE:
         raise ConfigError("data.tokenizer: bpe is trained on the training text by TextDataModule, not loaded by name")
     return ByteTokenizer() if source in (None, BYTES) else PretrainedTokenizer(source)
+{%- else %}
+    """Bytes for None or ``"bytes"``. A BPE is trained by its DataModule, never loaded by name.
+
+    Raises:
+        ValueError: ``source`` is ``"bpe"`` or anything else, naming ``data.tokenizer``.
+    """
+    if source == BPE:
+        raise ConfigError("data.tokenizer: bpe is trained on the training text by TextDataModule, not loaded by name")
+    if source not in (None, BYTES):
+        raise ConfigError(f"data.tokenizer={source}: bytes (null) or bpe; this project has no pretrained models")
+    return ByteTokenizer()
+{%- endif %}
 
 
 # ---- chat ------------------------------------------------------------------------------------------
@@ -289,11 +306,17 @@ CHAT_ROLES = ("system", "developer", "user", "assistant")  # "developer": the ne
 
 class ChatTemplate:
     """A conversation -> the token ids that prompt the model for the assistant's next turn.
+{%- if cookiecutter.use_pretrained == "yes" %}
 
     A pretrained tokenizer with a chat template (``tokenizer_config.json``'s ``chat_template``) renders
     with it (``apply_chat_template``, https://huggingface.co/docs/transformers/chat_templating). Any
     other tokenizer (bytes, a trained BPE, a pretrained one without a template) uses the plain
     template: each message as ``"<role>: <content>\\n"``, then ``"assistant: "``; a model that goes on
+{%- else %}
+
+    Bytes and a trained BPE use the plain template: each message as ``"<role>: <content>\\n"``, then
+    ``"assistant: "``; a model that goes on
+{%- endif %}
     to write the next ``"\\nuser:"`` turn has ended its own, so those are its :attr:`stops`.
 
     Picklable: the server's HTTP processes check prompts with it, its workers render them.
@@ -301,8 +324,12 @@ class ChatTemplate:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
+{%- if cookiecutter.use_pretrained == "yes" %}
         backend = getattr(tokenizer, "backend", None)
         self.own = backend is not None and bool(getattr(backend, "chat_template", None))
+{%- else %}
+        self.own = False  # bytes and a BPE have no template of their own
+{%- endif %}
         self.stops: tuple[str, ...] = () if self.own else tuple(f"\n{role}:" for role in ("system", "user"))
 
     @property
@@ -326,8 +353,10 @@ class ChatTemplate:
         plain = [
             {"role": "system" if m["role"] == "developer" else m["role"], "content": m["content"]} for m in messages
         ]
+{%- if cookiecutter.use_pretrained == "yes" %}
         if self.own:
             return self.tokenizer.backend.apply_chat_template(plain, tokenize=False, add_generation_prompt=open_turn)
+{%- endif %}
         return "".join(f"{m['role']}: {m['content']}\n" for m in plain) + ("assistant: " if open_turn else "")
 
     def ids(self, messages: list[dict[str, str]]) -> list[int]:

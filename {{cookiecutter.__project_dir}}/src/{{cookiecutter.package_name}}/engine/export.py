@@ -9,9 +9,11 @@
   compiled ahead of time for this machine's CPU or GPU. https://pytorch.org/docs/stable/torch.compiler_aot_inductor.html
 - optionally weight-only int8 (torchao ``Int8WeightOnlyConfig``) of the Linear layers, scored
   against float32 on the test split. https://github.com/pytorch/ao
+{%- if cookiecutter.use_pretrained == "yes" %}
 - for a net that can write one (``save_merged``{% if cookiecutter.task == "language-model" %}: ``nets.HFCausalLM``{% endif %}), a Hugging Face folder
   ``hf/`` (LoRA adapters merged into the base, safetensors, the tokenizer) that ``transformers``
   loads without this project. https://huggingface.co/docs/transformers/main_classes/model
+{%- endif %}
 
 Every file is reloaded right after it is written and run on a batch of 1 and an odd batch; the
 largest absolute difference from eager PyTorch is recorded and must stay within ``tolerance``.
@@ -123,8 +125,8 @@ def export_onnx(predictor: nn.Module, example: torch.Tensor, dynamic: dict[int, 
             verbose=False,
         )
     except Exception as error:  # the exporter's own errors (tracing, decomposition, translation) share no base
-        # e.g. transformers' Swin: its window attention's views fail the exporter's decomposition with a
-        # free batch axis, while torch.export of the same model (model.pt2) works.
+        # e.g. Swin's window attention: its views fail the exporter's decomposition with a free batch
+        # axis, while torch.export of the same model (model.pt2) works.
         cause = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
         net = type(getattr(predictor, "net", predictor)).__name__
         raise ExportError(
@@ -169,7 +171,7 @@ def batched(run: Callable[[torch.Tensor], Any], raw: torch.Tensor, size: int = 2
 
 # Everything an export folder may hold; a folder with anything else is never replaced.
 EXPORT_FILES = frozenset(
-    {"model.onnx", "model.pt2", "model-aoti.pt2", "hf", "tokenizer.json", "export.json", "model-card.md"}
+    {"model.onnx", "model.pt2", "model-aoti.pt2",{{ ' "hf",' if cookiecutter.use_pretrained == "yes" else "" }} "tokenizer.json", "export.json", "model-card.md"}
 )
 
 
@@ -313,9 +315,11 @@ def _export_into(
     program, _ = add("pt2", "model.pt2", lambda path: export_program(predictor, example, dynamic, path))
     if aoti:
         add("aoti", "model-aoti.pt2", lambda path: export_aoti(program, path))
+{%- if cookiecutter.use_pretrained == "yes" %}
     if hasattr(trained.model.net, "save_merged"):
         head = trained.model.output_head()
         add("hf", "hf", lambda path: _outputs_of(head, trained.model.net.save_merged(path)))
+{%- endif %}
     if int8:
         quantized = quantize_int8(predictor)
         if score:
@@ -330,11 +334,13 @@ def _export_into(
     (work / "export.json").write_text(json.dumps(record, indent=2) + "\n")
     (work / "model-card.md").write_text(model_card(record))
     return record
+{%- if cookiecutter.use_pretrained == "yes" %}
 
 
 def _outputs_of(head: nn.Module, net: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
     """A runner of ``head(net(batch))``: a reloaded net's outputs as the Predictor's (its transform is the identity)."""
     return lambda batch: head(net(batch)).detach()
+{%- endif %}
 
 
 def versions(onnx_path: Path | None) -> dict[str, Any]:
@@ -423,6 +429,7 @@ def usage(record: dict[str, Any]) -> str:
         'program = torch.export.load("model.pt2").module()',
     ]
     lines += ["outputs = program(torch.as_tensor(x))", "```"]
+{%- if cookiecutter.use_pretrained == "yes" %}
     if "hf" in record["files"]:
         lines += [
             "",
@@ -435,6 +442,7 @@ def usage(record: dict[str, Any]) -> str:
             'ids = model.generate(**tokenizer("Call me", return_tensors="pt"), max_new_tokens=40)',
             "```",
         ]
+{%- endif %}
     if "tokenizer" in record["files"]:
         lines += [
             "",

@@ -43,7 +43,7 @@ class WarmupCosine(LRScheduler):
     ``m = min_lr_ratio`` (Loshchilov & Hutter, "SGDR", ICLR 2017).
 
     Each parameter group follows this shape from its own peak (its ``initial_lr``, else its ``lr``),
-    groups added during training too (a backbone unfrozen by ``engine.callbacks.BackboneFreeze``):
+    groups added during training too (layers unfrozen by a fine-tuning callback, Lightning's ``BaseFinetuning``):
     torch's own schedulers fail on a group added after they were made.
 
     Args:

@@ -82,17 +82,19 @@ class LanguageModel(TrainingModule):
     of -100 is not scored (prompt tokens in supervised fine-tuning, padding).
 
     Args:
-        net: the network (``nets.GPT``, ``nets.HFCausalLM``); its ``block_size`` bounds the context in
+        net: the network (``nets.GPT``{{ ', ``nets.HFCausalLM``' if cookiecutter.use_pretrained == "yes" else '' }}); its ``block_size`` bounds the context in
             :meth:`generate`.
         tokenizer: the tokenizer's source (linked from the data by the CLI): None or ``bytes``, ``bpe``
             for a BPE the DataModule trained (taken from the trainer's DataModule in ``setup`` and
-            saved in every checkpoint), else the pretrained model whose tokenizer it is. Generation{% if cookiecutter.use_serving == 'yes' %}
+            saved in every checkpoint){{ ', else the pretrained model whose tokenizer it is' if cookiecutter.use_pretrained == "yes" else '' }}. Generation{% if cookiecutter.use_serving == 'yes' %}
             and serving decode{% else %} decodes{% endif %} with it.
         optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from: see
             :class:`engine.TrainingModule`.
+{%- if cookiecutter.use_pretrained == "yes" %}
 
     Raises:
         ValueError: the tokenizer's vocabulary is not the pretrained net's own.
+{%- endif %}
     """
 
     def __init__(
@@ -108,8 +110,10 @@ class LanguageModel(TrainingModule):
     ) -> None:
         super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from)
         self._tokenizer: Tokenizer | None = None if tokenizer == BPE else load_tokenizer(tokenizer)
+{%- if cookiecutter.use_pretrained == "yes" %}
         if self._tokenizer is not None:
             check_tokenizer_fits(net, self._tokenizer)
+{%- endif %}
         # Updated one by one (their inputs differ): no compute groups, which would share one state.
         self.set_metrics(MetricCollection({"bpb": BitsPerByte(), "ppl": Perplexity()}, compute_groups=False))
 
@@ -449,6 +453,7 @@ class NextTokenProbabilities(nn.Module):
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits[:, -1, :].softmax(dim=-1)
+{%- if cookiecutter.use_pretrained == "yes" %}
 
 
 def check_tokenizer_fits(net: nn.Module, tokenizer: Tokenizer) -> None:
@@ -471,6 +476,7 @@ def check_tokenizer_fits(net: nn.Module, tokenizer: Tokenizer) -> None:
             f"data.tokenizer {tokenizer.source} has another vocabulary than the net's model {folder}: set "
             "data.init_args.tokenizer to the same model as net.model"
         )
+{%- endif %}
 {%- if cookiecutter.use_serving == "yes" %}
 
 

@@ -63,11 +63,13 @@ class CNN(nn.Module):
         self.blocks = nn.Sequential(*(ConvBlock(c_in, c_out) for c_in, c_out in pairwise(widths)))
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(widths[-1], num_classes)
+{%- if cookiecutter.use_pretrained == "yes" %}
 
     @property
     def backbone(self) -> nn.Module:
         """The convolution stages (everything but the pooling and the head), for ``engine.callbacks.BackboneFreeze``."""
         return self.blocks
+{%- endif %}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.blocks(x)  # (B, C, H, W) -> (B, channels[-1], H / 2**stages, W / 2**stages)

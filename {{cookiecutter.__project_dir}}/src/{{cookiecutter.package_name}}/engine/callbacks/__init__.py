@@ -1,6 +1,7 @@
 """Callbacks of this project; Lightning's own (ModelCheckpoint, LearningRateMonitor, ...) are used as they are."""
-
+{% if cookiecutter.use_pretrained == "yes" %}
 from .finetuning import BackboneFreeze
+{%- endif %}
 from .finite import NonFiniteError, StopOnNonFinite
 from .plots import RunPlots
 from .predictions import PredictionWriter
@@ -10,7 +11,9 @@ from .random_state import RandomStateCheckpoint
 from .summary import ModelSummary
 
 __all__ = [
+{%- if cookiecutter.use_pretrained == "yes" %}
     "BackboneFreeze",
+{%- endif %}
     "ModelSummary",
     "NonFiniteError",
     "PredictionWriter",

@@ -73,7 +73,7 @@ class StopOnNonFinite(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Listed once, after the strategy has wrapped the model: walking ``pl_module.parameters()``
         # every step (metric modules included) cost more than the check itself (measured).
-        # Frozen ones too: a backbone unfrozen later (BackboneFreeze) gets gradients from then on;
+        # Frozen ones too: a layer unfrozen later (a fine-tuning callback) gets gradients from then on;
         # parameters without a gradient are skipped at each step.
         self._named = list(pl_module.named_parameters())
         self._pending = None
