@@ -170,3 +170,12 @@ def test_bpe_is_refused_where_it_cannot_work(tmp_path: Path) -> None:
     untrained = LanguageModel(GPT(vocab_size=300, block_size=8, n_layer=1, n_head=1, n_embd=8), tokenizer="bpe")
     with pytest.raises(CheckpointError, match="load the model from a checkpoint"):
         untrained.tokenizer.decode([1])
+{%- if cookiecutter.use_pretrained != "yes" %}
+
+
+def test_a_tokenizer_other_than_bytes_or_bpe_is_refused_before_the_run(tmp_path: Path) -> None:
+    # No pretrained models in this project: a model's name is a clear mistake, not a lookup.
+    with user_error(r"data.tokenizer=gpt2: bytes \(null\) or bpe"):
+        main(["fit", *shrunk_args(tmp_path), "--data.init_args.tokenizer=gpt2"])
+    assert not [path for path in tmp_path.rglob("*") if path.is_file()]
+{%- endif %}
