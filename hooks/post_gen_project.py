@@ -69,6 +69,7 @@ TASK_FILES = {
         "src/{package}/nets/gpt.py",
         "src/{package}/commands/generate.py",
         "src/{package}/serving/openai_api.py",
+        "src/{package}/serving/batching.py",
         "tests/test_language_model.py",
         "tests/test_openai_api.py",
         "tests/test_finetune.py",
@@ -101,6 +102,7 @@ SERVING_FILES = [
     "src/{package}/serving/__init__.py",
     "src/{package}/serving/api.py",
     "src/{package}/serving/openai_api.py",  # the language model's only
+    "src/{package}/serving/batching.py",  # the language model's only
     "src/{package}/commands/serve.py",
     "src/{package}/commands/export.py",
     "src/{package}/engine/export.py",

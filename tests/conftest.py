@@ -88,7 +88,7 @@ TASK_PACKAGE_FILES = {
     "language-model": [
         *("data/text.py", "data/corpora/moby_dick.txt.gz", "models/language_model.py", "nets/gpt.py"),
         *("data/prompts.py", "data/tokenizer.py", "nets/causal_lm.py", "commands/generate.py"),
-        *("serving/openai_api.py", "nets/hf.py", "nets/hub.py"),
+        *("serving/openai_api.py", "serving/batching.py", "nets/hf.py", "nets/hub.py"),
     ],
 }
 TASK_TEST_FILES = {
@@ -150,7 +150,7 @@ def expected_files(
     if not use_benchmark:  # make bench's command
         files -= {f"src/{package}/commands/bench.py"}
     if not use_serving:  # make export and make serve: their commands, the HTTP APIs, the load test and tests
-        files -= {f"src/{package}/serving/{name}" for name in ("__init__.py", "api.py", "openai_api.py")}
+        files -= {f"src/{package}/serving/{name}" for name in ("__init__.py", "api.py", "openai_api.py", "batching.py")}
         files -= {f"src/{package}/{name}" for name in ("commands/serve.py", "commands/export.py", "engine/export.py")}
         files -= {f"src/{package}/data/image_files.py"}
         files -= {"scripts/serve_load.py", "tests/test_ship.py", "tests/test_openai_api.py"}

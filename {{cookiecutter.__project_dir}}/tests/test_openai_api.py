@@ -31,6 +31,7 @@ from {{ cookiecutter.package_name }}.models import LanguageModel
 from {{ cookiecutter.package_name }}.models.language_model import decode, sampler
 from {{ cookiecutter.package_name }}.models.language_model import greedy as greedy_choice
 from {{ cookiecutter.package_name }}.nets import GPT
+from {{ cookiecutter.package_name }}.serving.batching import DecodeBatch
 
 openai = pytest.importorskip("openai", reason="the dev extra (make install installs it)")
 pytest.importorskip("litserve", reason="the serve extra (make install installs it)")
@@ -172,6 +173,45 @@ def test_characters_split_across_tokens_and_stop_strings_are_never_sent_in_part(
     assert "".join(piece.text for piece in short) == "Ahoy, caf\ufffd" and short[-1].finish_reason == "length"
 
 
+def alone(net: GPT, prompt: list[int], count: int, choose=greedy_choice) -> list[int]:
+    """The ``count`` tokens ``choose`` picks after ``prompt``, the answer decoded by itself (``decode``)."""
+    return decode(net, torch.tensor([prompt]), count, choose)[0].tolist()
+
+
+def test_answers_decoded_together_equal_each_decoded_alone_as_they_join_and_leave() -> None:
+    """Greedy answers of the batch are token for token those of the answer alone, whatever else is in the batch:
+    prompts of other lengths join mid-answer (prefilled in chunks of 4 tokens), one leaves early, one
+    samples with its own seed, and two run past the context (decoded alone from then on)."""
+    torch.manual_seed(0)
+    net = GPT(vocab_size=256, block_size=24, n_layer=2, n_head=2, n_embd=32, dropout=0.0).eval()
+    with torch.no_grad():  # weights large enough that each token depends on the context (a fresh net's
+        for parameter in net.parameters():  # greedy tokens mostly repeat the last one, attention or not)
+            parameter.normal_(0.0, 0.3)
+    prompts = {"a": [5, 9, 200], "b": list(range(40, 49)), "c": list(range(100, 120)), "d": [7] * 6, "e": [1]}
+    joins = {"a": 0, "b": 2, "c": 3, "d": 7, "e": 9}  # the step each answer is added at
+    wanted = {"a": 6, "b": 30, "c": 12, "d": 20, "e": 25}  # tokens each answer takes; "a" leaves after 6
+    seeded = lambda: sampler(0.9, top_p=0.95, generator=torch.Generator().manual_seed(3))  # noqa: E731
+    batch, got = DecodeBatch(net, prefill_tokens=4), {key: [] for key in prompts}
+    calls, shared_steps = [], 0
+    net.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape[0]))
+    for step in range(60):
+        for key in [key for key, at in joins.items() if at == step]:
+            batch.add(key, prompts[key], seeded() if key == "d" else greedy_choice)
+        calls[:] = []
+        tokens = batch.step()
+        if len(tokens) > 1 and calls[0] > 1:  # one forward pass for the answers in the shared cache, the
+            assert calls[1:] == [1] * (len(calls) - 1)  # others' own: decoded alone, or prefilled
+            shared_steps += 1
+        for key, token in tokens.items():
+            got[key].append(token)
+            if len(got[key]) == wanted[key]:
+                batch.remove(key)
+    assert len(batch) == 0 and shared_steps >= 15
+    for key, prompt in prompts.items():
+        choose = seeded() if key == "d" else greedy_choice
+        assert got[key] == alone(net, prompt, wanted[key], choose), key
+
+
 def test_the_plain_chat_template_renders_each_role_and_refuses_others() -> None:
     template = ChatTemplate(ByteTokenizer())
     assert template.render(CHAT) == "system: Answer as Ishmael.\nuser: Call me Ishmael.\nassistant: "
@@ -282,6 +322,33 @@ def test_a_short_request_is_answered_while_a_long_answer_streams(chat_server) ->
         assert ended.result() == "length"  # the long answer ran its 3000 tokens
     assert events == ["short answer received", "long answer ended"]
     assert short.choices[0].message.content == answer_in_process(trained, CHAT, max_new_tokens=5, temperature=0)[0]
+
+
+@pytest.mark.slow
+def test_answers_served_together_equal_those_decoded_alone(chat_server) -> None:
+    """Requests of different lengths, sent together and one after another, each answered greedily as the model
+    alone answers it, token for token, while they share the worker's forward passes."""
+    trained, port, _, _ = chat_server
+    questions = [
+        ([{"role": "user", "content": "Call me Ishmael."}], 120),
+        ([{"role": "user", "content": "The whale"}], 7),
+        (CHAT, 60),
+        ([{"role": "user", "content": "Queequeg, " * 2}, {"role": "assistant", "content": "Aye."}], 200),
+        ([{"role": "user", "content": "Sea"}], 30),
+        ([{"role": "user", "content": "Ahab"}], 90),
+    ]  # six requests for four places: two join as others leave
+    api = client(port)
+
+    def ask(index: int) -> str:
+        time.sleep(0.05 * index)  # staggered: each joins answers already under way
+        messages, tokens = questions[index]
+        answer = api.chat.completions.create(model=NAME, messages=messages, max_tokens=tokens, temperature=0)
+        return answer.choices[0].message.content
+
+    with ThreadPoolExecutor(max_workers=len(questions)) as pool:
+        served = list(pool.map(ask, range(len(questions))))
+    for (messages, tokens), text in zip(questions, served, strict=True):
+        assert text == answer_in_process(trained, messages, max_new_tokens=tokens, temperature=0)[0]
 
 
 REFUSED = {  # the request's extra fields -> (status, the param named)
@@ -436,27 +503,25 @@ def test_the_readmes_client_code_and_curl_run_as_written(chat_server) -> None:
 
 STUCK_WORKER = """
 import os, time
-from {{ cookiecutter.package_name }}.models import LanguageModel
-from {{ cookiecutter.package_name }}.models.language_model import decode
-from {{ cookiecutter.package_name }}.models.language_model import greedy as greedy_choice
+from {{ cookiecutter.package_name }}.models.language_model import ChatAnswer
 
-stream_chat = LanguageModel.stream_chat
+add = ChatAnswer.add
 
 
-def stuck_after_a_piece(self, predictor, ids, *args, **kwargs):
-    for index, piece in enumerate(stream_chat(self, predictor, ids, *args, **kwargs)):
-        yield piece
-        if index == 0 and float(os.environ["STUCK_SECONDS"]):
-            time.sleep(float(os.environ["STUCK_SECONDS"]))
+def stuck_after_its_first_token(self, token):
+    piece = add(self, token)
+    if self.count == 1 and float(os.environ["STUCK_SECONDS"]):
+        time.sleep(float(os.environ["STUCK_SECONDS"]))
+    return piece
 
 
-LanguageModel.stream_chat = stuck_after_a_piece
+ChatAnswer.add = stuck_after_its_first_token
 """
 
 
 @pytest.mark.slow
 def test_health_answers_503_while_a_worker_is_stuck(trained: Trained, tmp_path: Path) -> None:
-    (tmp_path / "sitecustomize.py").write_text(STUCK_WORKER)  # the worker sleeps after its first piece
+    (tmp_path / "sitecustomize.py").write_text(STUCK_WORKER)  # the worker sleeps after its first token
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "STUCK_SECONDS": "8"}
     with serving(trained.checkpoint, tmp_path, "--timeout=2", api="openai", env=env) as (port, _, _):
         with ThreadPoolExecutor(max_workers=1) as pool:

@@ -251,6 +251,22 @@ class LanguageModel(TrainingModule):
         """The most prompt tokens the model reads (its net's ``block_size``)."""
         return self.net.block_size
 
+    def chat_answer(
+        self,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+        device: torch.device | str = "cpu",
+    ) -> "ChatAnswer":
+        """An answer to write: how its tokens are chosen (:func:`sampler`, ``temperature`` 0: greedy; ``seed``
+        makes the draws repeatable whatever else runs) and how they become text (:class:`ChatAnswer`)."""
+        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+        stops = tuple(s for s in (*stop, *self.chat_template().stops) if s)
+        choose = sampler(temperature, top_p=top_p, generator=generator)
+        return ChatAnswer(self.tokenizer, self.chat_template().ends_turns, stops, max_new_tokens, choose)
+
     @torch.no_grad()
     def stream_chat(
         self,
@@ -262,46 +278,20 @@ class LanguageModel(TrainingModule):
         stop: Sequence[str] = (),
         seed: int | None = None,
     ) -> Iterator["Piece"]:
-        """The assistant's answer to prompt ``ids`` (from :meth:`chat_template`), a piece of text per step.
+        """The assistant's answer to prompt ``ids`` (from :meth:`chat_template`), a piece of text per step,
+        decoded alone with the net's key/value cache (:func:`decode_steps`); see :meth:`chat_answer`.
 
-        Decodes with the net's key/value cache (:func:`decode_steps`) and :func:`sampler`
-        (``temperature`` 0: greedy). Text is given out only once it is whole: a character whose UTF-8
-        bytes are not all generated yet, or the start of a stop string, waits for the next tokens. The
-        last piece says why the answer ended: ``"stop"`` (the end-of-text token, a ``stop`` string or
-        one of the template's, left out of the text) or ``"length"`` (``max_new_tokens`` tokens).
-        ``seed`` makes the sampling repeatable, whatever else runs in the process.
+        The server decodes many answers together instead (``serving.batching``): the same tokens.
         """
         device = next(predictor.parameters()).device
-        generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+        answer = self.chat_answer(max_new_tokens, temperature, top_p, stop, seed, device)
         tokens = predictor.transform(torch.tensor([ids], dtype=torch.long, device=device))  # (1, T0)
-        steps = decode_steps(predictor.net, tokens, sampler(temperature, top_p=top_p, generator=generator))
-        template = self.chat_template()
-        stops = tuple(s for s in (*stop, *template.stops) if s)
-        new: list[int] = []
-        sent = 0  # characters of the answer given out so far
-        for count in range(1, max_new_tokens + 1):
-            token = int(next(steps).item())
-            if token == self.tokenizer.eos_id:
-                text = self.tokenizer.decode(new)
-                # The plain template ends a message with "\n" before the end-of-text token (a stop string's
-                # start: not given out yet): the template's, not the answer's.
-                yield Piece((text if template.ends_turns else text.removesuffix("\n"))[sent:], count, "stop")
-                return
-            new.append(token)
-            text = self.tokenizer.decode(new)
-            cuts = [text.find(s, max(0, sent - len(s))) for s in stops]
-            found = [cut for cut in cuts if cut >= 0]
-            if found:
-                yield Piece(text[sent : min(found)], count, "stop")
-                return
-            if count == max_new_tokens:
-                yield Piece(text[sent:], count, "length")
-                return
-            whole = text.rstrip("\ufffd")  # a character still missing bytes decodes as U+FFFD
-            held = max((n for s in stops for n in range(1, len(s)) if whole.endswith(s[:n])), default=0)
-            if len(whole) - held > sent:  # what can no longer change nor start a stop string
-                yield Piece(whole[sent : len(whole) - held], count)
-                sent = len(whole) - held
+        for token in decode_steps(predictor.net, tokens, answer.choose):
+            piece = answer.add(int(token.item()))
+            if piece is not None:
+                yield piece
+                if piece.finish_reason is not None:
+                    return
 {%- endif %}
 
     def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
@@ -488,4 +478,56 @@ class Piece:
     text: str
     tokens: int
     finish_reason: str | None = None
+
+
+class ChatAnswer:
+    """An answer being written, one token at a time: the text each token makes final.
+
+    Text is given out only once it is whole: a character whose UTF-8 bytes are not all generated yet,
+    or the start of a stop string, waits for the next tokens. The last piece says why the answer
+    ended: ``"stop"`` (the end-of-text token, a ``stops`` string, left out of the text) or
+    ``"length"`` (``max_new_tokens`` tokens).
+
+    Args:
+        ends_turns: whether the chat template ends each turn itself (else the plain template's "\\n" before
+            the end-of-text token is the template's, not the answer's).
+        choose: how the next token is picked from the last position's logits (B, V) -> (B, 1).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        ends_turns: bool,
+        stops: Sequence[str],
+        max_new_tokens: int,
+        choose: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
+        self.tokenizer, self.ends_turns, self.stops = tokenizer, ends_turns, tuple(stops)
+        self.max_new_tokens, self.choose = max_new_tokens, choose
+        self.new: list[int] = []
+        self.count = 0  # tokens taken
+        self.sent = 0  # characters of the answer given out so far
+
+    def add(self, token: int) -> Piece | None:
+        """Take the next token: the text it makes final, or None when there is none yet; a piece with a
+        ``finish_reason`` is the last."""
+        self.count += 1
+        if token == self.tokenizer.eos_id:
+            text = self.tokenizer.decode(self.new)
+            return Piece((text if self.ends_turns else text.removesuffix("\n"))[self.sent :], self.count, "stop")
+        self.new.append(token)
+        text = self.tokenizer.decode(self.new)
+        cuts = [text.find(s, max(0, self.sent - len(s))) for s in self.stops]
+        found = [cut for cut in cuts if cut >= 0]
+        if found:
+            return Piece(text[self.sent : min(found)], self.count, "stop")
+        if self.count == self.max_new_tokens:
+            return Piece(text[self.sent :], self.count, "length")
+        whole = text.rstrip("\ufffd")  # a character still missing bytes decodes as U+FFFD
+        held = max((n for s in self.stops for n in range(1, len(s)) if whole.endswith(s[:n])), default=0)
+        if len(whole) - held <= self.sent:  # nothing that can no longer change nor start a stop string
+            return None
+        piece = Piece(whole[self.sent : len(whole) - held], self.count)
+        self.sent = len(whole) - held
+        return piece
 {%- endif %}

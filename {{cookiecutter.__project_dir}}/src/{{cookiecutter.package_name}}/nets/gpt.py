@@ -26,16 +26,42 @@ from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 
 
 class KVCache:
-    """Keys and values of the tokens decoded so far, for every block: ``length`` positions filled.
+    """Keys and values of the tokens decoded so far, for every block: row b holds ``lengths[b]`` positions.
 
     Preallocated to the context, (L, B, H, block_size, C / H) each (L blocks), in the weights'
-    dtype and device: appending a token writes one position instead of copying the cache.
+    dtype and device: appending a token writes one position instead of copying the cache. Rows may
+    hold sequences of different lengths, each at its own positions (padded slots: sequences decoded
+    together, one forward pass for all); :meth:`select` and :meth:`extend` drop rows and add another
+    cache's, so sequences leave and join between steps (continuous batching: Yu et al., "Orca", OSDI 2022).
     """
 
     def __init__(self, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> None:
         self.keys = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, H, block_size, C / H)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.length = 0  # positions filled, the next token's position
+        self.lengths = [0] * shape[1]  # positions filled in each row, its next token's position
+
+    @property
+    def length(self) -> int:
+        """The positions filled in every row, for a cache whose rows are all as long (0 when it has none).
+
+        Raises:
+            ValueError: the rows hold sequences of different lengths.
+        """
+        if len(set(self.lengths)) > 1:
+            raise ValueError(f"the cache's rows hold {sorted(set(self.lengths))} positions: no one length")
+        return self.lengths[0] if self.lengths else 0
+
+    def select(self, rows: list[int]) -> None:
+        """Keep the rows ``rows``, in that order (a copy of those rows)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.keys.device)
+        self.keys, self.values = self.keys.index_select(1, index), self.values.index_select(1, index)
+        self.lengths = [self.lengths[row] for row in rows]
+
+    def extend(self, other: "KVCache") -> None:
+        """Add ``other``'s rows after these (same net, same context)."""
+        self.keys = torch.cat([self.keys, other.keys], dim=1)
+        self.values = torch.cat([self.values, other.values], dim=1)
+        self.lengths = self.lengths + other.lengths
 
 
 class CausalSelfAttention(nn.Module):
@@ -49,7 +75,10 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
         self.proj_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``positions`` (B, T): each new token's position, for a cache whose rows differ in length."""
         b, t, c = x.shape  # B, T, C
         q, k, v = self.qkv(x).split(c, dim=2)  # 3 x (B, T, C)
         # (B, T, C) -> (B, H, T, C / H): the heads attend independently
@@ -58,7 +87,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(
                 q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
             )  # (B, H, T, C / H)
-        else:
+        elif positions is None:
             # The T new positions follow the cache's `start`: they attend to every cached position
             # and causally among themselves.
             start, end = cache.length, cache.length + t
@@ -66,6 +95,17 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.keys[layer, :, :, :end], cache.values[layer, :, :, :end]  # (B, H, start + T, C / H)
             mask = None if t == 1 else torch.ones(t, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, C / H)
+        else:
+            # Each row at its own positions: written there, and each token attends to its row's
+            # positions up to its own (what lies beyond a row's length is another answer's padding).
+            rows = torch.arange(b, device=x.device)[:, None]  # (B, 1)
+            keys, values = cache.keys[layer], cache.values[layer]  # (B, H, block_size, C / H), views
+            keys[rows, :, positions], values[rows, :, positions] = k.transpose(1, 2), v.transpose(1, 2)
+            end = max(cache.lengths) + t
+            visible = torch.arange(end, device=x.device) <= positions[:, :, None]  # (B, T, end)
+            y = F.scaled_dot_product_attention(
+                q, keys[:, :, :end], values[:, :, :end], attn_mask=visible[:, None]
+            )  # (B, H, T, C / H)
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # heads side by side again
         return self.proj_dropout(self.proj(y))
 
@@ -85,8 +125,10 @@ class Block(nn.Module):
             nn.Dropout(dropout),
         )
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        x = x + self.attention(self.norm1(x), cache, layer)  # (B, T, C)
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x), cache, layer, positions)  # (B, T, C)
         return x + self.mlp(self.norm2(x))  # (B, T, C)
 
 
@@ -164,25 +206,31 @@ class GPT(nn.Module):
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Next-token logits (B, T, V) for token ids (B, T), T <= block_size.
 
-        With a ``cache``, the tokens continue the ``cache.length`` tokens it holds (their positions
-        follow), and their keys and values are added to it.
+        With a ``cache``, the tokens of each row continue the tokens that row holds (their positions
+        follow), and their keys and values are added to it: rows of different lengths each go on from
+        their own (one forward pass for sequences at different points).
 
         Raises:
-            ValueError: the sequence (with the cached tokens) is longer than ``block_size``.
+            ValueError: a sequence (with its cached tokens) is longer than ``block_size``.
         """
-        start = 0 if cache is None else cache.length
+        starts = [0] if cache is None else cache.lengths or [0]
         length = tokens.shape[1]  # T
-        if start + length > self.block_size:
+        if max(starts) + length > self.block_size:
             raise ValueError(
-                f"a sequence of {start + length} tokens is longer than the model's block_size {self.block_size}"
+                f"a sequence of {max(starts) + length} tokens is longer than the model's block_size {self.block_size}"
             )
-        positions = torch.arange(start, start + length, device=tokens.device)  # (T,)
+        ragged = None  # (B, T) positions when the cache's rows differ in length
+        if len(set(starts)) > 1:
+            ragged = torch.tensor(starts, device=tokens.device)[:, None] + torch.arange(length, device=tokens.device)
+            positions = ragged  # (B, T)
+        else:
+            positions = torch.arange(starts[0], starts[0] + length, device=tokens.device)  # (T,)
         x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))  # (B, T, C)
         for layer, block in enumerate(self.blocks):
             if self.activation_checkpointing and self.training and cache is None:
                 x = checkpoint(block, x, use_reentrant=False)  # (B, T, C), activations recomputed
             else:
-                x = block(x, cache, layer)  # (B, T, C)
+                x = block(x, cache, layer, ragged)  # (B, T, C)
         if cache is not None:
-            cache.length += length
+            cache.lengths = [start + length for start in cache.lengths]
         return self.head(self.norm(x))  # (B, T, V)

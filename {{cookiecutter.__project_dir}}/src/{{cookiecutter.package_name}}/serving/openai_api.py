@@ -17,15 +17,15 @@ https://platform.openai.com/docs/api-reference/chat and https://lightning.ai/doc
 - ``/health`` answers 503 while a worker has generated nothing for ``stuck_after`` seconds in a
   request (a stuck model, not a long answer: each token counts as progress).
 
-A worker generates up to ``max_batch_size`` answers at once, a step of each in turn (LitServe's
-continuous batching loop: iteration-level scheduling, Yu et al., "Orca", OSDI 2022): a request that
-arrives while others stream joins at the next step, so a short answer is not held behind a long one.
-The steps are not fused into one forward pass (each answer keeps its own key/value cache), so the
-tokens/s of a worker are shared among its answers. Requests beyond ``max_batch_size`` wait for a
-free place. The work of a request is bounded by ``max_tokens`` new tokens and the model's context.
-The model side is the task module's contract: ``chat_template()`` (conversation -> prompt ids,
-picklable), ``context_size``, and ``stream_chat(predictor, ids, ...)`` yielding pieces with
-``text``, ``tokens`` and ``finish_reason`` (see ``models.LanguageModel``).
+A worker generates up to ``max_batch_size`` answers at once (LitServe's continuous batching loop:
+iteration-level scheduling, Yu et al., "Orca", OSDI 2022), with one forward pass of the net per step
+for all of them (:class:`serving.batching.DecodeBatch`: a key/value cache row per answer): a request
+that arrives while others stream is prefilled and joins at the next step, so a short answer is not
+held behind a long one, and a worker's tokens/s grow with its answers. Requests beyond
+``max_batch_size`` wait for a free place. The work of a request is bounded by ``max_tokens`` new
+tokens and the model's context. The model side is the task module's contract: ``chat_template()``
+(conversation -> prompt ids, picklable), ``context_size``, and ``chat_answer(...)`` (how an answer's
+tokens are chosen and become text, see ``models.LanguageModel``).
 """
 
 import asyncio
@@ -35,12 +35,13 @@ import logging
 import multiprocessing
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import litserve as ls
+import torch
 from fastapi import BackgroundTasks, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -52,6 +53,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from {{ cookiecutter.package_name }}.engine.inference import Trained
 from {{ cookiecutter.package_name }}.serving.api import load_in_worker
+from {{ cookiecutter.package_name }}.serving.batching import DecodeBatch
 
 log = logging.getLogger(__name__)
 REQUEST_ID = "request_id"  # the key in a request's ``metadata`` that names it to the worker
@@ -334,17 +336,17 @@ class StepLoop(ContinuousBatchingLoop):
 
 @dataclass
 class Answer:
-    """An answer in progress: its request and, from its first step on, the model's pieces."""
+    """An answer in progress: its request and, once it is in the batch, how its tokens become text."""
 
     request: ChatRequest
-    pieces: Iterator[Any] | None = None
+    text: Any = None  # the model's ChatAnswer
     prompt_tokens: int = 0
     tokens: int = 0  # generated so far
 
 
 class ChatAPI(ls.LitAPI):
     """The worker side: renders each conversation, and generates up to ``max_batch_size`` answers at
-    once, a step of each in turn (:meth:`step`); stops an answer whose client is gone.
+    once, one forward pass a step for all (:meth:`step`); stops an answer whose client is gone.
 
     ``progress`` is a shared array with a slot per worker: the ``time.monotonic()`` of its latest
     step while it generates, 0 when idle; :meth:`health` (in the HTTP process) reads it. A worker
@@ -371,6 +373,7 @@ class ChatAPI(ls.LitAPI):
     def setup(self, device: str) -> None:
         self.trained = load_in_worker(self.checkpoint, device, self.trust)
         self.template = self.trained.model.chat_template()
+        self.batch = DecodeBatch(self.trained.predictor.net)
         with self.slots_lock:  # claim this worker's slot
             self.slot = next(i for i, value in enumerate(self.progress) if value == -1.0)
             self.progress[self.slot] = 0.0
@@ -392,56 +395,69 @@ class ChatAPI(ls.LitAPI):
         ended (its last piece given, its client gone, or an error) a FINISH_STREAMING or ERROR output."""
         outputs: list[Output] = []
         gone = set(self.spec.cancelled.keys())  # one round trip to the manager per step
+        self.progress[self.slot] = time.monotonic()
         for uid, answer in list(self.answers.items()):
             request_id = answer.request.metadata[REQUEST_ID]
-            self.progress[self.slot] = time.monotonic()
-            try:
-                if answer.pieces is None:
-                    answer.pieces = self.start(answer)
-                if request_id in gone:
-                    self.spec.cancelled.pop(request_id, None)
-                    gone_after = "request %s: the client disconnected after %d tokens; generation stopped"
-                    log.warning(gone_after, request_id, answer.tokens)
-                    piece = None
-                else:
-                    piece = next(answer.pieces, None)
-            except Exception as error:
-                log.exception("request %s failed in the model", request_id)
+            if request_id in gone:
+                self.spec.cancelled.pop(request_id, None)
+                gone_after = "request %s: the client disconnected after %d tokens; generation stopped"
+                log.warning(gone_after, request_id, answer.tokens)
+                outputs.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
+                self.end(uid)
+            elif answer.text is None:
+                try:
+                    self.start(uid, answer)
+                except Exception as error:
+                    log.exception("request %s failed in the model", request_id)
+                    outputs.append(Output(uid, error, LitAPIStatus.ERROR))
+                    self.end(uid)
+        try:
+            tokens = self.batch.step()
+        except Exception as error:  # one forward pass for all: all its answers fail
+            log.exception("a step of %d answers failed in the model", len(self.answers))
+            for uid in list(self.answers):
                 outputs.append(Output(uid, error, LitAPIStatus.ERROR))
                 self.end(uid)
+            return outputs
+        for uid, token in tokens.items():
+            answer = self.answers[uid]
+            piece = answer.text.add(token)
+            if piece is None:
                 continue
-            if piece is not None:
-                answer.tokens = piece.tokens
-                message = {"role": "assistant", "content": piece.text}
-                if piece.finish_reason is not None:
-                    usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": piece.tokens}
-                    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-                    message.update(finish_reason=piece.finish_reason, **usage)
-                outputs.append(Output(uid, message, LitAPIStatus.OK))
-            if piece is None or piece.finish_reason is not None:
+            answer.tokens = piece.tokens
+            message = {"role": "assistant", "content": piece.text}
+            if piece.finish_reason is not None:
+                usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": piece.tokens}
+                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+                message.update(finish_reason=piece.finish_reason, **usage)
+            outputs.append(Output(uid, message, LitAPIStatus.OK))
+            if piece.finish_reason is not None:
                 outputs.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
                 self.end(uid)
         self.progress[self.slot] = time.monotonic() if self.answers else 0.0
         return outputs
 
-    def start(self, answer: Answer) -> Iterator[Any]:
+    def start(self, uid: str, answer: Answer) -> None:
+        """Render the answer's conversation and put it in the batch (prefilled within the next steps)."""
         request = answer.request
         ids = self.template.ids(messages_of(request))
         answer.prompt_tokens = len(ids)
-        return self.trained.model.stream_chat(
-            self.trained.predictor,
-            ids,
+        predictor = self.trained.predictor
+        device = next(predictor.parameters()).device
+        answer.text = self.trained.model.chat_answer(
             max_new_tokens=request.max_tokens,
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
             stop=stop_strings(request.stop),
             seed=request.seed,
+            device=device,
         )
+        prompt = predictor.transform(torch.tensor([ids], dtype=torch.long, device=device))[0].tolist()
+        self.batch.add(uid, prompt, answer.text.choose)
 
     def end(self, uid: str) -> None:
-        answer = self.answers.pop(uid)
-        if answer.pieces is not None:
-            answer.pieces.close()
+        self.answers.pop(uid)
+        self.batch.remove(uid)
 
     def health(self) -> bool:
         now = time.monotonic()

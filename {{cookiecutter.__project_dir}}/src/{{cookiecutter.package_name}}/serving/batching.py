@@ -1,0 +1,160 @@
+"""Answers decoded together: one forward pass of the net per step for every answer in progress.
+
+Continuous batching (iteration-level scheduling: Yu et al., "Orca", OSDI 2022): answers join and
+leave between steps, and each step feeds the newest token of every answer in the batch through the
+net at once, so a worker's tokens/s grow with its answers instead of being shared among them. The
+net keeps one key/value cache whose rows are the answers, each at its own length (padded slots,
+``nets.gpt.KVCache``): the byte GPT's context is short (``block_size``), so a slot of the whole
+context per answer costs little memory and keeps one contiguous tensor for the attention kernel,
+where pages (Kwon et al., "vLLM", SOSP 2023) pay off for long contexts of very different lengths.
+
+A new answer's prompt is prefilled alone into a cache of its own, at most ``prefill_tokens`` prompt
+tokens per step (chunked prefill: a long prompt never stalls the answers already decoding for
+longer than that), then its row joins the batch. Each answer picks its tokens with its own
+``choose`` (temperature, top-p, seed), from its own row of the step's logits. An answer longer than
+the context is decoded alone from then on, as :func:`models.language_model.decode_steps` does: the
+window slides, every position shifts, and its cache is rebuilt each step. A net whose cache cannot
+hold rows of different lengths (a Hugging Face model's) decodes each answer alone, as before.
+
+Shapes: B answers in the batch, T tokens, V vocabulary.
+"""
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from {{ cookiecutter.package_name }}.models.language_model import greedy
+
+
+@dataclass
+class Decoding:
+    """An answer's tokens: its prompt, then what was generated (the last not yet fed through the net)."""
+
+    key: Hashable
+    ids: list[int]
+    choose: Callable[[torch.Tensor], torch.Tensor]
+    prompt_length: int = 0
+    prefilled: int = 0  # prompt tokens in ``cache`` so far
+    cache: Any = None  # its own cache: while prefilled, and when decoded alone
+
+
+class DecodeBatch:
+    """The answers in progress of one worker: :meth:`add`, :meth:`remove`, and :meth:`step` for the next
+    token of each.
+
+    Args:
+        net: a language model net, token ids (B, T) -> logits (B, T, V), with ``block_size`` and
+            ``new_cache(batch_size)``; a cache with ``extend`` and ``select`` (``nets.gpt.KVCache``)
+            lets answers share one forward pass.
+        prefill_tokens: the most prompt tokens prefilled in one step (at least 1).
+
+    Raises:
+        ValueError: ``prefill_tokens`` below 1.
+    """
+
+    def __init__(self, net: nn.Module, prefill_tokens: int = 512) -> None:
+        if prefill_tokens < 1:
+            raise ValueError(f"prefill_tokens must be at least 1, got {prefill_tokens}")
+        self.net, self.block_size, self.prefill_tokens = net, net.block_size, prefill_tokens
+        empty = net.new_cache(0)
+        self.cache = empty if hasattr(empty, "extend") and hasattr(empty, "select") else None  # the shared rows
+        self.rows: list[Decoding] = []  # in the order of the shared cache's rows
+        self.waiting: list[Decoding] = []  # to prefill, first come first served
+        self.alone: list[Decoding] = []  # decoded one at a time (past the context, or no shared cache)
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self.waiting) + len(self.alone)
+
+    def add(self, key: Hashable, prompt: list[int], choose: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Queue an answer to ``prompt`` (token ids, at least one), its tokens picked by ``choose``
+        (logits (1, V) -> (1, 1)); its first token comes from the step that finishes its prefill.
+
+        Raises:
+            ValueError: an empty prompt, or a key already in the batch.
+        """
+        if not prompt:
+            raise ValueError("an answer needs a prompt of at least one token")
+        if any(sequence.key == key for sequence in (*self.rows, *self.waiting, *self.alone)):
+            raise ValueError(f"answer {key!r} is already in the batch")
+        ids = list(prompt[-self.block_size :])  # the window the net reads, as decode_steps
+        self.waiting.append(Decoding(key, ids, choose, prompt_length=len(ids), cache=self.net.new_cache(1)))
+
+    def remove(self, key: Hashable) -> None:
+        """Drop answer ``key`` (ended, or its client gone): its place is free at the next step."""
+        self.waiting = [sequence for sequence in self.waiting if sequence.key != key]
+        self.alone = [sequence for sequence in self.alone if sequence.key != key]
+        kept = [row for row, sequence in enumerate(self.rows) if sequence.key != key]
+        if len(kept) < len(self.rows):
+            self.cache.select(kept)
+            self.rows = [self.rows[row] for row in kept]
+
+    @torch.no_grad()
+    def step(self) -> dict[Hashable, int]:
+        """The next token of every answer that has one this step: one forward pass over the shared rows,
+        one per answer decoded alone, and prefill of waiting prompts up to ``prefill_tokens``."""
+        found: dict[Hashable, int] = {}
+        self._leave_the_window()
+        if self.rows:
+            device = self.cache.keys.device
+            last = torch.tensor([[sequence.ids[-1]] for sequence in self.rows], device=device)  # (B, 1)
+            logits = self.net(last, self.cache)[:, -1, :].float()  # (B, V)
+            found |= self._choose(self.rows, logits)
+        for sequence in self.alone:
+            found |= self._choose([sequence], self._alone_logits(sequence))
+        budget = self.prefill_tokens
+        while self.waiting and budget > 0:
+            sequence = self.waiting[0]
+            chunk = sequence.ids[sequence.prefilled : sequence.prefilled + budget]
+            tokens = torch.tensor([chunk], device=self._device())  # (1, T)
+            logits = self.net(tokens, sequence.cache)[:, -1, :].float()  # (1, V)
+            sequence.prefilled += len(chunk)
+            budget -= len(chunk)
+            if sequence.prefilled < sequence.prompt_length:
+                continue  # the rest of this prompt at the next step
+            self.waiting.pop(0)
+            found |= self._choose([sequence], logits)
+            if self.cache is not None and len(sequence.ids) <= self.block_size:
+                self.cache.extend(sequence.cache)
+                sequence.cache = None
+                self.rows.append(sequence)
+            else:
+                self.alone.append(sequence)
+        return found
+
+    def _choose(self, sequences: list[Decoding], logits: torch.Tensor) -> dict[Hashable, int]:
+        """Each sequence's next token from its row of ``logits`` (B, V), read back in one transfer."""
+        picked = logits.argmax(dim=-1, keepdim=True)  # (B, 1): every greedy answer at once
+        sampled = [row for row, sequence in enumerate(sequences) if sequence.choose is not greedy]
+        if sampled:
+            picked = picked.clone()
+            for row in sampled:
+                picked[row] = sequences[row].choose(logits[row : row + 1])[0]
+        tokens = picked[:, 0].tolist()
+        for sequence, token in zip(sequences, tokens, strict=True):
+            sequence.ids.append(token)
+        return {sequence.key: token for sequence, token in zip(sequences, tokens, strict=True)}
+
+    def _leave_the_window(self) -> None:
+        """Rows whose next token would pass the context leave the shared cache, to be decoded alone."""
+        leaving = [row for row, sequence in enumerate(self.rows) if len(sequence.ids) > self.block_size]
+        if leaving:
+            kept = [row for row in range(len(self.rows)) if row not in leaving]
+            self.alone += [self.rows[row] for row in leaving]
+            self.cache.select(kept)
+            self.rows = [self.rows[row] for row in kept]
+
+    def _alone_logits(self, sequence: Decoding) -> torch.Tensor:
+        """The next-token logits (1, V) of a sequence decoded alone, as ``decode_steps`` computes them."""
+        if sequence.cache is None or len(sequence.ids) > self.block_size:
+            sequence.cache = self.net.new_cache(1)
+            fed = sequence.ids[-self.block_size :]
+        else:
+            fed = sequence.ids[sequence.cache.length :]
+        tokens = torch.tensor([fed], device=self._device())  # (1, T)
+        return self.net(tokens, sequence.cache)[:, -1, :].float()
+
+    def _device(self) -> torch.device:
+        return next(self.net.parameters()).device
