@@ -104,7 +104,7 @@ def main() -> None:
 def measure(args: argparse.Namespace, max_batch_size: int) -> None:
     package = next((args.bake / "src").iterdir()).name
     name, port = "bench", free_port()
-    command = [sys.executable, "-m", f"{package}.serve", "--ckpt", str(args.checkpoint), "--port", str(port)]
+    command = [sys.executable, "-m", f"{package}.commands.serve", "--ckpt", str(args.checkpoint), "--port", str(port)]
     command += ["--api=openai", "--model_name", name, "--max_tokens", str(args.long_tokens)]
     command += ["--workers_per_device", str(args.workers), "--max_batch_size", str(max_batch_size)]
     command += ["--timeout", "600"]  # queued requests wait: the figure is their wait, not LitServe's 504 after 30 s

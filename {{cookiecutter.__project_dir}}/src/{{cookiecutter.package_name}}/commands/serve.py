@@ -70,7 +70,7 @@ def serve(
         host: interface to listen on; 127.0.0.1 (default) takes connections from this machine only.
         port: TCP port.
         max_batch_size: most concurrent requests run as one batch; for the OpenAI API, the most answers a
-            worker generates at once, a token of each in turn (further requests wait for a place).
+            worker generates at once, one forward pass a step for all (further requests wait for a place).
         batch_timeout: seconds a request waits for others to join its batch.
         max_inputs: most examples in one request (more: HTTP 422).
         max_body_bytes: largest request body in bytes (more: HTTP 413).

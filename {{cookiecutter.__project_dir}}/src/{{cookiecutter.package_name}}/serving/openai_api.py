@@ -481,7 +481,7 @@ def build_chat_server(
         model_name: the ``model`` clients name.
         max_tokens: the most new tokens per request.
         timeout: the seconds without a step after which ``/health`` calls a generating worker stuck.
-        max_batch_size: the most answers a worker generates at once (a step of each in turn).
+        max_batch_size: the most answers a worker generates at once (one forward pass a step for all).
         middlewares: LitServe middlewares (serving.api's body limits).
 
     Raises:

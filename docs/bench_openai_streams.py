@@ -1,0 +1,196 @@
+"""The OpenAI API of a language-model bake's ``make serve`` at 1 to 64 concurrent streams, against
+transformers' ``generate`` at the same batch sizes on a GPT-2 of the same shape, in one run.
+
+For each count N of ``--streams``: N clients each stream one greedy answer of ``--new-tokens`` tokens
+at once (aggregate tokens/s: their completion tokens over the time from the first request to the
+last answer's end), while one more client sends short requests (``--short-tokens``), one after
+another, whose time to the first token (TTFT) is measured; before the first N, the same short
+requests alone give the baseline. The worker's resident memory is read after each count. Then
+``GPT2LMHeadModel`` (random weights; the checkpoint's layers, heads, width, vocabulary and context)
+generates greedily at batch N from a prompt as long as the server's, ``--new-tokens`` new tokens,
+best of ``--rounds``: the reference for batched decoding on this machine. Ratios within one run are
+what to compare across machines.
+
+    python docs/bench_openai_streams.py <bake> <checkpoint> [--streams 1 4 16 64] [--new-tokens 90]
+"""
+
+import argparse
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from bench_openai_load import free_port, largest_rss_mb, percentiles
+from openai import OpenAI
+
+# A prompt of 34 tokens in the plain chat template: with 90 new tokens every answer stays inside the byte
+# GPT's default context of 128, so no answer leaves the batch to slide its window.
+CHAT = [{"role": "user", "content": "Call me Ishmael."}]
+
+
+def timed_stream(client: OpenAI, name: str, tokens: int) -> tuple[float, float, int]:
+    """Seconds to the first content and to the end of one streamed greedy answer, and its completion tokens."""
+    start, first, used = time.perf_counter(), None, 0
+    for chunk in client.chat.completions.create(
+        model=name, messages=CHAT, max_tokens=tokens, temperature=0, stream=True
+    ):
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter() - start
+        if chunk.usage:
+            used = chunk.usage.completion_tokens
+    return first if first is not None else float("nan"), time.perf_counter() - start, used
+
+
+def generate_tokens_per_second(checkpoint: Path, batch: int, prompt: int, new: int, rounds: int) -> float:
+    """transformers' greedy ``generate`` on a GPT-2 shaped as the checkpoint's net: tokens/s at ``batch``."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    net = torch.load(checkpoint, map_location="cpu", weights_only=True)["hyper_parameters"]["net"]["init_args"]
+    config = GPT2Config(
+        vocab_size=net.get("vocab_size", 256),
+        n_positions=net.get("block_size", 128),
+        n_layer=net.get("n_layer", 4),
+        n_head=net.get("n_head", 4),
+        n_embd=net.get("n_embd", 128),
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = GPT2LMHeadModel(config).eval()
+    ids = torch.randint(1, config.vocab_size, (batch, prompt))
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(rounds):
+            start = time.perf_counter()
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False)  # fmt: skip
+            best = min(best, time.perf_counter() - start)
+    return batch * new / best
+
+
+def decoded_in_process(package: str, checkpoint: Path, count: int, new: int, rounds: int) -> float:
+    """tokens/s of ``count`` greedy answers decoded together in this process (``serving.batching.DecodeBatch``,
+    each token made text as the server does): the model's side of the server, without HTTP."""
+    import importlib
+
+    trained = importlib.import_module(f"{package}.engine.inference").load_trained(checkpoint)
+    batching = importlib.import_module(f"{package}.serving.batching")
+    ids = trained.model.chat_template().ids(CHAT)
+    best = 0.0
+    for _ in range(rounds):
+        batch, answers = batching.DecodeBatch(trained.predictor.net), {}
+        for key in range(count):
+            answers[key] = trained.model.chat_answer(new, temperature=0)
+            batch.add(key, ids, answers[key].choose)
+        start, total = time.perf_counter(), 0
+        while len(batch):
+            for key, token in batch.step().items():
+                total += 1
+                piece = answers[key].add(token)
+                if piece is not None and piece.finish_reason is not None:  # "length" at the latest
+                    batch.remove(key)
+        best = max(best, total / (time.perf_counter() - start))
+    return best
+
+
+def streams_at_once(client: OpenAI, name: str, count: int, tokens: int) -> float:
+    """Aggregate completion tokens/s of ``count`` greedy answers streamed at once."""
+    used: list[int] = []
+    barrier = threading.Barrier(count + 1)
+
+    def one() -> None:
+        barrier.wait()
+        used.append(timed_stream(client, name, tokens)[2])
+
+    threads = [threading.Thread(target=one) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return sum(used) / (time.perf_counter() - start)
+
+
+def shorts_while(client: OpenAI, name: str, tokens: int, running: threading.Event) -> list[float]:
+    """TTFTs of short requests sent one after another while ``running`` is set (at least one)."""
+    firsts = [timed_stream(client, name, tokens)[0]]
+    while running.is_set():
+        firsts.append(timed_stream(client, name, tokens)[0])
+    return firsts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("bake", type=Path)
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--new-tokens", type=int, default=90)
+    parser.add_argument("--short-tokens", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    package = next((args.bake / "src").iterdir()).name
+    name, port = "bench", free_port()
+    command = [sys.executable, "-m", f"{package}.commands.serve", "--ckpt", str(args.checkpoint), "--port", str(port)]
+    command += ["--api=openai", "--model_name", name, "--max_tokens", str(args.new_tokens)]
+    command += ["--max_batch_size", str(max(args.streams) + 1), "--timeout", "600"]
+    log = (args.bake / "bench_openai_streams.log").open("w")
+    server = subprocess.Popen(command, cwd=args.bake, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    served: dict[int, tuple[float, list[float], float]] = {}
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/health") as answer:
+                if answer.status == 200:
+                    break
+            if time.monotonic() > deadline or server.poll() is not None:
+                sys.exit("bench_openai_streams: the server did not become healthy")
+            time.sleep(0.5)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+        prompt = client.chat.completions.create(model=name, messages=CHAT, max_tokens=1).usage.prompt_tokens
+        timed_stream(client, name, args.new_tokens)  # warm-up
+        alone = [timed_stream(client, name, args.short_tokens)[0] for _ in range(10)]
+        print(f"server, one worker: prompt {prompt} tokens, answers {args.new_tokens} tokens; short request "
+              f"({args.short_tokens} tokens) alone: TTFT {percentiles(alone)}")  # fmt: skip
+        for count in args.streams:
+            best, firsts = 0.0, []
+            for _ in range(args.rounds):
+                running = threading.Event()
+                running.set()
+                with ThreadPoolExecutor(max_workers=1) as pool:
+                    short = pool.submit(shorts_while, client, name, args.short_tokens, running)
+                    best = max(best, streams_at_once(client, name, count, args.new_tokens))
+                    running.clear()
+                    firsts += short.result()
+            served[count] = (best, firsts, largest_rss_mb(server))
+            print(f"{count:3d} streams: {best:7.0f} tokens/s in all; short TTFT {percentiles(firsts)} "
+                  f"({statistics.median(firsts) / statistics.median(alone):.1f}x alone); "
+                  f"worker RSS {served[count][2]:.0f} MB")  # fmt: skip
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+        log.close()
+    torch.set_num_threads(os.cpu_count() or 1)
+    print("the same answers decoded together in this process (no HTTP):")
+    for count in args.streams:
+        rate = decoded_in_process(package, args.checkpoint, count, args.new_tokens, args.rounds)
+        ratio = served[count][0] / rate
+        print(f"  {count:3d} answers: {rate:7.0f} tokens/s; the server at {count} streams: {ratio:.2f}x")
+    print(f"transformers generate (GPT-2 of the checkpoint's shape, greedy, {prompt} + {args.new_tokens} tokens):")
+    for count in args.streams:
+        reference = generate_tokens_per_second(args.checkpoint, count, prompt, args.new_tokens, args.rounds)
+        print(f"  batch {count:3d}: {reference:7.0f} tokens/s; the server at {count} streams: "
+              f"{served[count][0] / reference:.2f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
