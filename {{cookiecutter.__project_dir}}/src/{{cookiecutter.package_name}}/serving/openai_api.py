@@ -391,6 +391,15 @@ class ChatAPI(ls.LitAPI):
         return len(self.answers) < self.max_batch_size
 
     def step(self, previous: list[Output] | None) -> list[Output]:
+        """Steps of every answer in progress until one has something to send: LitServe's loop sleeps 10 ms
+        after a step with no output (a step whose tokens only held text back: a character's first bytes,
+        the start of a stop string), a stall the answers would all wait through."""
+        outputs = self.step_once()
+        while not outputs and self.answers:
+            outputs = self.step_once()
+        return outputs
+
+    def step_once(self) -> list[Output]:
         """A step of every answer in progress: its next piece (an OK output), and for an answer that
         ended (its last piece given, its client gone, or an error) a FINISH_STREAMING or ERROR output."""
         outputs: list[Output] = []
