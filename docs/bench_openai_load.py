@@ -25,12 +25,14 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 from openai import OpenAI
 
 CHAT = [{"role": "user", "content": "Call me Ishmael. Some years ago, never mind how long precisely"}]
+NAME = "bench"  # the served model's name
 
 
 def free_port() -> int:
@@ -39,11 +41,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def timed_stream(client: OpenAI, name: str, tokens: int) -> tuple[float, float, int]:
-    """Seconds to the first content and to the end of one streamed answer, and its completion tokens."""
+def timed_stream(client: OpenAI, name: str, tokens: int, messages: list[dict] = CHAT) -> tuple[float, float, int]:
+    """Seconds to the first content and to the end of one streamed greedy answer, and its completion tokens."""
     start, first, used = time.perf_counter(), None, 0
     for chunk in client.chat.completions.create(
-        model=name, messages=CHAT, max_tokens=tokens, temperature=0, stream=True
+        model=name, messages=messages, max_tokens=tokens, temperature=0, stream=True
     ):
         if first is None and chunk.choices and chunk.choices[0].delta.content:
             first = time.perf_counter() - start
@@ -56,6 +58,34 @@ def percentiles(values: list[float]) -> str:
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return f"p50 {statistics.median(ordered) * 1e3:7.0f} ms, p99 {p99 * 1e3:7.0f} ms"
+
+
+@contextlib.contextmanager
+def openai_server(
+    bake: Path, checkpoint: Path, log_name: str, *options: str
+) -> Iterator[tuple[subprocess.Popen, OpenAI]]:
+    """``serve --api openai`` of ``bake`` over ``checkpoint`` on a free loopback port with ``options``, once
+    healthy: its process and a client of it (the model is ``NAME``); its process group stopped after.
+    Its output goes to ``bake / log_name``, to read after a failure."""
+    package = next((bake / "src").iterdir()).name
+    port = free_port()
+    command = [sys.executable, "-m", f"{package}.commands.serve", "--ckpt", str(checkpoint), "--port", str(port)]
+    command += ["--api=openai", "--model_name", NAME, *options]
+    with (bake / log_name).open("w") as log:
+        server = subprocess.Popen(command, cwd=bake, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/health") as answer:
+                    if answer.status == 200:
+                        break
+                if time.monotonic() > deadline or server.poll() is not None:
+                    sys.exit(f"the server did not become healthy: see {bake / log_name}")
+                time.sleep(0.5)
+            yield server, OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
 
 
 def shorts(client: OpenAI, name: str, count: int, tokens: int) -> tuple[list[float], list[float]]:
@@ -102,24 +132,11 @@ def main() -> None:
 
 
 def measure(args: argparse.Namespace, max_batch_size: int) -> None:
-    package = next((args.bake / "src").iterdir()).name
-    name, port = "bench", free_port()
-    command = [sys.executable, "-m", f"{package}.commands.serve", "--ckpt", str(args.checkpoint), "--port", str(port)]
-    command += ["--api=openai", "--model_name", name, "--max_tokens", str(args.long_tokens)]
-    command += ["--workers_per_device", str(args.workers), "--max_batch_size", str(max_batch_size)]
-    command += ["--timeout", "600"]  # queued requests wait: the figure is their wait, not LitServe's 504 after 30 s
-    log = (args.bake / "bench_openai_load.log").open("w")  # the server's output, to read after a failure
-    server = subprocess.Popen(command, cwd=args.bake, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/health") as answer:
-                if answer.status == 200:
-                    break
-            if time.monotonic() > deadline or server.poll() is not None:
-                sys.exit("bench_openai_load: the server did not become healthy")
-            time.sleep(0.5)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+    options = ["--max_tokens", str(args.long_tokens), "--workers_per_device", str(args.workers)]
+    options += ["--max_batch_size", str(max_batch_size)]
+    options += ["--timeout", "600"]  # queued requests wait: the figure is their wait, not LitServe's 504 after 30 s
+    with openai_server(args.bake, args.checkpoint, "bench_openai_load.log", *options) as (server, client):
+        name = NAME
         print(f"server: {args.workers} worker(s), --max_batch_size {max_batch_size}; long answers {args.long_tokens} "
               f"tokens, short {args.short_tokens}")  # fmt: skip
         timed_stream(client, name, args.short_tokens)  # warm-up
@@ -145,10 +162,6 @@ def measure(args: argparse.Namespace, max_batch_size: int) -> None:
                   f"{statistics.median(loaded_first) / statistics.median(alone_first):.1f}x")  # fmt: skip
             print(f"round {round_number}: long streams: {len(streamed)} answers, {long_rate:.0f} tokens/s per stream; "
                   f"worker RSS {largest_rss_mb(server):.0f} MB")  # fmt: skip
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
-        log.close()
 
 
 if __name__ == "__main__":

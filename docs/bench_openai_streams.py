@@ -15,20 +15,16 @@ what to compare across machines.
 """
 
 import argparse
-import contextlib
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import bench_openai_load as load
 import torch
-from bench_openai_load import free_port, largest_rss_mb, percentiles
+from bench_openai_load import largest_rss_mb, percentiles
 from openai import OpenAI
 
 # A prompt of 34 tokens in the plain chat template: with 90 new tokens every answer stays inside the byte
@@ -37,16 +33,8 @@ CHAT = [{"role": "user", "content": "Call me Ishmael."}]
 
 
 def timed_stream(client: OpenAI, name: str, tokens: int) -> tuple[float, float, int]:
-    """Seconds to the first content and to the end of one streamed greedy answer, and its completion tokens."""
-    start, first, used = time.perf_counter(), None, 0
-    for chunk in client.chat.completions.create(
-        model=name, messages=CHAT, max_tokens=tokens, temperature=0, stream=True
-    ):
-        if first is None and chunk.choices and chunk.choices[0].delta.content:
-            first = time.perf_counter() - start
-        if chunk.usage:
-            used = chunk.usage.completion_tokens
-    return first if first is not None else float("nan"), time.perf_counter() - start, used
+    """:func:`bench_openai_load.timed_stream` of this benchmark's prompt."""
+    return load.timed_stream(client, name, tokens, CHAT)
 
 
 def generate_tokens_per_second(checkpoint: Path, batch: int, prompt: int, new: int, rounds: int) -> float:
@@ -139,23 +127,10 @@ def main() -> None:
     args = parser.parse_args()
 
     package = next((args.bake / "src").iterdir()).name
-    name, port = "bench", free_port()
-    command = [sys.executable, "-m", f"{package}.commands.serve", "--ckpt", str(args.checkpoint), "--port", str(port)]
-    command += ["--api=openai", "--model_name", name, "--max_tokens", str(args.new_tokens)]
-    command += ["--max_batch_size", str(max(args.streams) + 1), "--timeout", "600"]
-    log = (args.bake / "bench_openai_streams.log").open("w")
-    server = subprocess.Popen(command, cwd=args.bake, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    name = load.NAME
+    options = ["--max_tokens", str(args.new_tokens), "--max_batch_size", str(max(args.streams) + 1), "--timeout", "600"]
     served: dict[int, tuple[float, list[float], float]] = {}
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/health") as answer:
-                if answer.status == 200:
-                    break
-            if time.monotonic() > deadline or server.poll() is not None:
-                sys.exit("bench_openai_streams: the server did not become healthy")
-            time.sleep(0.5)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+    with load.openai_server(args.bake, args.checkpoint, "bench_openai_streams.log", *options) as (server, client):
         prompt = client.chat.completions.create(model=name, messages=CHAT, max_tokens=1).usage.prompt_tokens
         timed_stream(client, name, args.new_tokens)  # warm-up
         alone = [timed_stream(client, name, args.short_tokens)[0] for _ in range(10)]
@@ -175,10 +150,6 @@ def main() -> None:
             print(f"{count:3d} streams: {best:7.0f} tokens/s in all; short TTFT {percentiles(firsts)} "
                   f"({statistics.median(firsts) / statistics.median(alone):.1f}x alone); "
                   f"worker RSS {served[count][2]:.0f} MB")  # fmt: skip
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
-        log.close()
     torch.set_num_threads(os.cpu_count() or 1)
     print("the same answers decoded together in this process (no HTTP):")
     for count in args.streams:

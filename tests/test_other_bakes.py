@@ -5,6 +5,7 @@ uv.lock into its own environment, then make lint, make test, make train and a ta
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import bake, install_own_environment, make
@@ -27,17 +28,26 @@ SECOND = {
 MINIMAL = {f"use_{name}": "no" for name in ("sweeps", "benchmark", "serving", "prepared", "pretrained")}
 
 
+def installed_linted_and_tested(cookies, monkeypatch, answers: dict, absent: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """Bake ``answers`` (locked), install it as its user does, exactly its uv.lock into its own environment,
+    where none of ``absent`` imports, then run its own ``make lint`` and ``make test`` (the quick tests, as
+    for the default bake; slow ones: .ci/slow and .ci/floors); return the project and its Python."""
+    monkeypatch.setenv("TORCH_TEMPLATE_LOCK", "1")
+    project = bake(cookies, **answers)
+    python = install_own_environment(project)
+    for name in absent:
+        assert subprocess.run([python, "-c", f"import {name}"], capture_output=True).returncode != 0, name
+    make(project, "lint", python=python)
+    # A make target glued to the previous recipe once ran nothing here and exited 0: tests must have run.
+    assert re.search(r"\b\d+ passed\b", make(project, "test", python=python))
+    return project, python
+
+
 @pytest.mark.slow
 def test_second_bake_tabular_passes_its_own_tests_and_trains_in_its_own_environment(cookies, monkeypatch) -> None:
     # Other answers than the default's (another logger, precision, compile, no SLURM) change what the
     # bake installs: it installs as its user does, exactly its uv.lock, and is tested there alone.
-    monkeypatch.setenv("TORCH_TEMPLATE_LOCK", "1")
-    project = bake(cookies, **SECOND)
-    python = install_own_environment(project)
-    make(project, "lint", python=python)
-    # The quick tests here, as for the default bake (slow ones: .ci/slow and .ci/floors). A make
-    # target glued to the previous recipe once ran nothing here and exited 0: tests must have run.
-    assert re.search(r"\b\d+ passed\b", make(project, "test", python=python))
+    project, python = installed_linted_and_tested(cookies, monkeypatch, SECOND)
     # Its slow tests too (.ci/slow runs the default bakes' only): a capability left out must leave no slow
     # test that needs it (two did: a README test expecting make export, the planted-module test's export).
     assert re.search(r"\b\d+ passed\b", make(project, "test-slow", python=python))
@@ -68,15 +78,8 @@ THIRD = {
 
 @pytest.mark.slow
 def test_third_bake_language_model_passes_its_own_tests_trains_and_generates(cookies, monkeypatch) -> None:
-    # As the second bake: in its own environment, which has no wandb and no tensorboard.
-    monkeypatch.setenv("TORCH_TEMPLATE_LOCK", "1")
-    project = bake(cookies, **THIRD)
-    python = install_own_environment(project)
-    assert subprocess.run([python, "-c", "import wandb"], capture_output=True).returncode != 0
-    make(project, "lint", python=python)
-    # The quick tests here, as for the default bake (slow ones: .ci/slow and .ci/floors). A make
-    # target glued to the previous recipe once ran nothing here and exited 0: tests must have run.
-    assert re.search(r"\b\d+ passed\b", make(project, "test", python=python))
+    # As the second bake: in its own environment, which has no wandb and no tensorboard, nor serving.
+    project, python = installed_linted_and_tested(cookies, monkeypatch, THIRD, absent=("wandb", "litserve"))
     # `make train` on the bundled corpus with a one-block GPT for 150 steps (29 s): it learns
     # common letter sequences, below the corpus's unigram entropy of 4.53 bits per byte (3.76
     # measured). The default model's full run reaches 2.26 (docs/benchmarks.md).
@@ -106,13 +109,8 @@ FOURTH = {
 @pytest.mark.slow
 def test_fourth_bake_images_minimal_passes_its_own_tests_and_trains(cookies, monkeypatch) -> None:
     # The image task's minimal bake in its own environment: no transformers, timm, onnx or LitServe there.
-    monkeypatch.setenv("TORCH_TEMPLATE_LOCK", "1")
-    project = bake(cookies, **FOURTH)
-    python = install_own_environment(project)
-    for absent in ("transformers", "litserve", "onnxruntime", "optuna"):
-        assert subprocess.run([python, "-c", f"import {absent}"], capture_output=True).returncode != 0, absent
-    make(project, "lint", python=python)
-    assert re.search(r"\b\d+ passed\b", make(project, "test", python=python))
+    absent = ("transformers", "litserve", "onnxruntime", "optuna")
+    project, python = installed_linted_and_tested(cookies, monkeypatch, FOURTH, absent)
     # Two epochs of the CNN on the bundled digits (about 25 s on 2 cores): 0.963 test accuracy measured.
     make(project, "train", args="--trainer.max_epochs=2", python=python)
     (summary_path,) = (project / "logs").rglob("test_metrics.json")
