@@ -10,22 +10,18 @@ from pathlib import Path
 import pytest
 from conftest import bake, install_own_environment, make
 
+# Every optional capability off: each task's minimal bake (.ci/slow runs the full ones, every answer yes).
+MINIMAL = {f"use_{name}": "no" for name in ("sweeps", "benchmark", "serving", "prepared", "pretrained")}
+MINIMAL["include_slurm"] = "no"
 SECOND = {
     "task": "tabular",
     "project_name": "Second Bake",
     "logger": "tensorboard",
     "precision": "16-mixed",
     "compile": "yes",
-    "include_slurm": "no",
-    "use_sweeps": "no",  # the smallest bake: every optional capability off
-    "use_benchmark": "no",
-    "use_serving": "no",
-    "use_prepared": "no",
-    "use_pretrained": "no",
     "license": "Apache-2.0",
+    **MINIMAL,
 }
-# Every optional capability off: each task's minimal bake (.ci/slow runs the full ones, every answer yes).
-MINIMAL = {f"use_{name}": "no" for name in ("sweeps", "benchmark", "serving", "prepared", "pretrained")}
 
 
 def installed_linted_and_tested(cookies, monkeypatch, answers: dict, absent: tuple[str, ...] = ()) -> tuple[Path, Path]:
@@ -70,7 +66,6 @@ THIRD = {
     "logger": "csv",
     "precision": "32-true",
     "compile": "no",
-    "include_slurm": "yes",
     "license": "MIT",
     **MINIMAL,
 }
@@ -100,7 +95,6 @@ FOURTH = {
     "logger": "csv",
     "precision": "bf16-mixed",
     "compile": "no",
-    "include_slurm": "yes",
     "license": "BSD-3-Clause",
     **MINIMAL,
 }
