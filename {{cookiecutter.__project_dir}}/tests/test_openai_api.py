@@ -178,15 +178,22 @@ def alone(net: GPT, prompt: list[int], count: int, choose=greedy_choice) -> list
     return decode(net, torch.tensor([prompt]), count, choose)[0].tolist()
 
 
+def context_dependent_gpt() -> GPT:
+    """A small GPT whose greedy tokens depend on the context: weights larger than a fresh net's, whose
+    greedy tokens mostly repeat the last one, attention or not (any two decoders would agree)."""
+    torch.manual_seed(0)
+    net = GPT(vocab_size=256, block_size=24, n_layer=2, n_head=2, n_embd=32, dropout=0.0).eval()
+    with torch.no_grad():
+        for parameter in net.parameters():
+            parameter.normal_(0.0, 0.3)
+    return net
+
+
 def test_answers_decoded_together_equal_each_decoded_alone_as_they_join_and_leave() -> None:
     """Greedy answers of the batch are token for token those of the answer alone, whatever else is in the batch:
     prompts of other lengths join mid-answer (prefilled in chunks of 4 tokens), one leaves early, one
     samples with its own seed, and two run past the context (decoded alone from then on)."""
-    torch.manual_seed(0)
-    net = GPT(vocab_size=256, block_size=24, n_layer=2, n_head=2, n_embd=32, dropout=0.0).eval()
-    with torch.no_grad():  # weights large enough that each token depends on the context (a fresh net's
-        for parameter in net.parameters():  # greedy tokens mostly repeat the last one, attention or not)
-            parameter.normal_(0.0, 0.3)
+    net = context_dependent_gpt()
     prompts = {"a": [5, 9, 200], "b": list(range(40, 49)), "c": list(range(100, 120)), "d": [7] * 6, "e": [1]}
     joins = {"a": 0, "b": 2, "c": 3, "d": 7, "e": 9}  # the step each answer is added at
     wanted = {"a": 6, "b": 30, "c": 12, "d": 20, "e": 25}  # tokens each answer takes; "a" leaves after 6
@@ -210,6 +217,33 @@ def test_answers_decoded_together_equal_each_decoded_alone_as_they_join_and_leav
     for key, prompt in prompts.items():
         choose = seeded() if key == "d" else greedy_choice
         assert got[key] == alone(net, prompt, wanted[key], choose), key
+
+
+class OwnNet(torch.nn.Module):
+    """A user's own language-model net: ``block_size`` and a forward, no key/value cache (no ``new_cache``)."""
+
+    def __init__(self, net: GPT) -> None:
+        super().__init__()
+        self.net, self.block_size = net, net.block_size
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.net(tokens)
+
+
+def test_a_net_without_a_cache_is_served_one_answer_at_a_time_over_its_window() -> None:
+    """Each answer equals uncached decoding alone, past the context too (the window slides)."""
+    net = OwnNet(context_dependent_gpt())
+    batch, got = DecodeBatch(net), {"a": [], "b": []}
+    prompts, wanted = {"a": [5, 9, 200], "b": list(range(100, 120))}, {"a": 30, "b": 10}
+    for key, prompt in prompts.items():
+        batch.add(key, prompt, greedy_choice)
+    while len(batch):
+        for key, token in batch.step().items():
+            got[key].append(token)
+            if len(got[key]) == wanted[key]:
+                batch.remove(key)
+    for key, prompt in prompts.items():
+        assert got[key] == alone(net.net, prompt, wanted[key]), key  # GPT's cached decoding: the same tokens
 
 
 def test_the_plain_chat_template_renders_each_role_and_refuses_others() -> None:
@@ -325,10 +359,21 @@ def test_a_short_request_is_answered_while_a_long_answer_streams(chat_server) ->
 
 
 @pytest.mark.slow
-def test_answers_served_together_equal_those_decoded_alone(chat_server) -> None:
+def test_answers_served_together_equal_those_decoded_alone(trained: Trained, tmp_path: Path) -> None:
     """Requests of different lengths, sent together and one after another, each answered greedily as the model
-    alone answers it, token for token, while they share the worker's forward passes."""
-    trained, port, _, _ = chat_server
+    alone answers it, token for token, while they share the worker's forward passes.
+
+    The served net's weights are redrawn larger than trained ones (std 0.3), so that each token depends on
+    its context: the short-trained model's answers are repetitive enough that a batch with wrong positions
+    gave the same text (seen), where these do not."""
+    checkpoint = torch.load(trained.checkpoint, map_location="cpu", weights_only=True)
+    generator = torch.Generator().manual_seed(0)
+    for name, value in checkpoint["state_dict"].items():
+        if name.startswith("net.") and value.is_floating_point():
+            value.normal_(0.0, 0.3, generator=generator)
+    sensitive = tmp_path / "sensitive.ckpt"
+    torch.save(checkpoint, sensitive)
+    model = load_trained(sensitive)
     questions = [
         ([{"role": "user", "content": "Call me Ishmael."}], 120),
         ([{"role": "user", "content": "The whale"}], 7),
@@ -337,18 +382,19 @@ def test_answers_served_together_equal_those_decoded_alone(chat_server) -> None:
         ([{"role": "user", "content": "Sea"}], 30),
         ([{"role": "user", "content": "Ahab"}], 90),
     ]  # six requests for four places: two join as others leave
-    api = client(port)
+    expected = [answer_in_process(model, asked, max_new_tokens=tokens, temperature=0)[0] for asked, tokens in questions]
+    args = ("--max_tokens=4000", f"--max_batch_size={AT_ONCE}")
+    with serving(sensitive, tmp_path, *args, api="openai") as (port, _, _), client(port) as api:
 
-    def ask(index: int) -> str:
-        time.sleep(0.05 * index)  # staggered: each joins answers already under way
-        messages, tokens = questions[index]
-        answer = api.chat.completions.create(model=NAME, messages=messages, max_tokens=tokens, temperature=0)
-        return answer.choices[0].message.content
+        def ask(index: int) -> str:
+            time.sleep(0.05 * index)  # staggered: each joins answers already under way
+            messages, tokens = questions[index]
+            answer = api.chat.completions.create(model=NAME, messages=messages, max_tokens=tokens, temperature=0)
+            return answer.choices[0].message.content
 
-    with ThreadPoolExecutor(max_workers=len(questions)) as pool:
-        served = list(pool.map(ask, range(len(questions))))
-    for (messages, tokens), text in zip(questions, served, strict=True):
-        assert text == answer_in_process(trained, messages, max_new_tokens=tokens, temperature=0)[0]
+        with ThreadPoolExecutor(max_workers=len(questions)) as pool:
+            served = list(pool.map(ask, range(len(questions))))
+    assert served == expected
 
 
 REFUSED = {  # the request's extra fields -> (status, the param named)

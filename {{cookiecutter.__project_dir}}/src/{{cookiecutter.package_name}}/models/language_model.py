@@ -263,9 +263,10 @@ class LanguageModel(TrainingModule):
         """An answer to write: how its tokens are chosen (:func:`sampler`, ``temperature`` 0: greedy; ``seed``
         makes the draws repeatable whatever else runs) and how they become text (:class:`ChatAnswer`)."""
         generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
-        stops = tuple(s for s in (*stop, *self.chat_template().stops) if s)
+        template = self.chat_template()
+        stops = tuple(s for s in (*stop, *template.stops) if s)
         choose = sampler(temperature, top_p=top_p, generator=generator)
-        return ChatAnswer(self.tokenizer, self.chat_template().ends_turns, stops, max_new_tokens, choose)
+        return ChatAnswer(self.tokenizer, template.ends_turns, stops, max_new_tokens, choose)
 
     @torch.no_grad()
     def stream_chat(

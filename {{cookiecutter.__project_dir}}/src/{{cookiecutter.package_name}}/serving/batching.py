@@ -14,7 +14,8 @@ longer than that), then its row joins the batch. Each answer picks its tokens wi
 ``choose`` (temperature, top-p, seed), from its own row of the step's logits. An answer longer than
 the context is decoded alone from then on, as :func:`models.language_model.decode_steps` does: the
 window slides, every position shifts, and its cache is rebuilt each step. A net whose cache cannot
-hold rows of different lengths (a Hugging Face model's) decodes each answer alone, as before.
+hold rows of different lengths (a Hugging Face model's) decodes each answer alone with its own cache,
+and a net without a cache (no ``new_cache``: a user's own) each answer alone over its whole window.
 
 Shapes: B answers in the batch, T tokens, V vocabulary.
 """
@@ -46,9 +47,9 @@ class DecodeBatch:
     token of each.
 
     Args:
-        net: a language model net, token ids (B, T) -> logits (B, T, V), with ``block_size`` and
-            ``new_cache(batch_size)``; a cache with ``extend`` and ``select`` (``nets.gpt.KVCache``)
-            lets answers share one forward pass.
+        net: a language model net, token ids (B, T) -> logits (B, T, V), with ``block_size``, and
+            optionally ``new_cache(batch_size)``; a cache with ``extend`` and ``select``
+            (``nets.gpt.KVCache``) lets answers share one forward pass.
         prefill_tokens: the most prompt tokens prefilled in one step (at least 1).
 
     Raises:
@@ -59,7 +60,9 @@ class DecodeBatch:
         if prefill_tokens < 1:
             raise ValueError(f"prefill_tokens must be at least 1, got {prefill_tokens}")
         self.net, self.block_size, self.prefill_tokens = net, net.block_size, prefill_tokens
-        empty = net.new_cache(0)
+        self.device = next(net.parameters()).device
+        self.cached = hasattr(net, "new_cache")
+        empty = net.new_cache(0) if self.cached else None
         self.cache = empty if hasattr(empty, "extend") and hasattr(empty, "select") else None  # the shared rows
         self.rows: list[Decoding] = []  # in the order of the shared cache's rows
         self.waiting: list[Decoding] = []  # to prefill, first come first served
@@ -80,6 +83,9 @@ class DecodeBatch:
         if any(sequence.key == key for sequence in (*self.rows, *self.waiting, *self.alone)):
             raise ValueError(f"answer {key!r} is already in the batch")
         ids = list(prompt[-self.block_size :])  # the window the net reads, as decode_steps
+        if not self.cached:  # nothing to prefill: each step reads the whole window
+            self.alone.append(Decoding(key, ids, choose, prompt_length=len(ids)))
+            return
         self.waiting.append(Decoding(key, ids, choose, prompt_length=len(ids), cache=self.net.new_cache(1)))
 
     def remove(self, key: Hashable) -> None:
@@ -98,8 +104,7 @@ class DecodeBatch:
         found: dict[Hashable, int] = {}
         self._leave_the_window()
         if self.rows:
-            device = self.cache.keys.device
-            last = torch.tensor([[sequence.ids[-1]] for sequence in self.rows], device=device)  # (B, 1)
+            last = torch.tensor([[sequence.ids[-1]] for sequence in self.rows], device=self.device)  # (B, 1)
             logits = self.net(last, self.cache)[:, -1, :].float()  # (B, V)
             found |= self._choose(self.rows, logits)
         for sequence in self.alone:
@@ -108,7 +113,7 @@ class DecodeBatch:
         while self.waiting and budget > 0:
             sequence = self.waiting[0]
             chunk = sequence.ids[sequence.prefilled : sequence.prefilled + budget]
-            tokens = torch.tensor([chunk], device=self._device())  # (1, T)
+            tokens = torch.tensor([chunk], device=self.device)  # (1, T)
             logits = self.net(tokens, sequence.cache)[:, -1, :].float()  # (1, V)
             sequence.prefilled += len(chunk)
             budget -= len(chunk)
@@ -148,13 +153,13 @@ class DecodeBatch:
 
     def _alone_logits(self, sequence: Decoding) -> torch.Tensor:
         """The next-token logits (1, V) of a sequence decoded alone, as ``decode_steps`` computes them."""
+        if not self.cached:
+            tokens = torch.tensor([sequence.ids[-self.block_size :]], device=self.device)  # (1, T)
+            return self.net(tokens)[:, -1, :].float()
         if sequence.cache is None or len(sequence.ids) > self.block_size:
             sequence.cache = self.net.new_cache(1)
             fed = sequence.ids[-self.block_size :]
         else:
             fed = sequence.ids[sequence.cache.length :]
-        tokens = torch.tensor([fed], device=self._device())  # (1, T)
+        tokens = torch.tensor([fed], device=self.device)  # (1, T)
         return self.net(tokens, sequence.cache)[:, -1, :].float()
-
-    def _device(self) -> torch.device:
-        return next(self.net.parameters()).device
