@@ -20,6 +20,12 @@ UV_INSTALL = "https://docs.astral.sh/uv/getting-started/installation/"
 AGENT_GUIDES = ["AGENTS.md", ".claude/agents/{{ cookiecutter.project_slug }}.md"]
 
 
+# make eval's tasks (lm-evaluation-harness YAML over local JSON lines): the served language model's.
+EVAL_FILES = [
+    f"evals/moby_dick_{name}.{kind}" for name in ("continuations", "words") for kind in ("yaml", "jsonl")
+]
+
+
 # The files that belong to one task family only (paths relative to the project, the package as
 # "{package}"); a bake keeps its own task's and deletes the others'. A new task family adds its
 # files to the template and one entry here.
@@ -70,6 +76,9 @@ TASK_FILES = {
         "src/{package}/commands/generate.py",
         "src/{package}/serving/openai_api.py",
         "src/{package}/serving/batching.py",
+        "src/{package}/serving/completions.py",
+        "src/{package}/commands/evaluate.py",
+        *EVAL_FILES,
         "tests/test_language_model.py",
         "tests/test_openai_api.py",
         "tests/test_finetune.py",
@@ -103,6 +112,9 @@ SERVING_FILES = [
     "src/{package}/serving/api.py",
     "src/{package}/serving/openai_api.py",  # the language model's only
     "src/{package}/serving/batching.py",  # the language model's only
+    "src/{package}/serving/completions.py",  # the language model's only, as the next two and EVAL_FILES
+    "src/{package}/commands/evaluate.py",
+    *EVAL_FILES,
     "src/{package}/commands/serve.py",
     "src/{package}/commands/export.py",
     "src/{package}/engine/export.py",

@@ -88,9 +88,12 @@ TASK_PACKAGE_FILES = {
     "language-model": [
         *("data/text.py", "data/corpora/moby_dick.txt.gz", "models/language_model.py", "nets/gpt.py"),
         *("data/prompts.py", "data/tokenizer.py", "nets/causal_lm.py", "commands/generate.py"),
-        *("serving/openai_api.py", "serving/batching.py", "nets/hf.py", "nets/hub.py"),
+        *("serving/openai_api.py", "serving/batching.py", "serving/completions.py", "commands/evaluate.py"),
+        *("nets/hf.py", "nets/hub.py"),
     ],
 }
+# make eval's lm-evaluation-harness tasks: the served language model's.
+EVAL_FILES = {f"evals/moby_dick_{name}.{kind}" for name in ("continuations", "words") for kind in ("yaml", "jsonl")}
 TASK_TEST_FILES = {
     "image-classification": [
         *("test_data.py", "test_ddp.py", "test_faults.py", "test_fsdp.py"),
@@ -143,15 +146,17 @@ def expected_files(
         files |= {"scripts/slurm/sweep.sbatch", "scripts/slurm/train.sbatch", "scripts/slurm/locked_env.sh"}
         files |= {"tests/test_slurm_script.py"}
     if task == "language-model":
-        files.add("docs/language-model.md")
+        files |= {"docs/language-model.md", *EVAL_FILES}
     if not use_sweeps:  # the sweep command, its config, its tests and its SLURM array
         files -= {"configs/sweep.yaml", f"src/{package}/commands/sweep.py", "tests/test_sweep.py"}
         files -= {"scripts/slurm/sweep.sbatch"}
     if not use_benchmark:  # make bench's command
         files -= {f"src/{package}/commands/bench.py"}
     if not use_serving:  # make export and make serve: their commands, the HTTP APIs, the load test and tests
-        files -= {f"src/{package}/serving/{name}" for name in ("__init__.py", "api.py", "openai_api.py", "batching.py")}
+        serving = ("__init__.py", "api.py", "openai_api.py", "batching.py", "completions.py")
+        files -= {f"src/{package}/serving/{name}" for name in serving}
         files -= {f"src/{package}/{name}" for name in ("commands/serve.py", "commands/export.py", "engine/export.py")}
+        files -= {f"src/{package}/commands/evaluate.py", *EVAL_FILES}
         files -= {f"src/{package}/data/image_files.py"}
         files -= {"scripts/serve_load.py", "tests/test_ship.py", "tests/test_openai_api.py"}
     if not use_prepared:  # make prepare: the command, the shard format, its tests and guide

@@ -246,6 +246,44 @@ def test_a_net_without_a_cache_is_served_one_answer_at_a_time_over_its_window() 
         assert got[key] == alone(net.net, prompt, wanted[key]), key  # GPT's cached decoding: the same tokens
 
 
+def scored_alone(net: torch.nn.Module, ids: list[int]) -> list[tuple[float, int]]:
+    """``(log-probability, likeliest token)`` of each token of ``ids`` after the first, from one forward pass."""
+    logprobs = torch.log_softmax(net(torch.tensor([ids]))[0, :-1].float(), dim=-1)  # (T - 1, V)
+    chosen = logprobs.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return list(zip(chosen.tolist(), logprobs.argmax(dim=-1).tolist(), strict=True))
+
+
+def test_token_scores_in_a_batch_equal_one_forward_pass_over_the_answer() -> None:
+    """A prompt's and its answer's log-probabilities (what /v1/completions returns with echo and logprobs)
+    equal those of one forward pass over the whole text, prefilled in chunks beside other answers, and
+    each top list starts with the likeliest token; an answer that asked none gets none."""
+    net = context_dependent_gpt()
+    batch, got = DecodeBatch(net, prefill_tokens=4), {"scored": [], "other": [], "plain": []}
+    prompts = {"scored": list(range(60, 71)), "other": [3, 1, 4, 1, 5], "plain": [9, 9]}
+    batch.add("other", prompts["other"], greedy_choice, top_logprobs=2)  # its answer's scores only
+    batch.add("plain", prompts["plain"], greedy_choice)
+    batch.step()
+    batch.add("scored", prompts["scored"], greedy_choice, top_logprobs=3, score_prompt=True)
+    scores = {key: [] for key in prompts}
+    for _ in range(12):
+        for key, token in batch.step().items():
+            got[key].append(token)
+        for key in prompts:
+            scores[key] += batch.take_scores(key)
+    ids = prompts["scored"] + got["scored"]
+    assert [score.token for score in scores["scored"]] == ids and scores["scored"][0].logprob is None
+    for score, (logprob, likeliest) in zip(scores["scored"][1:], scored_alone(net, ids), strict=True):
+        assert score.logprob == pytest.approx(logprob, abs=1e-5) and score.top[0][0] == likeliest
+        assert len(score.top) == 3 and score.top[0][1] >= score.top[1][1] >= score.top[2][1]
+    other = prompts["other"] + got["other"]
+    assert [score.token for score in scores["other"]] == got["other"]
+    expected = scored_alone(net, other)[len(prompts["other"]) - 1 :]
+    assert [score.logprob for score in scores["other"]] == pytest.approx([lp for lp, _ in expected], abs=1e-5)
+    assert scores["plain"] == []
+    with pytest.raises(ValueError, match="at most the context"):
+        batch.add("long", list(range(net.block_size + 1)), greedy_choice, top_logprobs=0, score_prompt=True)
+
+
 def test_the_plain_chat_template_renders_each_role_and_refuses_others() -> None:
     template = ChatTemplate(ByteTokenizer())
     assert template.render(CHAT) == "system: Answer as Ishmael.\nuser: Call me Ishmael.\nassistant: "
@@ -413,7 +451,7 @@ REFUSED = {  # the request's extra fields -> (status, the param named)
     "a tool without a description": ({"tools": [{"type": "function", "function": dict(name="f")}]}, 400, "tools"),
     "a penalty": ({"presence_penalty": 1.0}, 400, "presence_penalty"),
     "an unknown field": ({"best_of": 3}, 400, "best_of"),
-    "too many stop strings": ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    "too many stop strings": ({"stop": [str(n) for n in range(17)]}, 400, "stop"),
     "a stop string of 100,000 characters": ({"stop": "x" * 100_000}, 400, "stop"),
     "an unknown role": ({"messages": [{"role": "robot", "content": "beep"}]}, 400, "messages"),
     "a conversation longer than the context": (
@@ -477,6 +515,134 @@ def test_refused_requests_get_the_openai_error_shape_naming_the_field(chat_serve
         assert (
             "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
         )
+
+
+# ---- /v1/completions and make eval ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_completions_carry_the_models_own_log_probabilities(chat_server) -> None:
+    """``client.completions.create`` with echo and logprobs, as lm-evaluation-harness sends it: the prompt's
+    and the answer's log-probabilities equal one forward pass of the model here, the text is the greedy one,
+    whole and streamed, for text and token-id prompts in one request; max_tokens 0 scores the prompt alone."""
+    trained, port, _, _ = chat_server
+    api, net, tokenizer = client(port), trained.predictor.net, trained.model.tokenizer
+    texts = ["Call me Ishmael. Some years ago", "The whale"]
+    prompts = [tokenizer.encode(texts[0]), tokenizer.encode(texts[1])]
+    greedy = [alone(net, ids, 6) for ids in prompts]
+    whole = api.completions.create(model=NAME, prompt=prompts, max_tokens=6, temperature=0, echo=True, logprobs=3)
+    as_text = api.completions.create(model=NAME, prompt=texts, max_tokens=6, temperature=0, echo=True, logprobs=3)
+    assert as_text.choices == whole.choices
+    assert [choice.index for choice in whole.choices] == [0, 1]
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (sum(map(len, prompts)), 12)
+    for choice, ids, answer in zip(whole.choices, prompts, greedy, strict=True):
+        assert choice.text == tokenizer.decode(ids + answer) and choice.finish_reason == "length"
+        logprobs = choice.logprobs
+        assert len(logprobs.tokens) == len(ids) + 6 and logprobs.token_logprobs[0] is None
+        assert logprobs.top_logprobs[0] is None and logprobs.text_offset[:3] == [0, 1, 2]
+        expected = scored_alone(net, ids + answer)
+        assert logprobs.token_logprobs[1:] == pytest.approx([logprob for logprob, _ in expected], abs=1e-4)
+        for top, chosen in zip(logprobs.top_logprobs[len(ids) :], logprobs.token_logprobs[len(ids) :], strict=True):
+            assert max(top.values()) == pytest.approx(chosen, abs=1e-6)  # greedy: the likeliest was taken
+    settings = {"model": NAME, "prompt": texts[0], "max_tokens": 6, "temperature": 0, "echo": True, "logprobs": 1}
+    chunks = list(api.completions.create(**settings, stream=True))
+    assert "".join(chunk.choices[0].text for chunk in chunks) == whole.choices[0].text
+    streamed = [value for chunk in chunks for value in chunk.choices[0].logprobs.token_logprobs]
+    assert streamed == whole.choices[0].logprobs.token_logprobs and chunks[-1].choices[0].finish_reason == "length"
+    scored = api.completions.create(model=NAME, prompt=prompts[1], max_tokens=0, echo=True, logprobs=0)
+    assert scored.choices[0].text == texts[1] and scored.usage.completion_tokens == 0
+    assert scored.choices[0].logprobs.token_logprobs == whole.choices[1].logprobs.token_logprobs[: len(prompts[1])]
+    plain = api.completions.create(model=NAME, prompt=texts[1], max_tokens=6, temperature=0, stop=["zzz"])
+    assert plain.choices[0].text == tokenizer.decode(greedy[1]) and plain.choices[0].logprobs is None
+
+
+COMPLETIONS_REFUSED = {  # the body's fields -> (status, the param named)
+    "a prompt longer than the context": ({"prompt": "x" * 5000}, 400, "prompt"),
+    "a token outside the vocabulary": ({"prompt": [1, 2, 1_000_000]}, 400, "prompt"),
+    "an empty prompt": ({"prompt": ""}, 400, "prompt"),
+    "no prompt at all": ({"prompt": []}, 400, "prompt"),
+    "too many alternatives": ({"prompt": "a", "logprobs": 21}, 400, "logprobs"),
+    "more than one choice": ({"prompt": "a", "n": 2}, 400, "n"),
+    "best_of": ({"prompt": "a", "best_of": 3}, 400, "best_of"),
+    "a suffix": ({"prompt": "a", "suffix": "b"}, 400, "suffix"),
+    "negative max_tokens": ({"prompt": "a", "max_tokens": -1}, 400, "max_tokens"),
+    "more tokens than the server gives": ({"prompt": "a", "max_tokens": 5000}, 422, "max_tokens"),
+    "an unknown model": ({"prompt": "a", "model": "gpt-4o"}, 404, "model"),
+    "an unknown field": ({"prompt": "a", "guidance": 1}, 400, "guidance"),
+    "text and token ids mixed": ({"prompt": ["a", [1, 2]]}, 400, "prompt"),
+}
+
+
+@pytest.mark.slow
+def test_refused_completions_name_the_field_and_the_tokenizer_endpoints_answer(chat_server) -> None:
+    _, port, _, _ = chat_server
+    for case, (fields, status, param) in COMPLETIONS_REFUSED.items():
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", data=json.dumps({"model": NAME, **fields}).encode()
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60).close()
+        with refused.value:
+            error = json.loads(refused.value.read())["error"]
+        assert (refused.value.code, error["param"]) == (status, param), (case, error)
+        assert param in error["message"] and "\n" not in error["message"], (case, error)
+
+    def post(path: str, body: dict) -> dict:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode())
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return json.load(answer)
+
+    tokens = post("/tokenize", {"prompt": "Ahoy, café!", "add_special_tokens": False})
+    assert tokens["tokens"] == ByteTokenizer().encode("Ahoy, café!") and tokens["count"] == len(tokens["tokens"])
+    assert post("/detokenize", {"tokens": tokens["tokens"]}) == {"prompt": "Ahoy, café!"}
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/tokenizer_info", timeout=60) as answer:
+        info = json.load(answer)
+    assert info["eos_token"] is None and info["model_max_length"] == tokens["max_model_len"] == 64  # no text is 0xFF
+
+
+def harness_or_skip() -> None:
+    """Skip unless lm-evaluation-harness can run: installed, or uv on the PATH to run it (CI has uv)."""
+    if not (shutil.which("lm-eval") or shutil.which("uv") or (Path(sys.executable).parent / "lm-eval").exists()):
+        pytest.skip("lm-evaluation-harness needs lm-eval installed or uv on the PATH (make eval runs it with uv)")
+
+
+@pytest.mark.slow
+def test_make_eval_scores_equal_those_computed_in_process(trained: Trained, tmp_path: Path) -> None:
+    """``make eval`` (lm-evaluation-harness against the served model, the bake's own tasks) reports the
+    accuracy and exact match computed here from the model itself, each log-likelihood equal to ours."""
+    harness_or_skip()
+    output = tmp_path / "eval"
+    command = ["make", "--no-print-directory", "eval", f"PYTHON={sys.executable}", f"CKPT={trained.checkpoint}"]
+    command += [f"ARGS=--output {output} --log_samples=true"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    (results,) = output.rglob("results_*.json")
+    scores = json.loads(results.read_text())["results"]
+    net, tokenizer = trained.predictor.net, trained.model.tokenizer
+
+    def loglikelihood(context: str, continuation: str) -> float:
+        ids = tokenizer.encode(context + continuation)
+        scored_from = len(tokenizer.encode(context.rstrip()))  # the harness scores a context's trailing spaces
+        return sum(logprob for logprob, _ in scored_alone(net, ids)[scored_from - 1 :])  # with the continuation
+
+    items = [json.loads(line) for line in (ROOT / "evals/moby_dick_continuations.jsonl").read_text().splitlines()]
+    likelihoods = [[loglikelihood(item["context"], choice) for choice in item["choices"]] for item in items]
+    picked = [max(range(len(row)), key=row.__getitem__) for row in likelihoods]  # the likeliest choice
+    accuracy = sum(choice == item["answer"] for choice, item in zip(picked, items, strict=True))
+    assert scores["moby_dick_continuations"]["acc,none"] == pytest.approx(accuracy / len(items), abs=1e-9)
+    (samples,) = output.rglob("samples_moby_dick_continuations_*.jsonl")
+    for line in samples.read_text().splitlines():
+        sample = json.loads(line)
+        served = [float(response[0][0]) for response in sample["resps"]]
+        assert served == pytest.approx(likelihoods[sample["doc_id"]], abs=1e-3), sample["doc_id"]
+
+    stops = (" ", ",", ".", ";", ":", "!", "?", "\n")
+    words = [json.loads(line) for line in (ROOT / "evals/moby_dick_words.jsonl").read_text().splitlines()]
+    hits = 0
+    for item in words:
+        text = tokenizer.decode(alone(net, tokenizer.encode(item["context"]), 16))
+        hits += re.split("|".join(map(re.escape, stops)), text)[0] == item["answer"]
+    assert scores["moby_dick_words"]["exact_match,none"] == pytest.approx(hits / len(words), abs=1e-9)
 
 
 @pytest.mark.slow

@@ -259,14 +259,17 @@ class LanguageModel(TrainingModule):
         stop: Sequence[str] = (),
         seed: int | None = None,
         device: torch.device | str = "cpu",
+        chat: bool = True,
     ) -> "ChatAnswer":
         """An answer to write: how its tokens are chosen (:func:`sampler`, ``temperature`` 0: greedy; ``seed``
-        makes the draws repeatable whatever else runs) and how they become text (:class:`ChatAnswer`)."""
+        makes the draws repeatable whatever else runs) and how they become text (:class:`ChatAnswer`): the
+        assistant's turn of :meth:`chat_template` (its stops too), or with ``chat=False`` plain text going on
+        from a prompt (``/v1/completions``), ending at ``stop``, the end-of-text token or the token count."""
         generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
         template = self.chat_template()
-        stops = tuple(s for s in (*stop, *template.stops) if s)
+        stops = tuple(s for s in (*stop, *(template.stops if chat else ())) if s)
         choose = sampler(temperature, top_p=top_p, generator=generator)
-        return ChatAnswer(self.tokenizer, template.ends_turns, stops, max_new_tokens, choose)
+        return ChatAnswer(self.tokenizer, template.ends_turns or not chat, stops, max_new_tokens, choose)
 
     @torch.no_grad()
     def stream_chat(

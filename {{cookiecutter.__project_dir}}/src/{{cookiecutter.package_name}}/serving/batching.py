@@ -11,7 +11,9 @@ where pages (Kwon et al., "vLLM", SOSP 2023) pay off for long contexts of very d
 A new answer's prompt is prefilled alone into a cache of its own, at most ``prefill_tokens`` prompt
 tokens per step (chunked prefill: a long prompt never stalls the answers already decoding for
 longer than that), then its row joins the batch. Each answer picks its tokens with its own
-``choose`` (temperature, top-p, seed), from its own row of the step's logits. An answer longer than
+``choose`` (temperature, top-p, seed), from its own row of the step's logits, and may ask for the
+log-probability of each token it is given (its prompt's too: :class:`TokenScore`, what ``/v1/completions``
+returns with ``logprobs`` and ``echo``). An answer longer than
 the context is decoded alone from then on, as :func:`models.language_model.decode_steps` does: the
 window slides, every position shifts, and its cache is rebuilt each step. A net whose cache cannot
 hold rows of different lengths (a Hugging Face model's) decodes each answer alone with its own cache,
@@ -31,6 +33,17 @@ from {{ cookiecutter.package_name }}.models.language_model import greedy
 
 
 @dataclass
+class TokenScore:
+    """A token and its log-probability (natural log) given the tokens before it (None: a prompt's first
+    token, which nothing precedes), with the ``top`` likeliest tokens at its place, ``[(token, log-probability)]``
+    likeliest first."""
+
+    token: int
+    logprob: float | None
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class Decoding:
     """An answer's tokens: its prompt, then what was generated (the last not yet fed through the net)."""
 
@@ -40,6 +53,8 @@ class Decoding:
     prompt_length: int = 0
     prefilled: int = 0  # prompt tokens in ``cache`` so far
     cache: Any = None  # its own cache: while prefilled, and when decoded alone
+    top_logprobs: int | None = None  # None: no scores; k: each token's score with the k likeliest
+    score_prompt: bool = False
 
 
 class DecodeBatch:
@@ -67,29 +82,58 @@ class DecodeBatch:
         self.rows: list[Decoding] = []  # in the order of the shared cache's rows
         self.waiting: list[Decoding] = []  # to prefill, first come first served
         self.alone: list[Decoding] = []  # decoded one at a time (past the context, or no shared cache)
+        self.scores: dict[Hashable, list[TokenScore]] = {}  # scored tokens not yet taken (:meth:`take_scores`)
 
     def __len__(self) -> int:
         return len(self.rows) + len(self.waiting) + len(self.alone)
 
-    def add(self, key: Hashable, prompt: list[int], choose: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def add(
+        self,
+        key: Hashable,
+        prompt: list[int],
+        choose: Callable[[torch.Tensor], torch.Tensor],
+        top_logprobs: int | None = None,
+        score_prompt: bool = False,
+    ) -> None:
         """Queue an answer to ``prompt`` (token ids, at least one), its tokens picked by ``choose``
         (logits (1, V) -> (1, 1)); its first token comes from the step that finishes its prefill.
 
+        ``top_logprobs`` k (0 or more) scores each generated token, with the k likeliest at its place, and
+        ``score_prompt`` each prompt token too (the prompt must then fit the context): :meth:`take_scores`.
+
         Raises:
-            ValueError: an empty prompt, or a key already in the batch.
+            ValueError: an empty prompt, a key already in the batch, a negative ``top_logprobs``, or a
+                prompt to score that is longer than the context.
         """
         if not prompt:
             raise ValueError("an answer needs a prompt of at least one token")
         if any(sequence.key == key for sequence in (*self.rows, *self.waiting, *self.alone)):
             raise ValueError(f"answer {key!r} is already in the batch")
+        if top_logprobs is not None and top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be at least 0, got {top_logprobs}")
+        if score_prompt and len(prompt) > self.block_size:
+            raise ValueError(f"a prompt to score is at most the context, {self.block_size} tokens; got {len(prompt)}")
         ids = list(prompt[-self.block_size :])  # the window the net reads, as decode_steps
+        sequence = Decoding(key, ids, choose, prompt_length=len(ids), top_logprobs=top_logprobs)
+        sequence.score_prompt = score_prompt and top_logprobs is not None
+        if sequence.score_prompt:
+            self.scores[key] = [TokenScore(ids[0], None, [])]
         if not self.cached:  # nothing to prefill: each step reads the whole window
-            self.alone.append(Decoding(key, ids, choose, prompt_length=len(ids)))
+            if sequence.score_prompt:
+                window = torch.tensor([ids], device=self.device)  # (1, T)
+                self._score(sequence, self.net(window)[0, :-1].float(), ids[1:])
+            self.alone.append(sequence)
             return
-        self.waiting.append(Decoding(key, ids, choose, prompt_length=len(ids), cache=self.net.new_cache(1)))
+        sequence.cache = self.net.new_cache(1)
+        self.waiting.append(sequence)
+
+    def take_scores(self, key: Hashable) -> list[TokenScore]:
+        """The scores of answer ``key``'s tokens since the last call, in order (empty unless it asked)."""
+        return self.scores.pop(key, [])
 
     def remove(self, key: Hashable) -> None:
         """Drop answer ``key`` (ended, or its client gone): its place is free at the next step."""
+        self.scores.pop(key, None)
         self.waiting = [sequence for sequence in self.waiting if sequence.key != key]
         self.alone = [sequence for sequence in self.alone if sequence.key != key]
         kept = [row for row, sequence in enumerate(self.rows) if sequence.key != key]
@@ -114,7 +158,11 @@ class DecodeBatch:
             sequence = self.waiting[0]
             chunk = sequence.ids[sequence.prefilled : sequence.prefilled + budget]
             tokens = torch.tensor([chunk], device=self.device)  # (1, T)
-            logits = self.net(tokens, sequence.cache)[:, -1, :].float()  # (1, V)
+            all_logits = self.net(tokens, sequence.cache)[0].float()  # (T, V)
+            if sequence.score_prompt:  # each position's logits score the prompt's next token, if any
+                following = sequence.ids[sequence.prefilled + 1 : sequence.prefilled + len(chunk) + 1]
+                self._score(sequence, all_logits[: len(following)], following)
+            logits = all_logits[-1:]  # (1, V)
             sequence.prefilled += len(chunk)
             budget -= len(chunk)
             if sequence.prefilled < sequence.prompt_length:
@@ -138,9 +186,25 @@ class DecodeBatch:
             for row in sampled:
                 picked[row] = sequences[row].choose(logits[row : row + 1])[0]
         tokens = picked[:, 0].tolist()
-        for sequence, token in zip(sequences, tokens, strict=True):
+        for row, (sequence, token) in enumerate(zip(sequences, tokens, strict=True)):
             sequence.ids.append(token)
+            if sequence.top_logprobs is not None:
+                self._score(sequence, logits[row : row + 1], [token])
         return {sequence.key: token for sequence, token in zip(sequences, tokens, strict=True)}
+
+    def _score(self, sequence: Decoding, logits: torch.Tensor, tokens: list[int]) -> None:
+        """Note the score of each of ``tokens`` (N,) from the logits (N, V) of the positions before them."""
+        if not tokens:
+            return
+        logprobs = torch.log_softmax(logits, dim=-1)  # (N, V)
+        chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None])[:, 0].tolist()  # (N,)
+        top_values, top_ids = logprobs.topk(min(sequence.top_logprobs, logprobs.shape[-1]), dim=-1)  # (N, k)
+        tops = [
+            list(zip(ids, values, strict=True))
+            for ids, values in zip(top_ids.tolist(), top_values.tolist(), strict=True)
+        ]
+        scores = self.scores.setdefault(sequence.key, [])
+        scores += [TokenScore(*entry) for entry in zip(tokens, chosen, tops, strict=True)]
 
     def _leave_the_window(self) -> None:
         """Rows whose next token would pass the context leave the shared cache, to be decoded alone."""

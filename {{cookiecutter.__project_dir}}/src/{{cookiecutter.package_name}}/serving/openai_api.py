@@ -3,9 +3,14 @@
 https://platform.openai.com/docs/api-reference/chat and https://lightning.ai/docs/litserve
 
 - ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` (or ``max_completion_tokens``),
-  ``temperature`` (0: greedy), ``top_p``, ``stop`` (up to 4 strings), ``seed``, ``stream``
+  ``temperature`` (0: greedy), ``top_p``, ``stop`` (up to 16 strings), ``seed``, ``stream``
   (server-sent events, ending ``data: [DONE]``); the answer carries ``usage`` (prompt and completion
   tokens) and ``finish_reason`` (``"stop"`` or ``"length"``).
+- ``POST /v1/completions``: ``prompt`` (text, texts, token ids), ``max_tokens`` (0: none, with ``echo``
+  the prompt's scores alone), ``echo``, ``logprobs`` (each token's log-probability and the k likeliest),
+  ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream``; and ``POST /tokenize``, ``POST /detokenize``,
+  ``GET /tokenizer_info`` (vLLM's), through which lm-evaluation-harness tokenizes with this model's
+  tokenizer (``serving.completions``).
 - ``GET /v1/models`` and ``GET /v1/models/{model}``: the one model served, by the name ``--model_name`` gives it.
 - A request is checked in the HTTP process, before it reaches the model: an unknown model (404),
   a value out of its range or a field this server does not implement (``tools``, ``n`` above 1,
@@ -35,8 +40,10 @@ import logging
 import multiprocessing
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from dataclasses import field as default
 from pathlib import Path
 from typing import Any
 
@@ -44,20 +51,31 @@ import litserve as ls
 import torch
 from fastapi import BackgroundTasks, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from litserve.loops.continuous_batching_loop import ContinuousBatchingLoop, Output
 from litserve.specs.openai import ChatCompletionRequest, ChatCompletionResponse
-from litserve.utils import LitAPIStatus, LoopResponseType
+from litserve.utils import LitAPIStatus, LoopResponseType, ResponseBufferItem
 from pydantic import ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from {{ cookiecutter.package_name }}.engine.inference import Trained
+from {{ cookiecutter.package_name }}.models.language_model import Piece
 from {{ cookiecutter.package_name }}.serving.api import load_in_worker
 from {{ cookiecutter.package_name }}.serving.batching import DecodeBatch
+from {{ cookiecutter.package_name }}.serving.completions import (
+    MAX_LOGPROBS,
+    MAX_PROMPTS,
+    ChoiceText,
+    CompletionItem,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    end_of_text,
+)
 
 log = logging.getLogger(__name__)
 REQUEST_ID = "request_id"  # the key in a request's ``metadata`` that names it to the worker
-MAX_STOPS = 4  # as the OpenAI API
+MAX_STOPS = 16  # the OpenAI API allows 4; lm-evaluation-harness tasks send more (8 punctuation marks)
 MAX_STOP_CHARS = 256
 MAX_MESSAGE_CHARS = 500  # an error names the problem; it never echoes a large input back
 # Fields refused by name whatever their shape: a malformed one is "not implemented" too, not a schema error.
@@ -94,6 +112,9 @@ async def invalid_body(request: Request, error: RequestValidationError) -> JSONR
     field = where.split(".")[0]
     if field in REFUSED_FIELDS:  # refused by name whatever its shape (a tool without a description)
         return OpenAIError(400, f"{field}: not implemented by this server; leave it out", field).response()
+    elif field == "prompt":  # pydantic names the first shape of the union it tried: say them all
+        message = "prompt: a string, a list of strings, a list of token ids, or a list of lists of token ids"
+        return OpenAIError(400, message, field).response()
     elif problem.get("type") == "extra_forbidden":
         message = f"{where}: not a field this server implements; leave it out"
     else:
@@ -145,6 +166,10 @@ class ChatSpec(ls.OpenAISpec):
         super().pre_setup(lit_api)
         self.add_endpoint("/v1/models", self.list_models, ["GET"])
         self.add_endpoint("/v1/models/{model}", self.retrieve_model, ["GET"])
+        self.add_endpoint("/v1/completions", self.completion, ["POST"])
+        self.add_endpoint("/tokenize", self.tokenize, ["POST"])
+        self.add_endpoint("/detokenize", self.detokenize, ["POST"])
+        self.add_endpoint("/tokenizer_info", self.tokenizer_info, ["GET"])
 
     def model_card(self) -> dict[str, Any]:
         return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "torch-template"}
@@ -154,10 +179,13 @@ class ChatSpec(ls.OpenAISpec):
 
     async def retrieve_model(self, model: str) -> dict[str, Any]:
         """``GET /v1/models/{model}``: the served model's card (``client.models.retrieve``), else 404."""
-        if model != self.model_name:
+        self.check_model(model)
+        return self.model_card()
+
+    def check_model(self, model: str | None) -> None:
+        if model and model != self.model_name:
             served = f"this server serves {self.model_name!r}"
             raise OpenAIError(404, f"model: {model[:100]!r} is not served here; {served}", "model")
-        return self.model_card()
 
     async def chat_completion(self, request: ChatRequest, background_tasks: BackgroundTasks):
         self.check(request)
@@ -168,28 +196,38 @@ class ChatSpec(ls.OpenAISpec):
 
     def check(self, request: ChatRequest) -> None:
         """Raise :class:`OpenAIError` naming the first field of ``request`` this server cannot honour."""
-        if request.model and request.model != self.model_name:
-            served = f"this server serves {self.model_name!r}"
-            raise OpenAIError(404, f"model: {request.model!r} is not served here; {served}", "model")
-        refused = {
-            "n": request.n not in (None, 1),
-            "tools": bool(request.tools),
-            "response_format": request.response_format is not None and request.response_format.type != "text",
-            "presence_penalty": bool(request.presence_penalty),
-            "frequency_penalty": bool(request.frequency_penalty),
-            "logprobs": bool(request.logprobs or request.top_logprobs),
-            "logit_bias": bool(request.logit_bias),
-        }
-        for field, given in refused.items():
-            if given:
-                raise OpenAIError(400, f"{field}: not implemented by this server; leave it out", field)
+        self.check_model(request.model)
+        refuse_unless_neutral(
+            {
+                "n": request.n not in (None, 1),
+                "tools": bool(request.tools),
+                "response_format": request.response_format is not None and request.response_format.type != "text",
+                "presence_penalty": bool(request.presence_penalty),
+                "frequency_penalty": bool(request.frequency_penalty),
+                "logprobs": bool(request.logprobs or request.top_logprobs),
+                "logit_bias": bool(request.logit_bias),
+            }
+        )
         for field in ("max_tokens", "max_completion_tokens"):
-            value = getattr(request, field)
-            if value is not None and value < 1:
-                raise OpenAIError(400, f"{field} must be at least 1, got {value}", field)
-            if value is not None and value > self.max_tokens:
-                limit = f"this server's limit of {self.max_tokens} new tokens (--max_tokens)"
-                raise OpenAIError(422, f"{field}={value} is over {limit}", field)
+            self.check_max_tokens(field, getattr(request, field), least=1)
+        self.check_sampling(request)
+        try:
+            count = len(self.template.ids(messages_of(request)))
+        except ValueError as error:
+            raise OpenAIError(400, str(error), "messages") from None
+        if count > self.context:
+            message = f"messages: the conversation is {count} tokens; the model reads at most {self.context}"
+            raise OpenAIError(400, message + ": shorten it", "messages")
+
+    def check_max_tokens(self, field: str, value: int | None, least: int) -> None:
+        if value is not None and value < least:
+            raise OpenAIError(400, f"{field} must be at least {least}, got {value}", field)
+        if value is not None and value > self.max_tokens:
+            limit = f"this server's limit of {self.max_tokens} new tokens (--max_tokens)"
+            raise OpenAIError(422, f"{field}={value} is over {limit}", field)
+
+    def check_sampling(self, request: ChatRequest | CompletionRequest) -> None:
+        """Refuse a ``temperature``, ``top_p``, ``seed`` or ``stop`` out of its range."""
         if request.temperature is not None and not 0 <= request.temperature <= 2:
             raise OpenAIError(400, f"temperature must be in [0, 2], got {request.temperature}", "temperature")
         if request.top_p is not None and not 0 < request.top_p <= 1:
@@ -201,13 +239,6 @@ class ChatSpec(ls.OpenAISpec):
         if len(stops) > MAX_STOPS or not all(0 < len(stop) <= MAX_STOP_CHARS for stop in stops):
             limit = f"up to {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters"
             raise OpenAIError(400, f"stop: {limit}, got {str(request.stop)[:80]!r}", "stop")
-        try:
-            count = len(self.template.ids(messages_of(request)))
-        except ValueError as error:
-            raise OpenAIError(400, str(error), "messages") from None
-        if count > self.context:
-            message = f"messages: the conversation is {count} tokens; the model reads at most {self.context}"
-            raise OpenAIError(400, message + ": shorten it", "messages")
 
     async def streaming_completion(self, request: ChatRequest, pipe_responses: list) -> AsyncIterator[str]:
         finish: dict[int, str] = {}
@@ -222,8 +253,11 @@ class ChatSpec(ls.OpenAISpec):
                 self.cancelled[request.metadata[REQUEST_ID]] = True
 
     def encode_response(self, output: Any, context_kwargs: dict | None = None) -> Any:
-        """One step's output of one answer (LitServe's continuous loop sends them one at a time)."""
-        return output if isinstance(output, Exception) else self._encode_response(output)
+        """One step's output of one answer (LitServe's continuous loop sends them one at a time); a
+        completion's piece as the worker made it."""
+        if isinstance(output, Exception) or (isinstance(output, dict) and "scores" in output):
+            return output
+        return self._encode_response(output)
 
     async def non_streaming_completion(self, request: ChatRequest, generator_list: list) -> ChatCompletionResponse:
         finish: dict[int, str] = {}
@@ -233,6 +267,148 @@ class ChatSpec(ls.OpenAISpec):
         for choice in response.choices:
             choice.finish_reason = finish.get(choice.index, choice.finish_reason)
         return response
+
+    # ---- /v1/completions and the tokenizer (serving/completions.py) ---------------------------------
+    async def completion(self, request: CompletionRequest, background_tasks: BackgroundTasks) -> Any:
+        """``POST /v1/completions``: each prompt an answer of the worker's batch, a choice of the response."""
+        prompts = self.check_completion(request)
+        request_id = uuid.uuid4().hex
+        items = [
+            CompletionItem(
+                request_id=f"{request_id}-{index}",
+                ids=ids,
+                max_tokens=self.max_tokens if request.max_tokens is None else request.max_tokens,
+                temperature=1.0 if request.temperature is None else request.temperature,
+                top_p=1.0 if request.top_p is None else request.top_p,
+                stop=stop_strings(request.stop),
+                seed=request.seed,
+                logprobs=request.logprobs,
+                echo=request.echo,
+            )
+            for index, ids in enumerate(prompts)
+        ]
+        tokenizer = self.template.tokenizer
+        choices = [ChoiceText(i, tokenizer, item.ids, item.echo, item.logprobs) for i, item in enumerate(items)]
+        pipes = [self.enqueue(item) for item in items]
+        head = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": int(time.time())}
+        head["model"] = self.model_name
+        if request.stream:
+            events = self.streamed_completion(head, items, choices, pipes)
+            return StreamingResponse(events, media_type="text/event-stream", background=background_tasks)
+        pieces = [
+            [choice.piece(out) async for out in worker_outputs(pipe)]
+            for choice, pipe in zip(choices, pipes, strict=True)
+        ]
+        prompt_tokens = sum(choice.prompt_tokens for choice in choices)
+        completion_tokens = sum(choice.completion_tokens for choice in choices)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+        usage["total_tokens"] = prompt_tokens + completion_tokens
+        return {**head, "choices": [ChoiceText.merged(choice) for choice in pieces], "usage": usage}
+
+    def enqueue(self, item: CompletionItem) -> AsyncIterator:
+        """Put ``item`` in the workers' queue (as ``OpenAISpec.chat_completion`` does a chat request): its outputs."""
+        uid, outputs, event = uuid.uuid4(), deque(), asyncio.Event()
+        self.response_buffer[uid] = ResponseBufferItem(response_queue=outputs, event=event)
+        self.request_queue.put((self.response_queue_id, uid, time.monotonic(), item))
+        return self.data_streamer(outputs, event, send_status=True)
+
+    async def streamed_completion(
+        self, head: dict[str, Any], items: list[CompletionItem], choices: list[ChoiceText], pipes: list
+    ) -> AsyncIterator[str]:
+        """Server-sent events of each choice's pieces (choice after choice, each decoded meanwhile), then [DONE]."""
+        complete = False
+        try:
+            for choice, pipe in zip(choices, pipes, strict=True):
+                async for output in worker_outputs(pipe):
+                    chunk = {**head, "choices": [choice.piece(output)]}
+                    yield "data: " + json.dumps(chunk, separators=(",", ":")) + "\n\n"
+            complete = True
+        except OpenAIError as error:  # the model failed: the stream has begun, so the error is its last event
+            yield "data: " + json.dumps({"error": {"message": error.message, "type": error.kind}}) + "\n\n"
+            complete = True
+        finally:  # the client went away: every prompt's answer stops at its worker's next step
+            if not complete:
+                for item in items:
+                    self.cancelled[item.request_id] = True
+        yield "data: [DONE]\n\n"
+
+    def check_completion(self, request: CompletionRequest) -> list[list[int]]:
+        """The prompts of ``request`` as token ids, each within the context.
+
+        Raises:
+            OpenAIError: names the first field this server cannot honour.
+        """
+        self.check_model(request.model)
+        refuse_unless_neutral(
+            {
+                "n": request.n not in (None, 1),
+                "best_of": request.best_of not in (None, 1),
+                "suffix": bool(request.suffix),
+                "presence_penalty": bool(request.presence_penalty),
+                "frequency_penalty": bool(request.frequency_penalty),
+                "logit_bias": bool(request.logit_bias),
+            }
+        )
+        self.check_max_tokens("max_tokens", request.max_tokens, least=0)
+        if request.logprobs is not None and not 0 <= request.logprobs <= MAX_LOGPROBS:
+            raise OpenAIError(400, f"logprobs must be in [0, {MAX_LOGPROBS}], got {request.logprobs}", "logprobs")
+        self.check_sampling(request)
+        prompt = request.prompt
+        prompts = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else prompt
+        if not prompts or len(prompts) > MAX_PROMPTS:
+            raise OpenAIError(400, f"prompt: 1 to {MAX_PROMPTS} prompts, got {len(prompts)}", "prompt")
+        tokenizer, found = self.template.tokenizer, []
+        for index, given in enumerate(prompts):
+            where = "prompt" if len(prompts) == 1 else f"prompt[{index}]"
+            ids = tokenizer.encode(given) if isinstance(given, str) else list(given)
+            if not ids:
+                raise OpenAIError(400, f"{where} is empty: send at least one token", "prompt")
+            if not all(0 <= token < tokenizer.vocab_size for token in ids):
+                bad = next(token for token in ids if not 0 <= token < tokenizer.vocab_size)
+                message = f"{where}: token id {bad} is outside the vocabulary [0, {tokenizer.vocab_size})"
+                raise OpenAIError(400, message, "prompt")
+            if len(ids) > self.context:
+                message = f"{where} is {len(ids)} tokens; the model reads at most {self.context}: shorten it"
+                raise OpenAIError(400, message, "prompt")
+            found.append(ids)
+        return found
+
+    async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
+        """``POST /tokenize``: ``{"tokens", "count", "max_model_len"}`` of ``prompt`` (no special token added)."""
+        self.check_model(request.model)
+        tokens = self.template.tokenizer.encode(request.prompt)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": self.context}
+
+    async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
+        """``POST /detokenize``: ``{"prompt"}``, the text of ``tokens``."""
+        self.check_model(request.model)
+        size = self.template.tokenizer.vocab_size
+        if not all(0 <= token < size for token in request.tokens):
+            raise OpenAIError(400, f"tokens: ids must be in [0, {size})", "tokens")
+        return {"prompt": self.template.tokenizer.decode(request.tokens)}
+
+    async def tokenizer_info(self) -> dict[str, Any]:
+        """``GET /tokenizer_info``: the end-of-text token's text (None when no text encodes to it), the context."""
+        tokenizer = self.template.tokenizer
+        kind = type(tokenizer).__name__
+        info = {"eos_token": end_of_text(tokenizer), "bos_token": None, "pad_token": None}
+        return {**info, "model_max_length": self.context, "vocab_size": tokenizer.vocab_size, "tokenizer_class": kind}
+
+
+def refuse_unless_neutral(given: dict[str, bool]) -> None:
+    """Refuse (400) the first field of ``given`` (field -> set to a value this server does not implement)."""
+    for field, set_to_something in given.items():
+        if set_to_something:
+            raise OpenAIError(400, f"{field}: not implemented by this server; leave it out", field)
+
+
+async def worker_outputs(pipe: AsyncIterator) -> AsyncIterator[dict[str, Any]]:
+    """A completion's pieces from its worker, decoded; a failure in the model as an :class:`OpenAIError` (500)."""
+    async for response, status in pipe:
+        if status == LitAPIStatus.ERROR:
+            message = "the model failed on this request; the server's log has the traceback"
+            raise OpenAIError(500, message, None, "server_error")
+        yield json.loads(response)
 
 
 def stop_strings(stop: str | list[str] | None) -> list[str]:
@@ -336,12 +512,19 @@ class StepLoop(ContinuousBatchingLoop):
 
 @dataclass
 class Answer:
-    """An answer in progress: its request and, once it is in the batch, how its tokens become text."""
+    """An answer in progress: its request (a chat, or a completion's prompt) and, once it is in the batch,
+    how its tokens become text."""
 
-    request: ChatRequest
+    request: ChatRequest | CompletionItem
     text: Any = None  # the model's ChatAnswer
     prompt_tokens: int = 0
     tokens: int = 0  # generated so far
+    scores: list = default(default_factory=list)  # a completion's token scores not yet sent
+
+    @property
+    def request_id(self) -> str:
+        request = self.request
+        return request.request_id if isinstance(request, CompletionItem) else request.metadata[REQUEST_ID]
 
 
 class ChatAPI(ls.LitAPI):
@@ -406,7 +589,7 @@ class ChatAPI(ls.LitAPI):
         gone = set(self.spec.cancelled.keys())  # one round trip to the manager per step
         self.progress[self.slot] = time.monotonic()
         for uid, answer in list(self.answers.items()):
-            request_id = answer.request.metadata[REQUEST_ID]
+            request_id = answer.request_id
             if request_id in gone:
                 self.spec.cancelled.pop(request_id, None)
                 gone_after = "request %s: the client disconnected after %d tokens; generation stopped"
@@ -430,26 +613,48 @@ class ChatAPI(ls.LitAPI):
             return outputs
         for uid, token in tokens.items():
             answer = self.answers[uid]
-            piece = answer.text.add(token)
+            completion = isinstance(answer.request, CompletionItem)
+            if completion:
+                answer.scores += self.batch.take_scores(uid)
+            if completion and answer.request.max_tokens == 0:  # the prompt's scores alone: the token is not kept
+                piece, answer.scores = Piece("", 0, "length"), answer.scores[: len(answer.request.ids)]
+            else:
+                piece = answer.text.add(token)
             if piece is None:
                 continue
             answer.tokens = piece.tokens
-            message = {"role": "assistant", "content": piece.text}
-            if piece.finish_reason is not None:
-                usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": piece.tokens}
-                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-                message.update(finish_reason=piece.finish_reason, **usage)
-            outputs.append(Output(uid, message, LitAPIStatus.OK))
+            output = self.completion_piece(answer, piece) if completion else self.chat_piece(answer, piece)
+            outputs.append(Output(uid, output, LitAPIStatus.OK))
             if piece.finish_reason is not None:
                 outputs.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
                 self.end(uid)
         self.progress[self.slot] = time.monotonic() if self.answers else 0.0
         return outputs
 
+    @staticmethod
+    def chat_piece(answer: Answer, piece: Piece) -> dict[str, Any]:
+        """An answer's piece as LitServe's ``OpenAISpec`` reads it: a message delta, usage on the last."""
+        message = {"role": "assistant", "content": piece.text}
+        if piece.finish_reason is not None:
+            usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": piece.tokens}
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+            message.update(finish_reason=piece.finish_reason, **usage)
+        return message
+
+    @staticmethod
+    def completion_piece(answer: Answer, piece: Piece) -> dict[str, Any]:
+        """A completion's piece as :class:`serving.completions.ChoiceText` reads it, with its tokens' scores."""
+        scores = [[score.token, score.logprob, score.top] for score in answer.scores]
+        answer.scores = []
+        finish, tokens = piece.finish_reason, piece.tokens
+        return {"text": piece.text, "scores": scores, "finish_reason": finish, "completion_tokens": tokens}
+
     def start(self, uid: str, answer: Answer) -> None:
-        """Render the answer's conversation and put it in the batch (prefilled within the next steps)."""
+        """Render the answer's conversation (a completion's prompt is its token ids) and put it in the batch
+        (prefilled within the next steps)."""
         request = answer.request
-        ids = self.template.ids(messages_of(request))
+        completion = isinstance(request, CompletionItem)
+        ids = request.ids if completion else self.template.ids(messages_of(request))
         answer.prompt_tokens = len(ids)
         predictor = self.trained.predictor
         device = next(predictor.parameters()).device
@@ -457,12 +662,15 @@ class ChatAPI(ls.LitAPI):
             max_new_tokens=request.max_tokens,
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
-            stop=stop_strings(request.stop),
+            stop=request.stop if completion else stop_strings(request.stop),
             seed=request.seed,
             device=device,
+            chat=not completion,
         )
         prompt = predictor.transform(torch.tensor([ids], dtype=torch.long, device=device))[0].tolist()
-        self.batch.add(uid, prompt, answer.text.choose)
+        scored = completion and request.logprobs is not None
+        top = request.logprobs if scored else None
+        self.batch.add(uid, prompt, answer.text.choose, top_logprobs=top, score_prompt=scored and request.echo)
 
     def end(self, uid: str) -> None:
         self.answers.pop(uid)

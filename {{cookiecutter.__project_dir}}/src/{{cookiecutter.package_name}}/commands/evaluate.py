@@ -1,0 +1,203 @@
+"""``make eval``: score the served model with EleutherAI's lm-evaluation-harness.
+
+    python -m {{ cookiecutter.package_name }}.commands.evaluate                      # the best checkpoint, the tasks in evals/
+    python -m {{ cookiecutter.package_name }}.commands.evaluate --url http://host:8000  # a server already running
+    python -m {{ cookiecutter.package_name }}.commands.evaluate --tasks '[hellaswag]'    # the harness's own tasks (they download)
+
+Starts ``make serve``'s OpenAI API over the checkpoint on a free loopback port (unless ``--url``
+names one), runs ``lm-eval run --model local-completions`` against its ``/v1/completions`` (the
+harness tokenizes with the served model's own tokenizer through ``/tokenize``, and reads the model's
+context, so a context and continuation longer than it are cut from the left as the harness does),
+then stops the server. The harness writes ``results_*.json`` (and, with ``--log_samples``, each
+answer) under ``--output``, the server its log to ``--output``/serve.log; the harness's exit status
+is this command's.
+
+The harness is a client of the server, not a dependency of the project: ``--lm_eval`` is how to run it,
+by default ``lm-eval`` where it is installed, else ``uv tool run`` of :data:`LM_EVAL` (an isolated
+environment of its own; its first run downloads about 600 MB). The tasks of ``evals/`` are YAML
+files over local JSON lines, so nothing else is downloaded: a loglikelihood task (multiple choice)
+and a generation task over passages of the bundled corpus's test split.
+"""
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+from jsonargparse import auto_cli
+
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, LaunchError, exit_on_user_error
+from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
+from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
+
+LM_EVAL = "lm-eval[api]==0.4.13"  # the harness release this project's tasks were written for
+START_SECONDS = 180  # the most a server may take to load and answer /health
+
+
+def evaluate(
+    ckpt: Path | None = None,
+    url: str | None = None,
+    tasks: list[str] | None = None,
+    include: Path = Path("evals"),
+    output: Path = Path("logs/eval"),
+    limit: int | None = None,
+    num_concurrent: int = 8,
+    log_samples: bool = False,
+    lm_eval: str | None = None,
+    trust: str | None = None,
+) -> int:
+    """Run lm-evaluation-harness on ``tasks`` against the served model; return the harness's exit status.
+
+    Args:
+        ckpt: the checkpoint to serve; default the best of the latest run under logs/.
+        url: a server already running (``make serve``), e.g. http://127.0.0.1:8000; none is started then.
+        tasks: task names; default every task of ``include``.
+        include: a folder of task YAML files (``--include_path``).
+        output: where the harness writes its results.
+        limit: score only the first ``limit`` examples of each task (a quick look, not a score to report).
+        num_concurrent: requests in flight at once: the server decodes them together.
+        log_samples: also write each example's prompt, answer and score.
+        lm_eval: the command that runs the harness (default ``lm-eval`` if installed, else ``uv tool run``).
+        trust: modules besides this package whose classes the checkpoint may name (as ``make serve``).
+
+    Raises:
+        engine.errors.ConfigError: no task found, or neither ``lm-eval`` nor uv to run it.
+        engine.errors.LaunchError: the server did not start.
+    """
+    names = tasks or task_names(include)
+    harness = shlex.split(lm_eval) if lm_eval else harness_command()
+    if url is not None:
+        return run_harness(harness, url.rstrip("/"), names, include, output, limit, num_concurrent, log_samples)
+    checkpoint = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
+    port = free_port()
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.commands.serve", "--ckpt", str(checkpoint)]
+    command += ["--api=openai", "--host=127.0.0.1", f"--port={port}", "--timeout=300"]
+    command += [f"--trust={trust}"] if trust else []
+    output.mkdir(parents=True, exist_ok=True)
+    log = output / "serve.log"
+    with log.open("w") as written:  # a line per request: in its own file, not between the harness's lines
+        # Its own process group: SIGTERM to the group stops LitServe's workers with it.
+        server = subprocess.Popen(command, stdout=written, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_healthy(base, server, log)
+            return run_harness(harness, base, names, include, output, limit, num_concurrent, log_samples)
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
+
+
+def run_harness(
+    harness: list[str],
+    base: str,
+    names: list[str],
+    include: Path,
+    output: Path,
+    limit: int | None,
+    num_concurrent: int,
+    log_samples: bool,
+) -> int:
+    """``lm-eval run --model local-completions`` against the server at ``base``; its exit status."""
+    info = get_json(f"{base}/tokenizer_info")
+    (card,) = get_json(f"{base}/v1/models")["data"]
+    model_args = {
+        "base_url": f"{base}/v1/completions",
+        "model": card["id"],
+        "tokenizer_backend": "remote",  # the served model's tokenizer, through /tokenize
+        "max_length": info["model_max_length"],
+        "num_concurrent": num_concurrent,
+    }
+    command = [*harness, "run", "--model", "local-completions"]
+    command += ["--model_args", ",".join(f"{key}={value}" for key, value in model_args.items())]
+    command += ["--tasks", *names, "--include_path", str(include), "--output_path", str(output)]
+    command += ["--limit", str(limit)] if limit is not None else []
+    command += ["--log_samples"] if log_samples else []
+    print("make eval:", shlex.join(command), flush=True)
+    # The tasks read local files: the harness never asks the Hugging Face hub for anything.
+    environment = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(command, env=environment, check=False).returncode
+
+
+def task_names(include: Path) -> list[str]:
+    """The ``task`` of each YAML file in ``include``.
+
+    Raises:
+        engine.errors.ConfigError: the folder is missing or holds no task.
+    """
+    files = sorted(include.glob("*.yaml")) if include.is_dir() else []
+    names = [yaml.safe_load(path.read_text())["task"] for path in files]
+    if not names:
+        raise ConfigError(f"--include {include}: no task YAML there; give --tasks or a folder of tasks")
+    return names
+
+
+def harness_command() -> list[str]:
+    """``lm-eval`` where it is installed (this environment, the PATH), else ``uv tool run`` of :data:`LM_EVAL`.
+
+    Raises:
+        engine.errors.ConfigError: neither is there.
+    """
+    here = Path(sys.executable).parent / "lm-eval"
+    installed = str(here) if here.exists() else shutil.which("lm-eval")
+    if installed:
+        return [installed]
+    uv = shutil.which("uv")
+    if uv:
+        return [uv, "tool", "run", "--from", LM_EVAL, "lm-eval"]
+    raise ConfigError(
+        f"lm-evaluation-harness is not installed and uv is not on the PATH: pip install '{LM_EVAL}' "
+        "(or install uv: https://docs.astral.sh/uv), or give --lm_eval"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_healthy(base: str, server: subprocess.Popen, log: Path) -> None:
+    """Return once ``base``/health answers 200.
+
+    Raises:
+        engine.errors.LaunchError: the server exited, or was not healthy within :data:`START_SECONDS`.
+    """
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise LaunchError(
+                f"the server exited with status {server.returncode} before it answered: {tail[0]} ({log})"
+            )
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.25)
+    raise LaunchError(f"the server at {base} was not healthy within {START_SECONDS} s (its log: {log})")
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return json.load(answer)
+
+
+def main(args: list[str] | None = None) -> None:
+    silence_dependency_noise()
+    with exit_on_user_error("eval"):  # a missing checkpoint, task or harness: one line, exit 2
+        status = auto_cli(evaluate, args=args)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
