@@ -21,9 +21,7 @@ AGENT_GUIDES = ["AGENTS.md", ".claude/agents/{{ cookiecutter.project_slug }}.md"
 
 
 # make eval's tasks (lm-evaluation-harness YAML over local JSON lines): the served language model's.
-EVAL_FILES = [
-    f"evals/moby_dick_{name}.{kind}" for name in ("continuations", "words") for kind in ("yaml", "jsonl")
-]
+EVAL_FILES = [f"evals/moby_dick_{name}.{kind}" for name in ("continuations", "words") for kind in ("yaml", "jsonl")]
 
 
 # The files that belong to one task family only (paths relative to the project, the package as

@@ -112,7 +112,8 @@ PRUNED_NAMES = {
     "image-classification": r"openai_api|max_request_tokens|HFCausalLM|LanguageModel|TabularModel|TabularDataModule"
     r"|make eval|lm-eval|commands\.evaluate",
     "tabular": r"TimmNet|PretrainedNet|HF\w+|openai_api|image_files|image_preprocessing|nets\.hub|max_\w+_pixels"
-    r"|max_request_tokens|\bPIL\b|Pillow|LanguageModel|ImageClassifier|TextDataModule|make eval|lm-eval|commands\.evaluate",
+    r"|max_request_tokens|\bPIL\b|Pillow|LanguageModel|ImageClassifier|TextDataModule"
+    r"|make eval|lm-eval|commands\.evaluate",
     "language-model": r"TimmNet|PretrainedNet|HFImageClassifier|image_files|image_preprocessing|max_\w+_pixels"
     r"|\bPIL\b|Pillow|TabularModel|ImageClassifier|TabularDataModule",
 }
@@ -124,7 +125,7 @@ SERVING_NAMES = (
     r"make (serve|export)\b|serve-bench|\bserving\b|[Ll]it[Ss]erve|\bonnx|\bONNX\b|engine\.export"
     r"|commands\.(serve|export)|\b(serve|export)\.py\b|request_schema|inputs_from_json|serve_load|openai|OpenAI"
     r"|torchao|`(export|serve)`|extra (export|serve)|\bexport,serve\b"
-    r"|make eval|lm-eval|\bevals/|commands\.evaluate|\bevaluate\.py|/v1/completions|completions\.py|/tokenize"
+    r"|make eval|lm-eval|\bevals/|commands\.evaluate|\bevaluate\.py|/v1/completions|completions\.py|/tokenize\b"
 )
 PREPARED_NAMES = (
     r"make prepare|commands\.prepare|\bprepare\.py|engine\.prepared|prepared\.py|write_prepared|open_prepared|DiskArray"

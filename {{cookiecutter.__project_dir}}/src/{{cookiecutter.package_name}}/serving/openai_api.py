@@ -324,7 +324,8 @@ class ChatSpec(ls.OpenAISpec):
                     yield "data: " + json.dumps(chunk, separators=(",", ":")) + "\n\n"
             complete = True
         except OpenAIError as error:  # the model failed: the stream has begun, so the error is its last event
-            yield "data: " + json.dumps({"error": {"message": error.message, "type": error.kind}}) + "\n\n"
+            failed = {"message": error.message, "type": error.kind}
+            yield "data: " + json.dumps({"error": failed}) + "\n\n"
             complete = True
         finally:  # the client went away: every prompt's answer stops at its worker's next step
             if not complete:
