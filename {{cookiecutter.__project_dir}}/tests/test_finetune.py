@@ -30,7 +30,7 @@ from conftest import (
 )
 from test_language_model import assert_cached_decoding_equals_uncached
 {%- if cookiecutter.use_serving == "yes" %}
-from test_openai_api import served_as_run_here
+from test_openai_api import harness_or_skip, served_as_run_here
 {%- endif %}
 from test_preemption import SignalAtStep
 from test_resume import EXACT, assert_same_end_state
@@ -626,5 +626,13 @@ def test_a_gpt2_lora_chat_finetune_is_served_from_its_checkpoint_adapters(tmp_pa
     assert len(weights) == 4 and all("c_attn.lora_" in key for key in weights), sorted(weights)  # no base weights
     assert all(weights[key].abs().sum() > 0 for key in weights if "lora_B" in key)  # trained (B starts at 0)
     trained = load_trained(checkpoint)
-    served_as_run_here(trained, CHATS[1]["messages"][:2], max_tokens=12, folder=tmp_path)
+    served_as_run_here(trained, CHATS[1]["messages"][:2], max_tokens=12, folder=tmp_path)  # chat and scores
+    harness_or_skip()  # lm-evaluation-harness through the model's own tokenizer (/tokenize), on a few examples
+    command = ["make", "--no-print-directory", "eval", f"PYTHON={sys.executable}", f"CKPT={checkpoint}"]
+    command += [f"ARGS=--output {tmp_path / 'eval'} --limit 4"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    (results,) = (tmp_path / "eval").rglob("results_*.json")
+    scores = json.loads(results.read_text())["results"]
+    assert 0 <= scores["moby_dick_continuations"]["acc,none"] <= 1 and "exact_match,none" in scores["moby_dick_words"]
 {%- endif %}

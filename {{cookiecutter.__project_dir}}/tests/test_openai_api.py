@@ -53,9 +53,17 @@ def served_as_run_here(trained: Trained, question: list[dict], max_tokens: int, 
     ``make serve`` over the checkpoint gives it whole and streamed, as the model run in this process does."""
     text, reason, tokens, prompt = answer_in_process(trained, question, max_new_tokens=max_tokens, temperature=0)
     settings = {"model": NAME, "messages": question, "max_tokens": max_tokens, "temperature": 0}
+    ids = trained.model.tokenizer.encode(question[-1]["content"])
     with serving(trained.checkpoint, folder, api="openai") as (port, _, _), client(port) as api:
         whole = api.chat.completions.create(**settings)
         chunks = list(api.chat.completions.create(**settings, stream=True))
+        # What lm-evaluation-harness asks for a log-likelihood: the prompt scored, and one token after it.
+        scored = api.completions.create(model=NAME, prompt=ids, max_tokens=1, temperature=0, echo=True, logprobs=1)
+    logprobs = scored.choices[0].logprobs
+    expected = scored_alone(trained.predictor.net, ids)
+    assert logprobs.token_logprobs[1 : len(ids)] == pytest.approx([logprob for logprob, _ in expected], abs=1e-4)
+    last = torch.log_softmax(trained.predictor.net(torch.tensor([ids]))[0, -1].float(), dim=-1).max().item()
+    assert len(logprobs.tokens) == len(ids) + 1 and logprobs.token_logprobs[-1] == pytest.approx(last, abs=1e-4)
     assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (text, reason)
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt, tokens)
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == text
