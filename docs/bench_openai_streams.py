@@ -12,6 +12,7 @@ best of ``--rounds``: the reference for batched decoding on this machine. Ratios
 what to compare across machines.
 
     python docs/bench_openai_streams.py <bake> <checkpoint> [--streams 1 4 16 64] [--new-tokens 90]
+                                        [--stream-interval SECONDS]
 """
 
 import argparse
@@ -124,11 +125,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=90)
     parser.add_argument("--short-tokens", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--stream-interval", type=float, default=None, help="the server's --stream_interval")
     args = parser.parse_args()
 
     package = next((args.bake / "src").iterdir()).name
     name = load.NAME
     options = ["--max_tokens", str(args.new_tokens), "--max_batch_size", str(max(args.streams) + 1), "--timeout", "600"]
+    options += [] if args.stream_interval is None else ["--stream_interval", str(args.stream_interval)]
     served: dict[int, tuple[float, list[float], float]] = {}
     with load.openai_server(args.bake, args.checkpoint, "bench_openai_streams.log", *options) as (server, client):
         prompt = client.chat.completions.create(model=name, messages=CHAT, max_tokens=1).usage.prompt_tokens

@@ -292,6 +292,31 @@ def test_token_scores_in_a_batch_equal_one_forward_pass_over_the_answer() -> Non
         batch.add("long", list(range(net.block_size + 1)), greedy_choice, top_logprobs=0, score_prompt=True)
 
 
+def test_an_answers_pieces_of_one_send_join_in_order_and_its_end_follows_them() -> None:
+    """``stream_interval``: the pieces of several steps go out as one per answer, text in order, the last
+    piece's finish reason and usage, a completion's scores in order, and each answer's end after its text."""
+    from litserve.loops.continuous_batching_loop import Output
+    from litserve.utils import LitAPIStatus
+
+    from {{ cookiecutter.package_name }}.serving.openai_api import joined_pieces
+
+    ok, done = LitAPIStatus.OK, LitAPIStatus.FINISH_STREAMING
+    steps = [
+        Output("a", {"role": "assistant", "content": "Ca"}, ok),
+        Output("b", {"text": "wh", "scores": [[1, -0.5, []]]}, ok),
+        Output("a", {"role": "assistant", "content": "ll", "finish_reason": "length", "completion_tokens": 4}, ok),
+        Output("a", "", done),
+        Output("b", {"text": "ale", "scores": [[2, -0.25, []]], "finish_reason": None}, ok),
+        Output("c", RuntimeError("boom"), LitAPIStatus.ERROR),
+    ]
+    assert joined_pieces(steps) == [
+        Output("a", {"role": "assistant", "content": "Call", "finish_reason": "length", "completion_tokens": 4}, ok),
+        Output("b", {"text": "whale", "scores": [[1, -0.5, []], [2, -0.25, []]], "finish_reason": None}, ok),
+        steps[3],
+        steps[5],
+    ]
+
+
 def test_the_plain_chat_template_renders_each_role_and_refuses_others() -> None:
     template = ChatTemplate(ByteTokenizer())
     assert template.render(CHAT) == "system: Answer as Ishmael.\nuser: Call me Ishmael.\nassistant: "
@@ -316,8 +341,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
 @pytest.fixture(scope="module")
 def chat_server(trained: Trained, tmp_path_factory: pytest.TempPathFactory):
     """``(trained, port, log file, process)`` of ``serve --api openai --max_tokens 4000 --max_batch_size 4`` over the
-    module's checkpoint: a worker generates up to 4 answers at once, and a fifth request waits."""
-    args = ("--max_tokens=4000", f"--max_batch_size={AT_ONCE}")
+    module's checkpoint: a worker generates up to 4 answers at once, and a fifth request waits. A piece per
+    token (``--stream_interval 0``), so that a stream's pieces do not depend on the machine's speed."""
+    args = ("--max_tokens=4000", f"--max_batch_size={AT_ONCE}", "--stream_interval=0")
     with serving(trained.checkpoint, tmp_path_factory.mktemp("serve"), *args, api="openai") as running:
         port, process, log = running
         yield trained, port, log, process

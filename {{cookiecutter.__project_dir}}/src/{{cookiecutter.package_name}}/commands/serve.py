@@ -59,6 +59,7 @@ def serve(
     max_tokens: int = 256,
     model_name: str | None = None,
     max_request_tokens: int = MAX_REQUEST_TOKENS,
+    stream_interval: float = 0.01,
 {%- else %}
     api: Literal["auto", "predict"] = "auto",
 {%- endif %}
@@ -96,6 +97,8 @@ def serve(
         model_name: the ``model`` OpenAI clients name; default the project's name.
         max_request_tokens: on ``/predict``: the most new tokens one request may cost, prompts x the
             model's new tokens per prompt (64; more: HTTP 422).
+        stream_interval: OpenAI API: the seconds of an answer's tokens one streamed piece may gather (0: a
+            piece per token): fewer, larger pieces cost the server and its clients less CPU per token.
 {%- else %}
         api: "predict" (``POST /predict`` with ``{"inputs": [...]}``), the one API of this model ("auto").
 {%- endif %}
@@ -104,7 +107,8 @@ def serve(
         FileNotFoundError: no checkpoint found or given.
 {%- if cookiecutter.task == "language-model" %}
         engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``; ``max_tokens`` below 1;
-            ``max_request_tokens`` below the model's new tokens per prompt.
+            ``max_request_tokens`` below the model's new tokens per prompt; ``stream_interval`` outside
+            [0, 1].
 {%- else %}
         engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``.
 {%- endif %}
@@ -118,6 +122,8 @@ def serve(
 {%- if cookiecutter.task == "language-model" %}
     if max_tokens < 1:
         raise ConfigError(f"--max_tokens must be at least 1, got {max_tokens}")
+    if not 0 <= stream_interval <= 1:
+        raise ConfigError(f"--stream_interval must be in [0, 1] seconds, got {stream_interval:g}")
 {%- endif %}
     check_address(host, port)  # before loading anything: uvicorn would only say so after the model is up
     require("litserve")
@@ -140,10 +146,11 @@ def serve(
             middlewares=[body_limits(max_body_bytes, max_inputs, body_timeout)],
             trust=trusted_modules(trust),
             max_batch_size=max_batch_size,
+            stream_interval=stream_interval,
         )
         print(
-            f"Serving {path} as {name!r} on http://{host}:{port}: the OpenAI API, POST /v1/chat/completions "
-            f"(up to {max_tokens} new tokens) and GET /v1/models; GET /health",
+            f"Serving {path} as {name!r} on http://{host}:{port}: the OpenAI API, POST /v1/chat/completions and "
+            f"/v1/completions (up to {max_tokens} new tokens), GET /v1/models; GET /health",
             flush=True,
         )
         server.run(host=host, port=port, generate_client_file=False)

@@ -82,6 +82,7 @@ MAX_MESSAGE_CHARS = 500  # an error names the problem; it never echoes a large i
 REFUSED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "response_format")
 IDLE_WAIT_S = 1.0  # an idle worker's wait for a request, between LitServe's own checks
 PREFILL_WAIT_S = 0.02  # the longest a request waiting for a place stays out of one that is free
+STREAM_INTERVAL_S = 0.01  # a streamed piece gathers up to this long of an answer's tokens (docs/benchmarks.md)
 
 
 class OpenAIError(Exception):
@@ -547,8 +548,10 @@ class ChatAPI(ls.LitAPI):
         slots_lock: Any,
         stuck_after: float,
         max_batch_size: int = 64,
+        stream_interval: float = 0.0,
     ):
         super().__init__(spec=spec, max_batch_size=max_batch_size, loop=StepLoop())
+        self.stream_interval = stream_interval
         self.checkpoint, self.trust = checkpoint, tuple(trust)
         self.progress, self.slots_lock, self.stuck_after = progress, slots_lock, stuck_after
         self.trained: Trained | None = None
@@ -575,13 +578,19 @@ class ChatAPI(ls.LitAPI):
         return len(self.answers) < self.max_batch_size
 
     def step(self, previous: list[Output] | None) -> list[Output]:
-        """Steps of every answer in progress until one has something to send: LitServe's loop sleeps 10 ms
-        after a step with no output (a step whose tokens only held text back: a character's first bytes,
-        the start of a stop string), a stall the answers would all wait through."""
+        """Steps of every answer in progress until one has something to send (LitServe's loop sleeps 10 ms
+        after a step with no output: a step whose tokens only held text back, a character's first bytes
+        or the start of a stop string, a stall the answers would all wait through), then more steps for
+        up to ``stream_interval`` seconds, each answer's pieces of them sent as one: every piece is a
+        message from the worker, a server-sent event and a chunk the client parses, which cost more CPU
+        than a token of a small model."""
         outputs = self.step_once()
         while not outputs and self.answers:
             outputs = self.step_once()
-        return outputs
+        until = time.monotonic() + self.stream_interval
+        while self.answers and time.monotonic() < until:
+            outputs += self.step_once()
+        return joined_pieces(outputs)
 
     def step_once(self) -> list[Output]:
         """A step of every answer in progress: its next piece (an OK output), and for an answer that
@@ -682,6 +691,28 @@ class ChatAPI(ls.LitAPI):
         return not any(value > 0 and now - value > self.stuck_after for value in self.progress)
 
 
+def joined_pieces(outputs: list[Output]) -> list[Output]:
+    """``outputs`` with each answer's pieces (OK outputs) joined into its first: their text in order, the
+    last one's finish reason and usage; the ends of answers (FINISH_STREAMING, ERROR) kept after them."""
+    joined: list[Output] = []
+    first: dict[str, int] = {}
+    for output in outputs:
+        at = first.get(output.uid)
+        if output.status != LitAPIStatus.OK or not isinstance(output.output, dict):
+            joined.append(output)
+        elif at is None:
+            first[output.uid] = len(joined)
+            joined.append(output)
+        else:
+            before, piece = joined[at].output, output.output
+            text = "text" if "scores" in piece else "content"
+            merged = {**piece, text: before[text] + piece[text]}
+            if "scores" in piece:
+                merged["scores"] = before["scores"] + piece["scores"]
+            joined[at] = Output(output.uid, merged, LitAPIStatus.OK)
+    return joined
+
+
 def build_chat_server(
     trained: Trained,
     model_name: str,
@@ -692,6 +723,7 @@ def build_chat_server(
     middlewares: Sequence[Any] = (),
     trust: Sequence[str] = (),
     max_batch_size: int = 64,
+    stream_interval: float = STREAM_INTERVAL_S,
 ) -> ls.LitServer:
     """A LitServer speaking the OpenAI API over ``trained`` (its checkpoint is loaded again in each worker).
 
@@ -700,6 +732,7 @@ def build_chat_server(
         max_tokens: the most new tokens per request.
         timeout: the seconds without a step after which ``/health`` calls a generating worker stuck.
         max_batch_size: the most answers a worker generates at once (one forward pass a step for all).
+        stream_interval: the seconds of tokens each answer's piece may gather (0: a piece per step).
         middlewares: LitServe middlewares (serving.api's body limits).
 
     Raises:
@@ -714,7 +747,14 @@ def build_chat_server(
     # A slot per worker, written by that worker only; claimed under the manager's lock.
     progress = multiprocessing.get_context("spawn").Array("d", [-1.0] * workers, lock=False)
     api = ChatAPI(
-        trained.checkpoint, trust, spec, progress, manager.Lock(), stuck_after=timeout, max_batch_size=max_batch_size
+        trained.checkpoint,
+        trust,
+        spec,
+        progress,
+        manager.Lock(),
+        stuck_after=timeout,
+        max_batch_size=max_batch_size,
+        stream_interval=stream_interval,
     )
     server = ls.LitServer(
         api,
