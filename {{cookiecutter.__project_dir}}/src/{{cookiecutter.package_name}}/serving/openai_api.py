@@ -551,7 +551,7 @@ class ChatAPI(ls.LitAPI):
         stream_interval: float = 0.0,
     ):
         super().__init__(spec=spec, max_batch_size=max_batch_size, loop=StepLoop())
-        self.stream_interval = stream_interval
+        self.stream_interval, self.started = stream_interval, False
         self.checkpoint, self.trust = checkpoint, tuple(trust)
         self.progress, self.slots_lock, self.stuck_after = progress, slots_lock, stuck_after
         self.trained: Trained | None = None
@@ -583,12 +583,14 @@ class ChatAPI(ls.LitAPI):
         or the start of a stop string, a stall the answers would all wait through), then more steps for
         up to ``stream_interval`` seconds, each answer's pieces of them sent as one: every piece is a
         message from the worker, a server-sent event and a chunk the client parses, which cost more CPU
-        than a token of a small model."""
+        than a token of a small model. An answer's first piece is never held: it is sent at once, with
+        whatever the others have gathered (the time to the first token is what a user waits for)."""
+        self.started = False
         outputs = self.step_once()
         while not outputs and self.answers:
             outputs = self.step_once()
         until = time.monotonic() + self.stream_interval
-        while self.answers and time.monotonic() < until:
+        while self.answers and not self.started and time.monotonic() < until:
             outputs += self.step_once()
         return joined_pieces(outputs)
 
@@ -632,6 +634,7 @@ class ChatAPI(ls.LitAPI):
                 piece = answer.text.add(token)
             if piece is None:
                 continue
+            self.started |= answer.tokens == 0  # its first piece
             answer.tokens = piece.tokens
             output = self.completion_piece(answer, piece) if completion else self.chat_piece(answer, piece)
             outputs.append(Output(uid, output, LitAPIStatus.OK))
