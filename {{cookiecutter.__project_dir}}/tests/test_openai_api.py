@@ -581,7 +581,9 @@ def test_completions_carry_the_models_own_log_probabilities(chat_server) -> None
         for top, chosen in zip(logprobs.top_logprobs[len(ids) :], logprobs.token_logprobs[len(ids) :], strict=True):
             assert max(top.values()) == pytest.approx(chosen, abs=1e-6)  # greedy: the likeliest was taken
     settings = {"model": NAME, "prompt": texts[0], "max_tokens": 6, "temperature": 0, "echo": True, "logprobs": 1}
-    chunks = list(api.completions.create(**settings, stream=True))
+    chunks = list(api.completions.create(**settings, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6  # what include_usage asks
+    chunks = chunks[:-1]
     assert "".join(chunk.choices[0].text for chunk in chunks) == whole.choices[0].text
     streamed = [value for chunk in chunks for value in chunk.choices[0].logprobs.token_logprobs]
     assert streamed[0] is None and chunks[-1].choices[0].finish_reason == "length"  # equal, whatever else is decoded
@@ -703,6 +705,18 @@ def test_a_client_that_disconnects_stops_its_generation(chat_server) -> None:
         time.sleep(0.2)
     assert int(stopped[-1]) < 4000  # stopped early: the worker is free for the next request
     assert client(port).chat.completions.create(model=NAME, messages=CHAT, max_tokens=5).choices[0].finish_reason
+    # A streamed completion of two prompts: both stop, the one being sent and the one waiting its turn.
+    before = len(stopped)
+    prompts = ["Call", "Ahab"]
+    texts = client(port).completions.create(model=NAME, prompt=prompts, max_tokens=4000, temperature=0, stream=True)
+    for index, _ in enumerate(texts):
+        if index == 2:
+            break
+    texts.close()
+    while len(stopped := re.findall(r"client disconnected after (\d+) tokens", log.read_text())) < before + 2:
+        assert time.monotonic() < deadline + 60, log.read_text()[-3000:]
+        time.sleep(0.2)
+    assert all(int(count) < 4000 for count in stopped[before:])
 
 
 @pytest.mark.slow

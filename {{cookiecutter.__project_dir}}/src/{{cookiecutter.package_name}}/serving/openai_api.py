@@ -294,17 +294,22 @@ class ChatSpec(ls.OpenAISpec):
         head = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": int(time.time())}
         head["model"] = self.model_name
         if request.stream:
-            events = self.streamed_completion(head, items, choices, pipes)
+            usage = bool((request.stream_options or {}).get("include_usage"))
+            events = self.streamed_completion(head, items, choices, pipes, usage)
             return StreamingResponse(events, media_type="text/event-stream", background=background_tasks)
-        pieces = [
-            [choice.piece(out) async for out in worker_outputs(pipe)]
-            for choice, pipe in zip(choices, pipes, strict=True)
-        ]
-        prompt_tokens = sum(choice.prompt_tokens for choice in choices)
-        completion_tokens = sum(choice.completion_tokens for choice in choices)
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
-        usage["total_tokens"] = prompt_tokens + completion_tokens
-        return {**head, "choices": [ChoiceText.merged(choice) for choice in pieces], "usage": usage}
+        pieces: list[list[dict[str, Any]]] = []
+        try:
+            for choice, pipe in zip(choices, pipes, strict=True):
+                pieces.append([choice.piece(output) async for output in worker_outputs(pipe)])
+        except OpenAIError:  # a prompt failed in the model: the request's other prompts stop at the next step
+            self.stop(items[len(pieces) + 1 :])
+            raise
+        return {**head, "choices": [ChoiceText.merged(choice) for choice in pieces], "usage": usage_of(choices)}
+
+    def stop(self, items: list[CompletionItem]) -> None:
+        """Tell the workers that nobody waits for ``items`` any more: each stops at its next step."""
+        for item in items:
+            self.cancelled[item.request_id] = True
 
     def enqueue(self, item: CompletionItem) -> AsyncIterator:
         """Put ``item`` in the workers' queue (as ``OpenAISpec.chat_completion`` does a chat request): its outputs."""
@@ -314,24 +319,25 @@ class ChatSpec(ls.OpenAISpec):
         return self.data_streamer(outputs, event, send_status=True)
 
     async def streamed_completion(
-        self, head: dict[str, Any], items: list[CompletionItem], choices: list[ChoiceText], pipes: list
+        self, head: dict[str, Any], items: list[CompletionItem], choices: list[ChoiceText], pipes: list, usage: bool
     ) -> AsyncIterator[str]:
-        """Server-sent events of each choice's pieces (choice after choice, each decoded meanwhile), then [DONE]."""
-        complete = False
+        """Server-sent events of each choice's pieces (choice after choice, each decoded meanwhile), the usage
+        when ``stream_options.include_usage`` asked for it, then [DONE]."""
+        done = 0  # choices streamed whole
         try:
             for choice, pipe in zip(choices, pipes, strict=True):
                 async for output in worker_outputs(pipe):
-                    chunk = {**head, "choices": [choice.piece(output)]}
-                    yield "data: " + json.dumps(chunk, separators=(",", ":")) + "\n\n"
-            complete = True
+                    yield sent({**head, "choices": [choice.piece(output)]})
+                done += 1
+            if usage:
+                yield sent({**head, "choices": [], "usage": usage_of(choices)})
         except OpenAIError as error:  # the model failed: the stream has begun, so the error is its last event
             failed = {"message": error.message, "type": error.kind}
-            yield "data: " + json.dumps({"error": failed}) + "\n\n"
-            complete = True
-        finally:  # the client went away: every prompt's answer stops at its worker's next step
-            if not complete:
-                for item in items:
-                    self.cancelled[item.request_id] = True
+            yield sent({"error": failed})
+            self.stop(items[done + 1 :])
+            done = len(items)
+        finally:  # the client went away: every prompt's answer not sent whole stops at its worker's next step
+            self.stop(items[done:])
         yield "data: [DONE]\n\n"
 
     def check_completion(self, request: CompletionRequest) -> list[list[int]]:
@@ -395,6 +401,19 @@ class ChatSpec(ls.OpenAISpec):
         kind = type(tokenizer).__name__
         info = {"eos_token": end_of_text(tokenizer), "bos_token": None, "pad_token": None}
         return {**info, "model_max_length": self.context, "vocab_size": tokenizer.vocab_size, "tokenizer_class": kind}
+
+
+def sent(event: dict[str, Any]) -> str:
+    """``event`` as a server-sent event."""
+    return "data: " + json.dumps(event, separators=(",", ":")) + "\n\n"
+
+
+def usage_of(choices: list[ChoiceText]) -> dict[str, int]:
+    """A completion's ``usage``: the prompt and completion tokens of all its choices."""
+    prompt_tokens = sum(choice.prompt_tokens for choice in choices)
+    completion_tokens = sum(choice.completion_tokens for choice in choices)
+    total = prompt_tokens + completion_tokens
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
 
 
 def refuse_unless_neutral(given: dict[str, bool]) -> None:
