@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ROOT, documentation, readme_commands, serving, shrunk_args
+from conftest import ROOT, documentation, free_port, readme_commands, serving, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data.tokenizer import ByteTokenizer, ChatTemplate
@@ -639,6 +639,22 @@ def test_refused_completions_name_the_field_and_the_tokenizer_endpoints_answer(c
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/tokenizer_info", timeout=60) as answer:
         info = json.load(answer)
     assert info["eos_token"] is None and info["model_max_length"] == tokens["max_model_len"] == 64  # no text is 0xFF
+
+
+def test_make_eval_names_a_folder_without_tasks_a_missing_harness_and_a_server_not_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from {{ cookiecutter.package_name }}.commands import evaluate
+
+    nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with user_error(r"--include .*: no task YAML there"):
+        evaluate.main(["--include", str(tmp_path), "--url", nowhere])
+    with user_error(r"--url: no OpenAI API of this project answers .*/tokenizer_info .*start `make serve`"):
+        evaluate.main(["--url", nowhere, "--lm_eval", "lm-eval", "--include", str(ROOT / "evals")])
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither lm-eval nor uv on it, nor beside this Python
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    with user_error("lm-evaluation-harness is not installed and uv is not on the PATH: pip install"):
+        evaluate.main(["--url", nowhere, "--include", str(ROOT / "evals")])
 
 
 def harness_or_skip() -> None:

@@ -188,8 +188,20 @@ def wait_healthy(base: str, server: subprocess.Popen, log: Path) -> None:
 
 
 def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=30) as answer:
-        return json.load(answer)
+    """The JSON ``url`` answers.
+
+    Raises:
+        engine.errors.LaunchError: nothing answers there, or not with JSON (names the URL and the fix).
+    """
+    try:
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return json.load(answer)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        raise LaunchError(
+            f"--url: no OpenAI API of this project answers {url} ({reason}): start `make serve` there, or leave "
+            "--url out to serve the checkpoint for the evaluation"
+        ) from None
 
 
 def main(args: list[str] | None = None) -> None:
