@@ -75,8 +75,10 @@ def evaluate(
     """
     names = tasks or task_names(include)
     harness = shlex.split(lm_eval) if lm_eval else harness_command()
+    run = {"names": names, "include": include, "output": output, "limit": limit, "num_concurrent": num_concurrent}
+    run |= {"log_samples": log_samples, "offline": tasks is None}  # the harness's own tasks download their data
     if url is not None:
-        return run_harness(harness, url.rstrip("/"), names, include, output, limit, num_concurrent, log_samples)
+        return run_harness(harness, url.rstrip("/"), **run)
     checkpoint = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
     port = free_port()
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.commands.serve", "--ckpt", str(checkpoint)]
@@ -90,7 +92,7 @@ def evaluate(
         try:
             base = f"http://127.0.0.1:{port}"
             wait_healthy(base, server, log)
-            return run_harness(harness, base, names, include, output, limit, num_concurrent, log_samples)
+            return run_harness(harness, base, **run)
         finally:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=60)
@@ -105,8 +107,10 @@ def run_harness(
     limit: int | None,
     num_concurrent: int,
     log_samples: bool,
+    offline: bool,
 ) -> int:
-    """``lm-eval run --model local-completions`` against the server at ``base``; its exit status."""
+    """``lm-eval run --model local-completions`` against the server at ``base``; its exit status. ``offline``:
+    the tasks read local files, so the harness never asks the Hugging Face hub for anything."""
     info = get_json(f"{base}/tokenizer_info")
     (card,) = get_json(f"{base}/v1/models")["data"]
     model_args = {
@@ -122,8 +126,7 @@ def run_harness(
     command += ["--limit", str(limit)] if limit is not None else []
     command += ["--log_samples"] if log_samples else []
     print("make eval:", shlex.join(command), flush=True)
-    # The tasks read local files: the harness never asks the Hugging Face hub for anything.
-    environment = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    environment = {**os.environ, **({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"} if offline else {})}
     return subprocess.run(command, env=environment, check=False).returncode
 
 
