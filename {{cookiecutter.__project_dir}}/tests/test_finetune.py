@@ -30,7 +30,7 @@ from conftest import (
 )
 from test_language_model import assert_cached_decoding_equals_uncached
 {%- if cookiecutter.use_serving == "yes" %}
-from test_openai_api import harness_or_skip, served_as_run_here
+from test_openai_api import assert_decoded_together_equal_alone, harness_or_skip, served_as_run_here
 {%- endif %}
 from test_preemption import SignalAtStep
 from test_resume import EXACT, assert_same_end_state
@@ -191,6 +191,33 @@ def test_cached_generation_of_a_pretrained_model_equals_uncached(tiny: Path) -> 
     prompt = torch.randint(0, 250, (2, 5), generator=torch.Generator().manual_seed(0))  # (B, T0) token ids
     with torch.no_grad():
         assert_cached_decoding_equals_uncached(net, prompt, new_tokens=30)
+{%- if cookiecutter.use_serving == "yes" %}
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "sliding window"])
+def test_answers_of_a_pretrained_model_decoded_together_equal_each_decoded_alone(
+    kind: str, tiny: Path, tmp_path: Path
+) -> None:
+    """Llama (rotary positions) and GPT-2 (learnt positions) share one forward pass a step, their rows left-padded;
+    a model with sliding-window layers, whose cache cannot be padded here, decodes each answer alone."""
+    folder = tiny
+    if kind == "gpt2":
+        folder = save_tiny_gpt2(tmp_path / "gpt2")
+    elif kind == "sliding window":
+        config = transformers.MistralConfig(
+            vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, sliding_window=8,
+        )  # fmt: skip
+        folder = tmp_path / "mistral"
+        transformers.MistralForCausalLM(config).save_pretrained(folder)
+    net = HFCausalLM(model=str(folder), lora=None, block_size=24).eval()
+    with torch.no_grad():  # weights spread (norms kept): a fresh GPT-2's greedy tokens mostly repeat the last one
+        generator = torch.Generator().manual_seed(0)
+        for name, parameter in net.named_parameters():
+            if "norm" not in name and "ln_" not in name:
+                parameter.normal_(0.0, 0.3, generator=generator)
+    assert_decoded_together_equal_alone(net, shared=kind != "sliding window")
+{%- endif %}
 
 
 def test_full_finetuning_trains_and_saves_every_weight(tiny: Path, tmp_path: Path) -> None:

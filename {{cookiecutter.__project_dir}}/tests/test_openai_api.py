@@ -181,7 +181,7 @@ def test_characters_split_across_tokens_and_stop_strings_are_never_sent_in_part(
     assert "".join(piece.text for piece in short) == "Ahoy, caf\ufffd" and short[-1].finish_reason == "length"
 
 
-def alone(net: GPT, prompt: list[int], count: int, choose=greedy_choice) -> list[int]:
+def alone(net: torch.nn.Module, prompt: list[int], count: int, choose=greedy_choice) -> list[int]:
     """The ``count`` tokens ``choose`` picks after ``prompt``, the answer decoded by itself (``decode``)."""
     return decode(net, torch.tensor([prompt]), count, choose)[0].tolist()
 
@@ -198,17 +198,22 @@ def context_dependent_gpt() -> GPT:
 
 
 def test_answers_decoded_together_equal_each_decoded_alone_as_they_join_and_leave() -> None:
+    assert_decoded_together_equal_alone(context_dependent_gpt())
+
+
+def assert_decoded_together_equal_alone(net: torch.nn.Module, shared: bool = True) -> None:
     """Greedy answers of the batch are token for token those of the answer alone, whatever else is in the batch:
     prompts of other lengths join mid-answer (prefilled in chunks of 4 tokens), one leaves early, one
-    samples with its own seed, and two run past the context (decoded alone from then on)."""
-    net = context_dependent_gpt()
+    samples with its own seed, and two run past the context (``net.block_size`` 24: decoded alone from then
+    on). ``shared``: the answers in the shared cache take one forward pass a step (else each its own)."""
+    assert net.block_size == 24
     prompts = {"a": [5, 9, 200], "b": list(range(40, 49)), "c": list(range(100, 120)), "d": [7] * 6, "e": [1]}
     joins = {"a": 0, "b": 2, "c": 3, "d": 7, "e": 9}  # the step each answer is added at
     wanted = {"a": 6, "b": 30, "c": 12, "d": 20, "e": 25}  # tokens each answer takes; "a" leaves after 6
     seeded = lambda: sampler(0.9, top_p=0.95, generator=torch.Generator().manual_seed(3))  # noqa: E731
     batch, got = DecodeBatch(net, prefill_tokens=4), {key: [] for key in prompts}
     calls, shared_steps = [], 0
-    net.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape[0]))
+    hook = net.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape[0]))
     for step in range(60):
         for key in [key for key, at in joins.items() if at == step]:
             batch.add(key, prompts[key], seeded() if key == "d" else greedy_choice)
@@ -221,7 +226,8 @@ def test_answers_decoded_together_equal_each_decoded_alone_as_they_join_and_leav
             got[key].append(token)
             if len(got[key]) == wanted[key]:
                 batch.remove(key)
-    assert len(batch) == 0 and shared_steps >= 15
+    hook.remove()
+    assert len(batch) == 0 and (shared_steps >= 15 if shared else shared_steps == 0), shared_steps
     for key, prompt in prompts.items():
         choose = seeded() if key == "d" else greedy_choice
         assert got[key] == alone(net, prompt, wanted[key], choose), key

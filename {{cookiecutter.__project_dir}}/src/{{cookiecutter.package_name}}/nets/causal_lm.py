@@ -10,25 +10,85 @@ import copy
 import functools
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.nets.hf import HFNet, LoRA, from_files, libraries
 from {{ cookiecutter.package_name }}.nets.hub import locate
 
-__all__ = ["HFCache", "HFCausalLM", "LoRA"]
+__all__ = ["HFBatchCache", "HFCache", "HFCausalLM", "LoRA"]
 
 
-@dataclass
 class HFCache:
-    """A Hugging Face model's key/value cache (``past_key_values``) and the ``length`` of tokens it holds."""
+    """A Hugging Face model's key/value cache (``past_key_values``) for B rows, each holding ``lengths[b]`` tokens.
 
-    past: Any = None
-    length: int = 0
+    Rows may hold sequences of different lengths (answers decoded together, one forward pass for all:
+    ``serving.batching``): each is left-padded to the cache's ``length``, masked out by the attention mask and
+    given its own position ids, as transformers' ``generate`` does for a left-padded batch. Keys and values
+    already carry their positions (rotary or learnt), so padding a row does not change them.
+    """
+
+    def __init__(self, batch_size: int = 1) -> None:
+        self.past: Any = None  # transformers' cache, (B, heads, length, head width) per layer; None while empty
+        self.lengths = [0] * batch_size  # tokens each row holds: its next token's position
+
+    @property
+    def length(self) -> int:
+        """The positions of every row, its left padding included (0 while empty)."""
+        return max(self.lengths, default=0)
+
+
+class HFBatchCache(HFCache):
+    """An :class:`HFCache` whose rows :meth:`select` drops and :meth:`extend` adds between steps: transformers'
+    plain ``DynamicLayer`` per layer, padded and indexed here (a model whose every layer sees the whole context)."""
+
+    def select(self, rows: list[int]) -> None:
+        """Keep the rows ``rows``, in that order (continuous batching: Yu et al., "Orca", OSDI 2022); padding
+        that no row needs any more is dropped."""
+        self.lengths = [self.lengths[row] for row in rows]
+        if not rows or self.past is None:
+            self.past = None
+            return
+        index = torch.tensor(rows, dtype=torch.long, device=self._layers()[0].keys.device)
+        unused = self._layers()[0].keys.shape[-2] - self.length  # padding columns left of every row
+        for layer in self._layers():
+            layer.keys = layer.keys.index_select(0, index)[..., unused:, :]
+            layer.values = layer.values.index_select(0, index)[..., unused:, :]
+
+    def extend(self, other: HFCache) -> None:
+        """Add ``other``'s rows after these (same model), each cache left-padded to the longer one's length."""
+        if self.past is None or not self.lengths:
+            self.past, self.lengths = other.past, list(other.lengths)
+            return
+        length = max(self.length, other.length)
+        for mine, theirs in zip(self._layers(), other._layers(), strict=True):
+            keys, values = (
+                torch.cat([_left_padded(a, length), _left_padded(b, length)])
+                for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values))
+            )
+            mine.keys, mine.values = keys, values
+        self.lengths = self.lengths + other.lengths
+
+    def _layers(self) -> list[Any]:
+        """Each layer's cache (transformers' ``DynamicLayer``): ``keys`` and ``values`` (B, heads, length, head width).
+
+        Raises:
+            TypeError: a cache of another kind (sliding window, quantized, recurrent), whose rows cannot be padded.
+        """
+        layers = getattr(self.past, "layers", None)
+        if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+            kinds = sorted({type(layer).__name__ for layer in layers or [self.past]})
+            raise TypeError(f"rows of a {', '.join(kinds)} cache cannot be padded: decode its answers one at a time")
+        return layers
+
+
+def _left_padded(states: torch.Tensor, length: int) -> torch.Tensor:
+    """Keys or values (B, heads, T, head width) with zeros before them to ``length`` positions."""
+    return F.pad(states, (0, 0, length - states.shape[-2], 0))
 
 
 class HFCausalLM(HFNet):
@@ -106,22 +166,42 @@ class HFCausalLM(HFNet):
         self.adopt(base, found, lora, task_type="CAUSAL_LM")
 
     def new_cache(self, batch_size: int) -> "HFCache":
-        """An empty :class:`HFCache`: transformers' own key/value cache, made by the first call that uses it."""
-        return HFCache()
+        """An empty :class:`HFCache` of ``batch_size`` rows: transformers' cache, made by the first call that uses it.
+
+        Only a model whose every layer attends to the whole context keeps a plain cache whose rows can be
+        padded: for a model with sliding-window or other layers the cache lacks ``extend``, and answers
+        served together are each decoded alone (``serving.batching``).
+        """
+        return (HFBatchCache if self._full_attention else HFCache)(batch_size)
 
     def forward(self, tokens: torch.Tensor, cache: "HFCache | None" = None) -> torch.Tensor:
         """Token ids (B, T) int64 -> next-token logits (B, T, V), float32.
 
         With a ``cache``, the tokens continue those it holds (``use_cache=True``, transformers'
-        ``past_key_values``), which it then holds too.
+        ``past_key_values``), which it then holds too; its rows may differ in length (:class:`HFCache`).
         """
         if cache is None:
             return self.model(input_ids=tokens, use_cache=False).logits.float()
+        options = {}
+        if len(set(cache.lengths)) > 1:  # rows of different lengths: each left-padded, at its own positions
+            held = torch.tensor(cache.lengths, device=tokens.device)[:, None]  # (B, 1)
+            positions = torch.arange(cache.length + tokens.shape[1], device=tokens.device)  # (length + T,)
+            options["attention_mask"] = (positions >= cache.length - held).long()  # (B, length + T): 0 on padding
+            options["position_ids"] = held + positions[: tokens.shape[1]]  # (B, T)
         # transformers 5.0 calls the cache past_key_values; later 5.x releases call it cache (and warn of the old name).
         name = "cache" if "cache" in self._forward_parameters else "past_key_values"
-        output = self.model(input_ids=tokens, use_cache=True, **{name: cache.past})
-        cache.past, cache.length = getattr(output, name), cache.length + tokens.shape[1]
+        output = self.model(input_ids=tokens, use_cache=True, **{name: cache.past}, **options)
+        cache.past = getattr(output, name)
+        cache.lengths = [length + tokens.shape[1] for length in cache.lengths]
         return output.logits.float()
+
+    @functools.cached_property
+    def _full_attention(self) -> bool:
+        """Whether every layer attends to the whole context (no sliding window, no recurrent or other layers)."""
+        config = self.model.config
+        kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+        windowed = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+        return kinds == {"full_attention"} and not windowed
 
     @functools.cached_property
     def _forward_parameters(self) -> frozenset[str]:

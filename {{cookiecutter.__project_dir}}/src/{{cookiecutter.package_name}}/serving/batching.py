@@ -4,9 +4,10 @@ Continuous batching (iteration-level scheduling: Yu et al., "Orca", OSDI 2022): 
 leave between steps, and each step feeds the newest token of every answer in the batch through the
 net at once, so a worker's tokens/s grow with its answers instead of being shared among them. The
 net keeps one key/value cache whose rows are the answers, each at its own length (padded slots,
-``nets.gpt.KVCache``): the byte GPT's context is short (``block_size``), so a slot of the whole
-context per answer costs little memory and keeps one contiguous tensor for the attention kernel,
-where pages (Kwon et al., "vLLM", SOSP 2023) pay off for long contexts of very different lengths.
+``nets.gpt.KVCache``; a Hugging Face model's rows left-padded, ``nets.causal_lm.HFBatchCache``): the
+byte GPT's context is short (``block_size``), so a slot of the whole context per answer costs little
+memory and keeps one contiguous tensor for the attention kernel, where pages (Kwon et al., "vLLM",
+SOSP 2023) pay off for long contexts of very different lengths.
 
 A new answer's prompt is prefilled alone into a cache of its own, at most ``prefill_tokens`` prompt
 tokens per step (chunked prefill: a long prompt never stalls the answers already decoding for
@@ -16,8 +17,9 @@ log-probability of each token it is given (its prompt's too: :class:`TokenScore`
 returns with ``logprobs`` and ``echo``). An answer longer than
 the context is decoded alone from then on, as :func:`models.language_model.decode_steps` does: the
 window slides, every position shifts, and its cache is rebuilt each step. A net whose cache cannot
-hold rows of different lengths (a Hugging Face model's) decodes each answer alone with its own cache,
-and a net without a cache (no ``new_cache``: a user's own) each answer alone over its whole window.
+hold rows of different lengths (no ``extend`` and ``select``: a Hugging Face model with sliding-window
+layers) decodes each answer alone with its own cache, and a net without a cache (no ``new_cache``: a
+user's own) each answer alone over its whole window.
 
 Shapes: B answers in the batch, T tokens, V vocabulary.
 """

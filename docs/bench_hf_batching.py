@@ -1,0 +1,82 @@
+"""A Hugging Face causal LM's answers decoded together (one forward pass a step, left-padded rows) against
+one at a time (each its own cache, what the server did before), and transformers' ``generate``, in one run.
+
+The model is a ``GPT2LMHeadModel`` with random weights of the byte GPT's default shape (4 layers, 4 heads,
+128 wide, vocabulary 256, context 128), saved as a model folder and loaded by the bake's ``nets.HFCausalLM``.
+For each count N of answers, ``serving.batching.DecodeBatch`` decodes N greedy answers of ``--new-tokens``
+tokens after a ``--prompt``-token prompt: with the shared cache (``HFBatchCache``), then with the shared
+cache switched off (each answer alone); then ``generate`` at batch N on the same model. Tokens/s, best of
+``--rounds``; ratios within one run are what to compare across machines.
+
+    python docs/bench_hf_batching.py <bake> [--counts 1 4 16 64] [--prompt 34] [--new-tokens 90] [--rounds 3]
+"""
+
+import argparse
+import importlib
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def decoded(batching, net, count: int, prompt: int, new: int, shared: bool) -> float:
+    """tokens/s of ``count`` greedy answers of ``new`` tokens decoded by ``DecodeBatch``, shared or alone."""
+    ids = torch.randint(1, 256, (prompt,), generator=torch.Generator().manual_seed(0)).tolist()
+    batch, taken = batching.DecodeBatch(net), dict.fromkeys(range(count), 0)
+    if not shared:
+        batch.cache = None  # every answer decoded alone with its own cache
+    for key in range(count):
+        batch.add(key, ids, batching.greedy)
+    start = time.perf_counter()
+    while len(batch):
+        for key in batch.step():
+            taken[key] += 1
+            if taken[key] == new:
+                batch.remove(key)
+    return count * new / (time.perf_counter() - start)
+
+
+def generated(model: GPT2LMHeadModel, count: int, prompt: int, new: int) -> float:
+    """tokens/s of transformers' greedy ``generate`` at batch ``count``."""
+    ids = torch.randint(1, 256, (count, prompt), generator=torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    return count * new / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bake", type=Path)
+    parser.add_argument("--counts", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--prompt", type=int, default=34)
+    parser.add_argument("--new-tokens", type=int, default=90)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.bake / "src"))
+    package = next(path.parent.name for path in (args.bake / "src").glob("*/__init__.py"))
+    batching = importlib.import_module(f"{package}.serving.batching")
+    nets = importlib.import_module(f"{package}.nets")
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=256, n_positions=128, n_layer=4, n_head=4, n_embd=128, pad_token_id=0,
+                        bos_token_id=0, eos_token_id=0)  # fmt: skip
+    model = GPT2LMHeadModel(config).eval()
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        net = nets.HFCausalLM(folder, lora=None).eval()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.prompt} + {args.new_tokens} tokens")
+    print("answers  together tok/s  alone tok/s  generate tok/s  together/alone  together/generate")
+    with torch.no_grad():
+        for count in args.counts:
+            rounds = range(args.rounds)
+            together = max(decoded(batching, net, count, args.prompt, args.new_tokens, True) for _ in rounds)
+            alone = max(decoded(batching, net, count, args.prompt, args.new_tokens, False) for _ in rounds)
+            reference = max(generated(model, count, args.prompt, args.new_tokens) for _ in rounds)
+            print(f"{count:7d}  {together:14.0f}  {alone:11.0f}  {reference:14.0f}  "
+                  f"{together / alone:14.2f}  {together / reference:17.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
