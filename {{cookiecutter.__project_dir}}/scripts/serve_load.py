@@ -39,9 +39,6 @@ import contextlib
 import io
 {%- endif %}
 import json
-import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,9 +51,8 @@ from typing import Any
 
 import psutil
 import torch
-{% if cookiecutter.task == "language-model" %}
-from {{ cookiecutter.package_name }}.commands.serve import MAX_REQUEST_TOKENS
-{%- endif %}
+
+from {{ cookiecutter.package_name }}.commands.serve import {{ "MAX_REQUEST_TOKENS, " if cookiecutter.task == "language-model" else "" }}local_server
 from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained, trusted_modules
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
@@ -64,31 +60,9 @@ from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
 PACKAGE = "{{ cookiecutter.package_name }}"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_healthy(port: int, process: subprocess.Popen, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            sys.exit(f"serve_load: the server exited with status {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.25)
-    sys.exit(f"serve_load: no healthy server after {seconds:.0f} s")
-
-
-def timed_post(port: int, body: bytes) -> tuple[int, float]:
+def timed_post(base: str, body: bytes) -> tuple[int, float]:
     """HTTP status and seconds of one POST /predict."""
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/predict", data=body, headers={"Content-Type": "application/json"}
-    )
+    request = urllib.request.Request(f"{base}/predict", data=body, headers={"Content-Type": "application/json"})
     start = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=60) as answer:
@@ -155,30 +129,23 @@ def measure(args: argparse.Namespace) -> None:
     threads = torch.get_num_threads()
     print(f"baseline: in-process Predictor, 1 example: p50 {baseline * 1e3:.2f} ms (torch threads {threads})")
 
-    port = free_port()
-    command = [sys.executable, "-m", f"{PACKAGE}.commands.serve", "--ckpt", str(checkpoint), "--port", str(port)]
-    command += ["--api=predict"]  # what this load test sends (a language model's default is the OpenAI API)
-    command += ["--trust", args.trust] if args.trust else []
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        wait_healthy(port, process)
+    options = ["--api=predict"]  # what this load test sends (a language model's default is the OpenAI API)
+    options += ["--trust", args.trust] if args.trust else []
+    with local_server(checkpoint, options, start_seconds=120) as (base, process):
         for _ in range(20):
-            timed_post(port, body)  # warm-up
+            timed_post(base, body)  # warm-up
         rss, processes = largest_rss_mb(process)
         print(f"server: {processes} processes, largest RSS {rss:.0f} MB after warm-up")
         failures = 0
         for round_ in range(1, args.rounds + 1):
             for level in args.concurrency:
-                failures += run_level(port, bodies, kinds, level, baseline, round_, process)
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
+                failures += run_level(base, bodies, kinds, level, baseline, round_, process)
     if failures:
         sys.exit(f"serve_load: {failures} requests got an answer other than 200 (good) or 422 (bad)")
 
 
 def run_level(
-    port: int,
+    base: str,
     bodies: list[bytes],
     kinds: dict[int, str],
     level: int,
@@ -192,7 +159,7 @@ def run_level(
     """
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=level) as pool:
-        results = list(pool.map(lambda body: timed_post(port, body), bodies))
+        results = list(pool.map(lambda body: timed_post(base, body), bodies))
     elapsed = time.perf_counter() - start
     by_kind: dict[str, list[tuple[int, float]]] = {}
     for body, result in zip(bodies, results, strict=True):

@@ -23,18 +23,15 @@ import json
 import os
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import yaml
 from jsonargparse import auto_cli
 
+from {{ cookiecutter.package_name }}.commands.serve import local_server
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, LaunchError, exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
@@ -80,22 +77,11 @@ def evaluate(
     if url is not None:
         return run_harness(harness, url.rstrip("/"), **run)
     checkpoint = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
-    port = free_port()
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.commands.serve", "--ckpt", str(checkpoint)]
-    command += ["--api=openai", "--host=127.0.0.1", f"--port={port}", "--timeout=300"]
-    command += [f"--trust={trust}"] if trust else []
+    options = ["--api=openai", "--timeout=300", *([f"--trust={trust}"] if trust else [])]
     output.mkdir(parents=True, exist_ok=True)
-    log = output / "serve.log"
-    with log.open("w") as written:  # a line per request: in its own file, not between the harness's lines
-        # Its own process group: SIGTERM to the group stops LitServe's workers with it.
-        server = subprocess.Popen(command, stdout=written, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_healthy(base, server, log)
-            return run_harness(harness, base, **run)
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=60)
+    # A line per request: in its own file, not between the harness's lines.
+    with local_server(checkpoint, options, log=output / "serve.log", start_seconds=START_SECONDS) as (base, _):
+        return run_harness(harness, base, **run)
 
 
 def run_harness(
@@ -160,34 +146,6 @@ def harness_command() -> list[str]:
         f"lm-evaluation-harness is not installed and uv is not on the PATH: pip install '{LM_EVAL}' "
         "(or install uv: https://docs.astral.sh/uv), or give --lm_eval"
     )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_healthy(base: str, server: subprocess.Popen, log: Path) -> None:
-    """Return once ``base``/health answers 200.
-
-    Raises:
-        engine.errors.LaunchError: the server exited, or was not healthy within :data:`START_SECONDS`.
-    """
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-            raise LaunchError(
-                f"the server exited with status {server.returncode} before it answered: {tail[0]} ({log})"
-            )
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.25)
-    raise LaunchError(f"the server at {base} was not healthy within {START_SECONDS} s (its log: {log})")
 
 
 def get_json(url: str) -> dict:

@@ -20,9 +20,18 @@ Ctrl-C stops it; from a script, start it in its own process group (``setsid``,
 it and the port is freed.
 """
 
+import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 from jsonargparse import auto_cli
 
@@ -202,6 +211,51 @@ def check_address(host: str, port: int) -> None:
             f"cannot listen on {host}:{port} ({reason}): stop what listens there or choose another PORT= "
             "(HOST= must be an address of this machine)"
         ) from None
+
+
+@contextlib.contextmanager
+def local_server(
+    checkpoint: Path, options: list[str], log: Path | None = None, start_seconds: float = 180
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``make serve`` over ``checkpoint`` (with ``options``) in a process of its own on a free loopback port:
+    yields its base URL (``http://127.0.0.1:PORT``) and process once ``/health`` answers 200, then stops it
+    (SIGTERM to its process group: LitServe's workers stop with it). Its output goes to ``log`` (or nowhere).
+
+    Raises:
+        engine.errors.LaunchError: the server exited before it answered (with ``log``'s last line), or was not
+            healthy within ``start_seconds``.
+    """
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.commands.serve", "--ckpt", str(checkpoint)]
+    command += ["--host=127.0.0.1", f"--port={port}", *options]
+    with contextlib.ExitStack() as stack:
+        output: IO | int = stack.enter_context(log.open("w")) if log is not None else subprocess.DEVNULL
+        server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + start_seconds
+            while not _healthy(base):
+                if server.poll() is not None:
+                    last = log.read_text(errors="replace").strip().splitlines()[-1:] if log is not None else []
+                    said = f": {last[0]} ({log})" if last else ""
+                    raise LaunchError(f"the server exited with status {server.returncode} before it answered{said}")
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"the server at {base} was not healthy within {start_seconds:g} s")
+                time.sleep(0.25)
+            yield base, server
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
+
+
+def _healthy(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=2) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
 
 
 def main(args: list[str] | None = None) -> None:

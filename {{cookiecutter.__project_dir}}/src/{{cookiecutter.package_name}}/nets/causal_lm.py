@@ -26,8 +26,8 @@ __all__ = ["HFBatchCache", "HFCache", "HFCausalLM", "LoRA"]
 class HFCache:
     """A Hugging Face model's key/value cache (``past_key_values``) for B rows, each holding ``lengths[b]`` tokens.
 
-    Rows may hold sequences of different lengths (answers decoded together, one forward pass for all:
-    ``serving.batching``): each is left-padded to the cache's ``length``, masked out by the attention mask and
+    Rows may hold sequences of different lengths (answers decoded together, one forward pass for all):
+    each is left-padded to the cache's ``length``, masked out by the attention mask and
     given its own position ids, as transformers' ``generate`` does for a left-padded batch. Keys and values
     already carry their positions (rotary or learnt), so padding a row does not change them.
     """
@@ -169,8 +169,8 @@ class HFCausalLM(HFNet):
         """An empty :class:`HFCache` of ``batch_size`` rows: transformers' cache, made by the first call that uses it.
 
         Only a model whose every layer attends to the whole context keeps a plain cache whose rows can be
-        padded: for a model with sliding-window or other layers the cache lacks ``extend``, and answers
-        served together are each decoded alone (``serving.batching``).
+        padded: for a model with sliding-window or other layers the cache lacks ``extend`` and ``select``, and
+        answers meant to be decoded together are each decoded alone.
         """
         return (HFBatchCache if self._full_attention else HFCache)(batch_size)
 
