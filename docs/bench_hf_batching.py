@@ -4,8 +4,10 @@ one at a time (each its own cache, what the server did before), and transformers
 The model is a ``GPT2LMHeadModel`` with random weights of the byte GPT's default shape (4 layers, 4 heads,
 128 wide, vocabulary 256, context 128), saved as a model folder and loaded by the bake's ``nets.HFCausalLM``.
 For each count N of answers, ``serving.batching.DecodeBatch`` decodes N greedy answers of ``--new-tokens``
-tokens after a ``--prompt``-token prompt: with the shared cache (``HFBatchCache``), then with the shared
-cache switched off (each answer alone); then ``generate`` at batch N on the same model. Tokens/s, best of
+tokens after a ``--prompt``-token prompt: with the shared cache (``HFBatchCache``), the prompts that fit a
+step's prefill budget prefilled together in one forward pass; the same with each prompt prefilled by
+itself (what the batch did before); with the shared cache switched off (each answer alone); then
+``generate`` at batch N on the same model. Tokens/s, best of
 ``--rounds``; ratios within one run are what to compare across machines.
 
     python docs/bench_hf_batching.py <bake> [--counts 1 4 16 64] [--prompt 34] [--new-tokens 90] [--rounds 3]
@@ -22,12 +24,15 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 
-def decoded(batching, net, count: int, prompt: int, new: int, shared: bool) -> float:
-    """tokens/s of ``count`` greedy answers of ``new`` tokens decoded by ``DecodeBatch``, shared or alone."""
+def decoded(batching, net, count: int, prompt: int, new: int, shared: bool, together: bool = True) -> float:
+    """tokens/s of ``count`` greedy answers of ``new`` tokens decoded by ``DecodeBatch``: ``shared`` (one forward
+    pass a step) or each alone; ``together``: prompts prefilled in one pass (else each by itself)."""
     ids = torch.randint(1, 256, (prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     batch, taken = batching.DecodeBatch(net), dict.fromkeys(range(count), 0)
     if not shared:
         batch.cache = None  # every answer decoded alone with its own cache
+    if not together:
+        batch._whole_prompts = lambda budget: []  # every prompt prefilled by itself
     for key in range(count):
         batch.add(key, ids, batching.greedy)
     start = time.perf_counter()
@@ -67,15 +72,18 @@ def main() -> None:
         model.save_pretrained(folder)
         net = nets.HFCausalLM(folder, lora=None).eval()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.prompt} + {args.new_tokens} tokens")
-    print("answers  together tok/s  alone tok/s  generate tok/s  together/alone  together/generate")
+    print("answers  together  prefilled by itself  alone  generate (tok/s)  together/itself  together/alone  "
+          "together/generate")  # fmt: skip
     with torch.no_grad():
         for count in args.counts:
             rounds = range(args.rounds)
-            together = max(decoded(batching, net, count, args.prompt, args.new_tokens, True) for _ in rounds)
-            alone = max(decoded(batching, net, count, args.prompt, args.new_tokens, False) for _ in rounds)
+            shape = (batching, net, count, args.prompt, args.new_tokens)
+            together = max(decoded(*shape, shared=True) for _ in rounds)
+            itself = max(decoded(*shape, shared=True, together=False) for _ in rounds)
+            alone = max(decoded(*shape, shared=False) for _ in rounds)
             reference = max(generated(model, count, args.prompt, args.new_tokens) for _ in rounds)
-            print(f"{count:7d}  {together:14.0f}  {alone:11.0f}  {reference:14.0f}  "
-                  f"{together / alone:14.2f}  {together / reference:17.2f}")  # fmt: skip
+            print(f"{count:7d}  {together:8.0f}  {itself:19.0f}  {alone:5.0f}  {reference:16.0f}  "
+                  f"{together / itself:15.2f}  {together / alone:14.2f}  {together / reference:17.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

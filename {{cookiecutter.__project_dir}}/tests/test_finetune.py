@@ -194,12 +194,14 @@ def test_cached_generation_of_a_pretrained_model_equals_uncached(tiny: Path) -> 
 {%- if cookiecutter.use_serving == "yes" %}
 
 
+@pytest.mark.parametrize("prefill_tokens", [4, 64])
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "sliding window"])
 def test_answers_of_a_pretrained_model_decoded_together_equal_each_decoded_alone(
-    kind: str, tiny: Path, tmp_path: Path
+    kind: str, prefill_tokens: int, tiny: Path, tmp_path: Path
 ) -> None:
-    """Llama (rotary positions) and GPT-2 (learnt positions) share one forward pass a step, their rows left-padded;
-    a model with sliding-window layers, whose cache cannot be padded here, decodes each answer alone."""
+    """Llama (rotary positions) and GPT-2 (learnt positions) share one forward pass a step, their rows padded and
+    masked (prompts prefilled in chunks, or together); a model with sliding-window layers, whose cache cannot be
+    padded here, decodes each answer alone."""
     folder = tiny
     if kind == "gpt2":
         folder = save_tiny_gpt2(tmp_path / "gpt2")
@@ -216,7 +218,7 @@ def test_answers_of_a_pretrained_model_decoded_together_equal_each_decoded_alone
         for name, parameter in net.named_parameters():
             if "norm" not in name and "ln_" not in name:
                 parameter.normal_(0.0, 0.3, generator=generator)
-    assert_decoded_together_equal_alone(net, shared=kind != "sliding window")
+    assert_decoded_together_equal_alone(net, shared=kind != "sliding window", prefill_tokens=prefill_tokens)
 {%- endif %}
 
 

@@ -197,37 +197,41 @@ def context_dependent_gpt() -> GPT:
     return net
 
 
-def test_answers_decoded_together_equal_each_decoded_alone_as_they_join_and_leave() -> None:
-    assert_decoded_together_equal_alone(context_dependent_gpt())
+@pytest.mark.parametrize("prefill_tokens", [4, 64])
+def test_answers_decoded_together_equal_each_decoded_alone_as_they_join_and_leave(prefill_tokens: int) -> None:
+    assert_decoded_together_equal_alone(context_dependent_gpt(), prefill_tokens=prefill_tokens)
 
 
-def assert_decoded_together_equal_alone(net: torch.nn.Module, shared: bool = True) -> None:
+def assert_decoded_together_equal_alone(net: torch.nn.Module, shared: bool = True, prefill_tokens: int = 4) -> None:
     """Greedy answers of the batch are token for token those of the answer alone, whatever else is in the batch:
-    prompts of other lengths join mid-answer (prefilled in chunks of 4 tokens), one leaves early, one
-    samples with its own seed, and two run past the context (``net.block_size`` 24: decoded alone from then
-    on). ``shared``: the answers in the shared cache take one forward pass a step (else each its own)."""
+    prompts of other lengths join mid-answer, two at a time (prefilled in chunks of ``prefill_tokens`` 4, or
+    together in one forward pass, right-padded, with 64), one leaves early, one samples with its own seed, and
+    two run past the context (``net.block_size`` 24: decoded alone from then on). ``shared``: the answers in
+    the shared cache take one forward pass a step (else each its own)."""
     assert net.block_size == 24
     prompts = {"a": [5, 9, 200], "b": list(range(40, 49)), "c": list(range(100, 120)), "d": [7] * 6, "e": [1]}
-    joins = {"a": 0, "b": 2, "c": 3, "d": 7, "e": 9}  # the step each answer is added at
+    joins = {"a": 0, "b": 2, "c": 2, "d": 7, "e": 7}  # the step each answer is added at
     wanted = {"a": 6, "b": 30, "c": 12, "d": 20, "e": 25}  # tokens each answer takes; "a" leaves after 6
     seeded = lambda: sampler(0.9, top_p=0.95, generator=torch.Generator().manual_seed(3))  # noqa: E731
-    batch, got = DecodeBatch(net, prefill_tokens=4), {key: [] for key in prompts}
-    calls, shared_steps = [], 0
-    hook = net.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape[0]))
+    batch, got = DecodeBatch(net, prefill_tokens=prefill_tokens), {key: [] for key in prompts}
+    calls, shared_steps, prefilled_together = [], 0, 0
+    hook = net.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape))
     for step in range(60):
         for key in [key for key, at in joins.items() if at == step]:
             batch.add(key, prompts[key], seeded() if key == "d" else greedy_choice)
         calls[:] = []
         tokens = batch.step()
-        if len(tokens) > 1 and calls[0] > 1:  # one forward pass for the answers in the shared cache, the
-            assert calls[1:] == [1] * (len(calls) - 1)  # others' own: decoded alone, or prefilled
+        if len(tokens) > 1 and calls[0][0] > 1 and calls[0][1] == 1:  # one forward pass for the shared rows,
+            assert all(shape[0] == 1 or shape[1] > 1 for shape in calls[1:])  # then each alone, or prefills
             shared_steps += 1
+        prefilled_together += sum(shape[0] > 1 and shape[1] > 1 for shape in calls)
         for key, token in tokens.items():
             got[key].append(token)
             if len(got[key]) == wanted[key]:
                 batch.remove(key)
     hook.remove()
     assert len(batch) == 0 and (shared_steps >= 15 if shared else shared_steps == 0), shared_steps
+    assert prefilled_together == (2 if shared and prefill_tokens == 64 else 0)  # "b" with "c", "d" with "e"
     for key, prompt in prompts.items():
         choose = seeded() if key == "d" else greedy_choice
         assert got[key] == alone(net, prompt, wanted[key], choose), key
@@ -267,17 +271,19 @@ def scored_alone(net: torch.nn.Module, ids: list[int]) -> list[tuple[float, int]
     return list(zip(chosen.tolist(), logprobs.argmax(dim=-1).tolist(), strict=True))
 
 
-def test_token_scores_in_a_batch_equal_one_forward_pass_over_the_answer() -> None:
+@pytest.mark.parametrize("prefill_tokens", [4, 64])
+def test_token_scores_in_a_batch_equal_one_forward_pass_over_the_answer(prefill_tokens: int) -> None:
     """A prompt's and its answer's log-probabilities (what /v1/completions returns with echo and logprobs)
-    equal those of one forward pass over the whole text, prefilled in chunks beside other answers, and
-    each top list starts with the likeliest token; an answer that asked none gets none."""
+    equal those of one forward pass over the whole text, prefilled beside other answers (in chunks of 4, or
+    with 64 in one pass with a longer prompt, right-padded), and each top list starts with the likeliest
+    token; an answer that asked none gets none."""
     net = context_dependent_gpt()
-    batch, got = DecodeBatch(net, prefill_tokens=4), {"scored": [], "other": [], "plain": []}
-    prompts = {"scored": list(range(60, 71)), "other": [3, 1, 4, 1, 5], "plain": [9, 9]}
+    batch, got = DecodeBatch(net, prefill_tokens=prefill_tokens), {"scored": [], "other": [], "plain": []}
+    prompts = {"scored": list(range(60, 71)), "other": [3, 1, 4, 1, 5], "plain": list(range(20, 36))}
     batch.add("other", prompts["other"], greedy_choice, top_logprobs=2)  # its answer's scores only
-    batch.add("plain", prompts["plain"], greedy_choice)
-    batch.step()
+    got["other"] += batch.step().values()
     batch.add("scored", prompts["scored"], greedy_choice, top_logprobs=3, score_prompt=True)
+    batch.add("plain", prompts["plain"], greedy_choice)
     scores = {key: [] for key in prompts}
     for _ in range(12):
         for key, token in batch.step().items():

@@ -24,54 +24,73 @@ __all__ = ["HFBatchCache", "HFCache", "HFCausalLM", "LoRA"]
 
 
 class HFCache:
-    """A Hugging Face model's key/value cache (``past_key_values``) for B rows, each holding ``lengths[b]`` tokens.
+    """A Hugging Face model's key/value cache (``past_key_values``) for B rows of ``length`` positions, row b holding
+    ``lengths[b]`` tokens.
 
     Rows may hold sequences of different lengths (answers decoded together, one forward pass for all):
-    each is left-padded to the cache's ``length``, masked out by the attention mask and
-    given its own position ids, as transformers' ``generate`` does for a left-padded batch. Keys and values
-    already carry their positions (rotary or learnt), so padding a row does not change them.
+    ``mask`` (B, length) marks each row's padding, which the attention mask hides, and each row's tokens get
+    their own position ids, as transformers' ``generate`` does for a padded batch. Keys and values already
+    carry their positions (rotary or learnt), so padding a row does not change them.
     """
 
     def __init__(self, batch_size: int = 1) -> None:
         self.past: Any = None  # transformers' cache, (B, heads, length, head width) per layer; None while empty
         self.lengths = [0] * batch_size  # tokens each row holds: its next token's position
-
-    @property
-    def length(self) -> int:
-        """The positions of every row, its left padding included (0 while empty)."""
-        return max(self.lengths, default=0)
+        self.length = 0  # positions of every row, its padding included
+        self.mask: torch.Tensor | None = None  # (B, length) int64: 0 on a row's padding; None: no padding
 
 
 class HFBatchCache(HFCache):
-    """An :class:`HFCache` whose rows :meth:`select` drops and :meth:`extend` adds between steps: transformers'
-    plain ``DynamicLayer`` per layer, padded and indexed here (a model whose every layer sees the whole context)."""
+    """An :class:`HFCache` whose rows :meth:`select` drops, :meth:`extend` adds and :meth:`forget` shortens between
+    steps: transformers' plain ``DynamicLayer`` per layer, padded and indexed here (a model whose every layer sees
+    the whole context)."""
 
     def select(self, rows: list[int]) -> None:
         """Keep the rows ``rows``, in that order (continuous batching: Yu et al., "Orca", OSDI 2022); padding
         that no row needs any more is dropped."""
         self.lengths = [self.lengths[row] for row in rows]
         if not rows or self.past is None:
-            self.past = None
+            self.past, self.length, self.mask = None, 0, None
             return
         index = torch.tensor(rows, dtype=torch.long, device=self._layers()[0].keys.device)
-        unused = self._layers()[0].keys.shape[-2] - self.length  # padding columns left of every row
+        unused = 0  # padding columns left of every row
+        if self.mask is not None:
+            self.mask = self.mask.index_select(0, index)
+            unused = int(self.mask.any(dim=0).nonzero()[0])
+            self.mask = None if self.mask[:, unused:].all() else self.mask[:, unused:]
         for layer in self._layers():
             layer.keys = layer.keys.index_select(0, index)[..., unused:, :]
             layer.values = layer.values.index_select(0, index)[..., unused:, :]
+        self.length -= unused
 
     def extend(self, other: HFCache) -> None:
         """Add ``other``'s rows after these (same model), each cache left-padded to the longer one's length."""
         if self.past is None or not self.lengths:
-            self.past, self.lengths = other.past, list(other.lengths)
+            self.past, self.lengths, self.length, self.mask = other.past, list(other.lengths), other.length, other.mask
             return
         length = max(self.length, other.length)
         for mine, theirs in zip(self._layers(), other._layers(), strict=True):
-            keys, values = (
-                torch.cat([_left_padded(a, length), _left_padded(b, length)])
-                for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values))
-            )
-            mine.keys, mine.values = keys, values
-        self.lengths = self.lengths + other.lengths
+            mine.keys = torch.cat([_left_padded(mine.keys, length), _left_padded(theirs.keys, length)])
+            mine.values = torch.cat([_left_padded(mine.values, length), _left_padded(theirs.values, length)])
+        mask = torch.cat([_left_padded(cache.full_mask(), length) for cache in (self, other)])  # (B, length)
+        self.mask = None if mask.all() else mask
+        self.lengths, self.length = self.lengths + other.lengths, length
+
+    def forget(self, counts: list[int]) -> None:
+        """Forget the last ``counts[b]`` tokens of each row b: the padding fed after a shorter prompt when prompts
+        of different lengths are prefilled together (masked from then on)."""
+        if any(counts):
+            mask = self.full_mask().clone()
+            for row, count in enumerate(counts):
+                mask[row, self.length - count :] = 0
+            self.mask = mask
+            self.lengths = [length - count for length, count in zip(self.lengths, counts, strict=True)]
+
+    def full_mask(self) -> torch.Tensor:
+        """``mask``, ones where it is None: (B, length) int64."""
+        if self.mask is not None:
+            return self.mask
+        return torch.ones(len(self.lengths), self.length, dtype=torch.long, device=self._layers()[0].keys.device)
 
     def _layers(self) -> list[Any]:
         """Each layer's cache (transformers' ``DynamicLayer``): ``keys`` and ``values`` (B, heads, length, head width).
@@ -87,8 +106,9 @@ class HFBatchCache(HFCache):
 
 
 def _left_padded(states: torch.Tensor, length: int) -> torch.Tensor:
-    """Keys or values (B, heads, T, head width) with zeros before them to ``length`` positions."""
-    return F.pad(states, (0, 0, length - states.shape[-2], 0))
+    """Keys or values (B, heads, T, head width), or a mask (B, T), with zeros before them to ``length`` positions."""
+    padding = length - states.shape[-2 if states.dim() == 4 else -1]
+    return F.pad(states, (0, 0, padding, 0) if states.dim() == 4 else (padding, 0))
 
 
 class HFCausalLM(HFNet):
@@ -182,17 +202,17 @@ class HFCausalLM(HFNet):
         """
         if cache is None:
             return self.model(input_ids=tokens, use_cache=False).logits.float()
-        options = {}
-        if len(set(cache.lengths)) > 1:  # rows of different lengths: each left-padded, at its own positions
+        options, fed = {}, tokens.shape[1]
+        if cache.mask is not None:  # rows with padding: hidden from the attention, each row at its own positions
+            cache.mask = F.pad(cache.mask, (0, fed), value=1)  # (B, length + T)
             held = torch.tensor(cache.lengths, device=tokens.device)[:, None]  # (B, 1)
-            positions = torch.arange(cache.length + tokens.shape[1], device=tokens.device)  # (length + T,)
-            options["attention_mask"] = (positions >= cache.length - held).long()  # (B, length + T): 0 on padding
-            options["position_ids"] = held + positions[: tokens.shape[1]]  # (B, T)
+            options["attention_mask"] = cache.mask
+            options["position_ids"] = held + torch.arange(fed, device=tokens.device)  # (B, T)
         # transformers 5.0 calls the cache past_key_values; later 5.x releases call it cache (and warn of the old name).
         name = "cache" if "cache" in self._forward_parameters else "past_key_values"
         output = self.model(input_ids=tokens, use_cache=True, **{name: cache.past}, **options)
         cache.past = getattr(output, name)
-        cache.lengths = [length + tokens.shape[1] for length in cache.lengths]
+        cache.lengths, cache.length = [length + fed for length in cache.lengths], cache.length + fed
         return output.logits.float()
 
     @functools.cached_property

@@ -63,6 +63,11 @@ class KVCache:
         self.values = torch.cat([self.values, other.values], dim=1)
         self.lengths = self.lengths + other.lengths
 
+    def forget(self, counts: list[int]) -> None:
+        """Forget the last ``counts[b]`` tokens of each row b: the padding fed after a shorter prompt when prompts
+        of different lengths are prefilled together (the row's next tokens overwrite their slots)."""
+        self.lengths = [length - count for length, count in zip(self.lengths, counts, strict=True)]
+
 
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention in which position t attends to positions <= t only."""

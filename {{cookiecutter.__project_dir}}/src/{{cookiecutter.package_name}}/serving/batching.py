@@ -9,9 +9,11 @@ byte GPT's context is short (``block_size``), so a slot of the whole context per
 memory and keeps one contiguous tensor for the attention kernel, where pages (Kwon et al., "vLLM",
 SOSP 2023) pay off for long contexts of very different lengths.
 
-A new answer's prompt is prefilled alone into a cache of its own, at most ``prefill_tokens`` prompt
-tokens per step (chunked prefill: a long prompt never stalls the answers already decoding for
-longer than that), then its row joins the batch. Each answer picks its tokens with its own
+New answers' prompts are prefilled into a cache of their own, at most ``prefill_tokens`` prompt tokens
+per step (chunked prefill: a long prompt never stalls the answers already decoding for longer than
+that), then their rows join the batch. Whole prompts that fit the step's budget together are prefilled
+in one forward pass, right-padded to the longest (the cache then forgets each row's padding); a prompt
+longer than what is left is prefilled alone in chunks. Each answer picks its tokens with its own
 ``choose`` (temperature, top-p, seed), from its own row of the step's logits, and may ask for the
 log-probability of each token it is given (its prompt's too: :class:`TokenScore`, what ``/v1/completions``
 returns with ``logprobs`` and ``echo``). An answer longer than
@@ -66,8 +68,10 @@ class DecodeBatch:
     Args:
         net: a language model net, token ids (B, T) -> logits (B, T, V), with ``block_size``, and
             optionally ``new_cache(batch_size)``; a cache with ``extend`` and ``select``
-            (``nets.gpt.KVCache``) lets answers share one forward pass.
-        prefill_tokens: the most prompt tokens prefilled in one step (at least 1).
+            (``nets.gpt.KVCache``) lets answers share one forward pass, and with ``forget`` prompts be
+            prefilled together.
+        prefill_tokens: the most prompt tokens prefilled in one step (at least 1; prompts prefilled
+            together count their padding).
 
     Raises:
         ValueError: ``prefill_tokens`` below 1.
@@ -126,8 +130,7 @@ class DecodeBatch:
                 self._score(sequence, self.net(window)[0, :-1].float(), ids[1:])
             self.alone.append(sequence)
             return
-        sequence.cache = self.net.new_cache(1)
-        self.waiting.append(sequence)
+        self.waiting.append(sequence)  # its cache is made when its prefill starts
 
     def take_scores(self, key: Hashable) -> list[TokenScore]:
         """The scores of answer ``key``'s tokens since the last call, in order (empty unless it asked)."""
@@ -157,7 +160,14 @@ class DecodeBatch:
             found |= self._choose([sequence], self._alone_logits(sequence))
         budget = self.prefill_tokens
         while self.waiting and budget > 0:
+            together = self._whole_prompts(budget)
+            if together:
+                found |= self._prefill_together(together)
+                budget -= len(together) * max(sequence.prompt_length for sequence in together)
+                continue
             sequence = self.waiting[0]
+            if sequence.cache is None:
+                sequence.cache = self.net.new_cache(1)
             chunk = sequence.ids[sequence.prefilled : sequence.prefilled + budget]
             tokens = torch.tensor([chunk], device=self.device)  # (1, T)
             all_logits = self.net(tokens, sequence.cache)[0].float()  # (T, V)
@@ -177,6 +187,45 @@ class DecodeBatch:
                 self.rows.append(sequence)
             else:
                 self.alone.append(sequence)
+        return found
+
+    def _whole_prompts(self, budget: int) -> list[Decoding]:
+        """The waiting answers from the first on whose whole prompts, right-padded to the longest, fit ``budget``
+        tokens (none when the net's cache cannot forget the padding or the first is a prompt in chunks)."""
+        together: list[Decoding] = []
+        if self.cache is None or not hasattr(self.cache, "forget"):
+            return together
+        longest = 0
+        for sequence in self.waiting:
+            longest = max(longest, sequence.prompt_length)
+            if sequence.prefilled or (len(together) + 1) * longest > budget:
+                break
+            together.append(sequence)
+        return together
+
+    def _prefill_together(self, sequences: list[Decoding]) -> dict[Hashable, int]:
+        """Prefill whole prompts in one forward pass, right-padded to the longest (the padding then forgotten by
+        the cache), pick each one's first token and add them to the shared rows (or alone, past the context)."""
+        longest = max(sequence.prompt_length for sequence in sequences)
+        padded = [sequence.ids + [0] * (longest - sequence.prompt_length) for sequence in sequences]
+        cache = self.net.new_cache(len(sequences))
+        all_logits = self.net(torch.tensor(padded, device=self.device), cache).float()  # (B, T, V)
+        cache.forget([longest - sequence.prompt_length for sequence in sequences])
+        for row, sequence in enumerate(sequences):
+            sequence.prefilled = sequence.prompt_length
+            if sequence.score_prompt:  # each position's logits score the prompt's next token
+                self._score(sequence, all_logits[row, : sequence.prompt_length - 1], sequence.ids[1:])
+        self.waiting = self.waiting[len(sequences) :]
+        rows = torch.arange(len(sequences), device=self.device)
+        lasts = torch.tensor([sequence.prompt_length - 1 for sequence in sequences], device=self.device)
+        found = self._choose(sequences, all_logits[rows, lasts])  # (B, V): each prompt's last position
+        fits = [row for row, sequence in enumerate(sequences) if len(sequence.ids) <= self.block_size]
+        self.alone += [sequence for row, sequence in enumerate(sequences) if row not in fits]
+        if fits:
+            if len(fits) < len(sequences):
+                cache.select(fits)
+            self.cache.extend(cache)
+            self.rows += [sequences[row] for row in fits]
         return found
 
     def _choose(self, sequences: list[Decoding], logits: torch.Tensor) -> dict[Hashable, int]:
