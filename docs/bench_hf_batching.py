@@ -10,7 +10,12 @@ itself (what the batch did before); with the shared cache switched off (each ans
 ``generate`` at batch N on the same model. Tokens/s, best of
 ``--rounds``; ratios within one run are what to compare across machines.
 
+Then a prefill of 16 prompts of 128 tokens in one forward pass on the same shape with GPT-2's vocabulary
+(``--prefill-vocab`` 50257): the logits of each prompt's last position only (``logits_to_keep``, what the
+batch asks for) against those of every position, seconds (best of ``--rounds``) and the logits' size.
+
     python docs/bench_hf_batching.py <bake> [--counts 1 4 16 64] [--prompt 34] [--new-tokens 90] [--rounds 3]
+                                            [--prefill-vocab 50257]
 """
 
 import argparse
@@ -52,6 +57,22 @@ def generated(model: GPT2LMHeadModel, count: int, prompt: int, new: int) -> floa
     return count * new / (time.perf_counter() - start)
 
 
+def prefill_seconds(nets, vocab: int, keep: int, rounds: int) -> tuple[float, int]:
+    """Best seconds of prefilling 16 prompts of 128 tokens through ``nets.HFCausalLM`` with ``logits_to_keep``
+    ``keep`` (0: every position), and the bytes of the logits returned."""
+    config = GPT2Config(vocab_size=vocab, n_positions=128, n_layer=4, n_head=4, n_embd=128)
+    with tempfile.TemporaryDirectory() as folder:
+        GPT2LMHeadModel(config).save_pretrained(folder)
+        net = nets.HFCausalLM(folder, lora=None).eval()
+    tokens = torch.randint(0, vocab, (16, 128), generator=torch.Generator().manual_seed(0))
+    best, size = float("inf"), 0
+    for _ in range(rounds):
+        start = time.perf_counter()
+        logits = net(tokens, net.new_cache(16), logits_to_keep=keep)
+        best, size = min(best, time.perf_counter() - start), logits.numel() * logits.element_size()
+    return best, size
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bake", type=Path)
@@ -59,6 +80,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=34)
     parser.add_argument("--new-tokens", type=int, default=90)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prefill-vocab", type=int, default=50257)
     args = parser.parse_args()
     sys.path.insert(0, str(args.bake / "src"))
     package = next(path.parent.name for path in (args.bake / "src").glob("*/__init__.py"))
@@ -84,6 +106,12 @@ def main() -> None:
             reference = max(generated(model, count, args.prompt, args.new_tokens) for _ in rounds)
             print(f"{count:7d}  {together:8.0f}  {itself:19.0f}  {alone:5.0f}  {reference:16.0f}  "
                   f"{together / itself:15.2f}  {together / alone:14.2f}  {together / reference:17.2f}")  # fmt: skip
+
+        last, last_bytes = prefill_seconds(nets, args.prefill_vocab, 1, args.rounds)
+        every, every_bytes = prefill_seconds(nets, args.prefill_vocab, 0, args.rounds)
+    print(f"prefill of 16 x 128 tokens, vocabulary {args.prefill_vocab}: last position's logits {last * 1e3:.0f} ms "
+          f"({last_bytes / 2**20:.1f} MiB), every position's {every * 1e3:.0f} ms ({every_bytes / 2**20:.0f} MiB): "
+          f"{every / last:.2f}x the time")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -214,8 +214,9 @@ def assert_decoded_together_equal_alone(net: torch.nn.Module, shared: bool = Tru
     wanted = {"a": 6, "b": 30, "c": 12, "d": 20, "e": 25}  # tokens each answer takes; "a" leaves after 6
     seeded = lambda: sampler(0.9, top_p=0.95, generator=torch.Generator().manual_seed(3))  # noqa: E731
     batch, got = DecodeBatch(net, prefill_tokens=prefill_tokens), {key: [] for key in prompts}
-    calls, shared_steps, prefilled_together = [], 0, 0
+    calls, kept, shared_steps, prefilled_together = [], [], 0, 0
     hook = net.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape))
+    keep = net.register_forward_hook(lambda module, inputs, output: kept.append((inputs[0].shape[1], output.shape[1])))
     for step in range(60):
         for key in [key for key, at in joins.items() if at == step]:
             batch.add(key, prompts[key], seeded() if key == "d" else greedy_choice)
@@ -229,8 +230,10 @@ def assert_decoded_together_equal_alone(net: torch.nn.Module, shared: bool = Tru
             got[key].append(token)
             if len(got[key]) == wanted[key]:
                 batch.remove(key)
-    hook.remove()
+    hook.remove(), keep.remove()
     assert len(batch) == 0 and (shared_steps >= 15 if shared else shared_steps == 0), shared_steps
+    # A prompt's logits only where a token is picked: its last position (prompts prefilled together, each one's).
+    assert all(logits <= 2 for fed, logits in kept if fed > 1), kept
     assert prefilled_together == (2 if shared and prefill_tokens == 64 else 0)  # "b" with "c", "d" with "e"
     for key, prompt in prompts.items():
         choose = seeded() if key == "d" else greedy_choice

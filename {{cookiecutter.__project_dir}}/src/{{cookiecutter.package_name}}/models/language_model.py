@@ -5,6 +5,8 @@ tokenizers differ (bytes, a BPE trained on the text, a pretrained model's); the 
 per token.
 """
 
+import functools
+import inspect
 import math
 from collections.abc import Callable, Iterator{{ ', Sequence' if cookiecutter.use_serving == "yes" else '' }}
 {%- if cookiecutter.use_serving == "yes" %}
@@ -394,15 +396,37 @@ def decode_steps(
     cache, sequence = None, tokens
     while True:
         if not use_cache:
-            logits = net(sequence[:, -block_size:])
+            logits = next_token_logits(net, sequence[:, -block_size:])
         elif cache is None or sequence.shape[1] > block_size:
             cache = net.new_cache(batch)
-            logits = net(sequence[:, -block_size:], cache)
+            logits = next_token_logits(net, sequence[:, -block_size:], cache)
         else:
-            logits = net(sequence[:, cache.length :], cache)
-        next_tokens = choose(logits[:, -1, :].float())  # (B, 1)
+            logits = next_token_logits(net, sequence[:, cache.length :], cache)
+        next_tokens = choose(logits[:, -1, :])  # (B, 1)
         yield next_tokens
         sequence = torch.cat([sequence, next_tokens], dim=1)
+
+
+def next_token_logits(
+    net: nn.Module, tokens: torch.Tensor, cache: Any = None, logits_to_keep: int | torch.Tensor = 1
+) -> torch.Tensor:
+    """The logits (B, K, V), float32, of token ids (B, T) at the positions ``logits_to_keep`` names (n: the last
+    n, default the last one; a tensor (K,) of positions; 0: all): computed there alone by a net whose forward
+    takes ``logits_to_keep`` (``nets.GPT``{{ ', ``nets.HFCausalLM``' if cookiecutter.use_pretrained == "yes" else '' }}), which spares a prompt's (T, V) logits (a
+    vocabulary of 128k tokens makes 512 of them 256 MB), else sliced from all of them (a user's own net)."""
+    args = (tokens,) if cache is None else (tokens, cache)
+    if takes_logits_to_keep(type(net)):
+        return net(*args, logits_to_keep=logits_to_keep).float()
+    logits = net(*args)
+    if isinstance(logits_to_keep, int):
+        return logits[:, -logits_to_keep:].float()  # -0: all
+    return logits[:, logits_to_keep].float()
+
+
+@functools.cache
+def takes_logits_to_keep(kind: type) -> bool:
+    """Whether the forward of nets of class ``kind`` takes ``logits_to_keep`` (read once per class)."""
+    return "logits_to_keep" in inspect.signature(kind.forward).parameters
 
 
 def sampler(

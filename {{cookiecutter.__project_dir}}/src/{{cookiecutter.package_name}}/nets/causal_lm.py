@@ -194,15 +194,24 @@ class HFCausalLM(HFNet):
         """
         return (HFBatchCache if self._full_attention else HFCache)(batch_size)
 
-    def forward(self, tokens: torch.Tensor, cache: "HFCache | None" = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, cache: "HFCache | None" = None, logits_to_keep: int | torch.Tensor = 0
+    ) -> torch.Tensor:
         """Token ids (B, T) int64 -> next-token logits (B, T, V), float32.
 
         With a ``cache``, the tokens continue those it holds (``use_cache=True``, transformers'
         ``past_key_values``), which it then holds too; its rows may differ in length (:class:`HFCache`).
+        ``logits_to_keep`` (transformers' argument): n > 0, the last n positions' logits only, (B, n, V); a
+        tensor (K,) of positions, theirs, (B, K, V); sliced here for a model whose forward lacks it.
         """
+        sliced = not isinstance(logits_to_keep, int) or logits_to_keep > 0
+        if sliced and "logits_to_keep" not in self._forward_parameters:
+            logits = self(tokens, cache)
+            return logits[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else logits[:, logits_to_keep]
+        options: dict[str, Any] = {"logits_to_keep": logits_to_keep} if sliced else {}
         if cache is None:
-            return self.model(input_ids=tokens, use_cache=False).logits.float()
-        options, fed = {}, tokens.shape[1]
+            return self.model(input_ids=tokens, use_cache=False, **options).logits.float()
+        fed = tokens.shape[1]
         if cache.mask is not None:  # rows with padding: hidden from the attention, each row at its own positions
             cache.mask = F.pad(cache.mask, (0, fed), value=1)  # (B, length + T)
             held = torch.tensor(cache.lengths, device=tokens.device)[:, None]  # (B, 1)

@@ -208,12 +208,16 @@ class GPT(nn.Module):
         weight = self.head.weight
         return KVCache(shape, weight.device, weight.dtype)
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, cache: KVCache | None = None, logits_to_keep: int | torch.Tensor = 0
+    ) -> torch.Tensor:
         """Next-token logits (B, T, V) for token ids (B, T), T <= block_size.
 
         With a ``cache``, the tokens of each row continue the tokens that row holds (their positions
         follow), and their keys and values are added to it: rows of different lengths each go on from
-        their own (one forward pass for sequences at different points).
+        their own (one forward pass for sequences at different points). ``logits_to_keep`` (as
+        transformers' argument of that name): n > 0, the logits of the last n positions only, (B, n, V); a
+        tensor (K,) of positions, theirs, (B, K, V): a prompt's (T, V) logits are never all needed to decode.
 
         Raises:
             ValueError: a sequence (with its cached tokens) is longer than ``block_size``.
@@ -238,4 +242,5 @@ class GPT(nn.Module):
                 x = block(x, cache, layer, ragged)  # (B, T, C)
         if cache is not None:
             cache.lengths = [start + length for start in cache.lengths]
-        return self.head(self.norm(x))  # (B, T, V)
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep  # 0: all
+        return self.head(self.norm(x[:, kept]))  # (B, T, V), or (B, K, V) kept

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from {{ cookiecutter.package_name }}.models.language_model import greedy
+from {{ cookiecutter.package_name }}.models.language_model import greedy, next_token_logits
 
 
 @dataclass
@@ -154,7 +154,7 @@ class DecodeBatch:
         self._leave_the_window()
         if self.rows:
             last = torch.tensor([[sequence.ids[-1]] for sequence in self.rows], device=self.device)  # (B, 1)
-            logits = self.net(last, self.cache)[:, -1, :].float()  # (B, V)
+            logits = next_token_logits(self.net, last, self.cache)[:, -1, :]  # (B, V)
             found |= self._choose(self.rows, logits)
         for sequence in self.alone:
             found |= self._choose([sequence], self._alone_logits(sequence))
@@ -170,7 +170,8 @@ class DecodeBatch:
                 sequence.cache = self.net.new_cache(1)
             chunk = sequence.ids[sequence.prefilled : sequence.prefilled + budget]
             tokens = torch.tensor([chunk], device=self.device)  # (1, T)
-            all_logits = self.net(tokens, sequence.cache)[0].float()  # (T, V)
+            # (T, V) where the prompt is scored, else (1, V): the last position's
+            all_logits = next_token_logits(self.net, tokens, sequence.cache, 0 if sequence.score_prompt else 1)[0]
             if sequence.score_prompt:  # each position's logits score the prompt's next token, if any
                 following = sequence.ids[sequence.prefilled + 1 : sequence.prefilled + len(chunk) + 1]
                 self._score(sequence, all_logits[: len(following)], following)
@@ -208,17 +209,21 @@ class DecodeBatch:
         the cache), pick each one's first token and add them to the shared rows (or alone, past the context)."""
         longest = max(sequence.prompt_length for sequence in sequences)
         padded = [sequence.ids + [0] * (longest - sequence.prompt_length) for sequence in sequences]
+        lasts = [sequence.prompt_length - 1 for sequence in sequences]
+        scored = any(sequence.score_prompt for sequence in sequences)
+        kept = list(range(longest)) if scored else sorted(set(lasts))  # the positions whose logits are needed
         cache = self.net.new_cache(len(sequences))
-        all_logits = self.net(torch.tensor(padded, device=self.device), cache).float()  # (B, T, V)
-        cache.forget([longest - sequence.prompt_length for sequence in sequences])
+        tokens = torch.tensor(padded, device=self.device)  # (B, T)
+        all_logits = next_token_logits(self.net, tokens, cache, 0 if scored else torch.tensor(kept, device=self.device))
+        cache.forget([longest - sequence.prompt_length for sequence in sequences])  # all_logits: (B, K, V)
         for row, sequence in enumerate(sequences):
             sequence.prefilled = sequence.prompt_length
             if sequence.score_prompt:  # each position's logits score the prompt's next token
                 self._score(sequence, all_logits[row, : sequence.prompt_length - 1], sequence.ids[1:])
         self.waiting = self.waiting[len(sequences) :]
         rows = torch.arange(len(sequences), device=self.device)
-        lasts = torch.tensor([sequence.prompt_length - 1 for sequence in sequences], device=self.device)
-        found = self._choose(sequences, all_logits[rows, lasts])  # (B, V): each prompt's last position
+        at = torch.tensor([kept.index(last) for last in lasts], device=self.device)
+        found = self._choose(sequences, all_logits[rows, at])  # (B, V): each prompt's last position
         fits = [row for row, sequence in enumerate(sequences) if len(sequence.ids) <= self.block_size]
         self.alone += [sequence for row, sequence in enumerate(sequences) if row not in fits]
         if fits:
@@ -270,11 +275,11 @@ class DecodeBatch:
         """The next-token logits (1, V) of a sequence decoded alone, as ``decode_steps`` computes them."""
         if not self.cached:
             tokens = torch.tensor([sequence.ids[-self.block_size :]], device=self.device)  # (1, T)
-            return self.net(tokens)[:, -1, :].float()
+            return next_token_logits(self.net, tokens)[:, -1, :]
         if sequence.cache is None or len(sequence.ids) > self.block_size:
             sequence.cache = self.net.new_cache(1)
             fed = sequence.ids[-self.block_size :]
         else:
             fed = sequence.ids[sequence.cache.length :]
         tokens = torch.tensor([fed], device=self.device)  # (1, T)
-        return self.net(tokens, sequence.cache)[:, -1, :].float()
+        return next_token_logits(self.net, tokens, sequence.cache)[:, -1, :]
