@@ -215,9 +215,9 @@ class GPT(nn.Module):
 
         With a ``cache``, the tokens of each row continue the tokens that row holds (their positions
         follow), and their keys and values are added to it: rows of different lengths each go on from
-        their own (one forward pass for sequences at different points). ``logits_to_keep`` (as
-        transformers' argument of that name): n > 0, the logits of the last n positions only, (B, n, V); a
-        tensor (K,) of positions, theirs, (B, K, V): a prompt's (T, V) logits are never all needed to decode.
+        their own (one forward pass for sequences at different points). ``logits_to_keep`` (named and meant as
+        in Hugging Face's causal LMs): n > 0, the logits of the last n positions only, (B, n, V); a tensor (K,)
+        of positions, theirs, (B, K, V): a prompt's (T, V) logits are never all needed to decode.
 
         Raises:
             ValueError: a sequence (with its cached tokens) is longer than ``block_size``.

@@ -4,7 +4,7 @@ Continuous batching (iteration-level scheduling: Yu et al., "Orca", OSDI 2022): 
 leave between steps, and each step feeds the newest token of every answer in the batch through the
 net at once, so a worker's tokens/s grow with its answers instead of being shared among them. The
 net keeps one key/value cache whose rows are the answers, each at its own length (padded slots,
-``nets.gpt.KVCache``; a Hugging Face model's rows left-padded, ``nets.causal_lm.HFBatchCache``): the
+``nets.gpt.KVCache``{{ "; a Hugging Face model's rows padded and masked, ``nets.causal_lm.HFBatchCache``" if cookiecutter.use_pretrained == "yes" else "" }}): the
 byte GPT's context is short (``block_size``), so a slot of the whole context per answer costs little
 memory and keeps one contiguous tensor for the attention kernel, where pages (Kwon et al., "vLLM",
 SOSP 2023) pay off for long contexts of very different lengths.
@@ -19,8 +19,8 @@ log-probability of each token it is given (its prompt's too: :class:`TokenScore`
 returns with ``logprobs`` and ``echo``). An answer longer than
 the context is decoded alone from then on, as :func:`models.language_model.decode_steps` does: the
 window slides, every position shifts, and its cache is rebuilt each step. A net whose cache cannot
-hold rows of different lengths (no ``extend`` and ``select``: a Hugging Face model with sliding-window
-layers) decodes each answer alone with its own cache, and a net without a cache (no ``new_cache``: a
+hold rows of different lengths (no ``extend`` and ``select``{{ ": a Hugging Face model with sliding-window layers" if cookiecutter.use_pretrained == "yes" else "" }})
+decodes each answer alone with its own cache, and a net without a cache (no ``new_cache``: a
 user's own) each answer alone over its whole window.
 
 Shapes: B answers in the batch, T tokens, V vocabulary.
