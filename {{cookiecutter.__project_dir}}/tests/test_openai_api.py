@@ -199,15 +199,17 @@ def context_dependent_gpt() -> GPT:
 
 @pytest.mark.parametrize("prefill_tokens", [4, 64])
 def test_answers_decoded_together_equal_each_decoded_alone_as_they_join_and_leave(prefill_tokens: int) -> None:
-    assert_decoded_together_equal_alone(context_dependent_gpt(), prefill_tokens=prefill_tokens)
+    shared_steps, prefilled_together = assert_decoded_together_equal_alone(context_dependent_gpt(), prefill_tokens)
+    assert shared_steps >= 15 and prefilled_together == (2 if prefill_tokens == 64 else 0)  # "b" with "c", "d" with "e"
 
 
-def assert_decoded_together_equal_alone(net: torch.nn.Module, shared: bool = True, prefill_tokens: int = 4) -> None:
+def assert_decoded_together_equal_alone(net: torch.nn.Module, prefill_tokens: int) -> tuple[int, int]:
     """Greedy answers of the batch are token for token those of the answer alone, whatever else is in the batch:
     prompts of other lengths join mid-answer, two at a time (prefilled in chunks of ``prefill_tokens`` 4, or
     together in one forward pass, right-padded, with 64), one leaves early, one samples with its own seed, and
-    two run past the context (``net.block_size`` 24: decoded alone from then on). ``shared``: the answers in
-    the shared cache take one forward pass a step (else each its own)."""
+    two run past the context (``net.block_size`` 24: decoded alone from then on). Returns the steps in which
+    the answers of the shared cache took one forward pass (the others each their own) and the prefills of
+    several prompts in one pass."""
     assert net.block_size == 24
     prompts = {"a": [5, 9, 200], "b": list(range(40, 49)), "c": list(range(100, 120)), "d": [7] * 6, "e": [1]}
     joins = {"a": 0, "b": 2, "c": 2, "d": 7, "e": 7}  # the step each answer is added at
@@ -231,13 +233,13 @@ def assert_decoded_together_equal_alone(net: torch.nn.Module, shared: bool = Tru
             if len(got[key]) == wanted[key]:
                 batch.remove(key)
     hook.remove(), keep.remove()
-    assert len(batch) == 0 and (shared_steps >= 15 if shared else shared_steps == 0), shared_steps
+    assert len(batch) == 0
     # A prompt's logits only where a token is picked: its last position (prompts prefilled together, each one's).
     assert all(logits <= 2 for fed, logits in kept if fed > 1), kept
-    assert prefilled_together == (2 if shared and prefill_tokens == 64 else 0)  # "b" with "c", "d" with "e"
     for key, prompt in prompts.items():
         choose = seeded() if key == "d" else greedy_choice
         assert got[key] == alone(net, prompt, wanted[key], choose), key
+    return shared_steps, prefilled_together
 
 
 class OwnNet(torch.nn.Module):

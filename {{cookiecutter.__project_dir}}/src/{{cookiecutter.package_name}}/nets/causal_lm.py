@@ -66,6 +66,7 @@ class HFBatchCache(HFCache):
     def extend(self, other: HFCache) -> None:
         """Add ``other``'s rows after these (same model), each cache left-padded to the longer one's length."""
         if self.past is None or not self.lengths:
+            other._layers()  # a cache whose rows cannot be padded is refused before it is shared
             self.past, self.lengths, self.length, self.mask = other.past, list(other.lengths), other.length, other.mask
             return
         length = max(self.length, other.length)

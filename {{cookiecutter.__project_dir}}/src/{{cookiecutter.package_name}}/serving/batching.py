@@ -182,12 +182,7 @@ class DecodeBatch:
                 continue  # the rest of this prompt at the next step
             self.waiting.pop(0)
             found |= self._choose([sequence], logits)
-            if self.cache is not None and len(sequence.ids) <= self.block_size:
-                self.cache.extend(sequence.cache)
-                sequence.cache = None
-                self.rows.append(sequence)
-            else:
-                self.alone.append(sequence)
+            self._join([sequence], sequence.cache, [0])
         return found
 
     def _whole_prompts(self, budget: int) -> list[Decoding]:
@@ -215,8 +210,7 @@ class DecodeBatch:
         cache = self.net.new_cache(len(sequences))
         tokens = torch.tensor(padded, device=self.device)  # (B, T)
         all_logits = next_token_logits(self.net, tokens, cache, 0 if scored else torch.tensor(kept, device=self.device))
-        cache.forget([longest - sequence.prompt_length for sequence in sequences])  # all_logits: (B, K, V)
-        for row, sequence in enumerate(sequences):
+        for row, sequence in enumerate(sequences):  # all_logits: (B, K, V)
             sequence.prefilled = sequence.prompt_length
             if sequence.score_prompt:  # each position's logits score the prompt's next token
                 self._score(sequence, all_logits[row, : sequence.prompt_length - 1], sequence.ids[1:])
@@ -224,14 +218,30 @@ class DecodeBatch:
         rows = torch.arange(len(sequences), device=self.device)
         at = torch.tensor([kept.index(last) for last in lasts], device=self.device)
         found = self._choose(sequences, all_logits[rows, at])  # (B, V): each prompt's last position
-        fits = [row for row, sequence in enumerate(sequences) if len(sequence.ids) <= self.block_size]
-        self.alone += [sequence for row, sequence in enumerate(sequences) if row not in fits]
-        if fits:
-            if len(fits) < len(sequences):
-                cache.select(fits)
-            self.cache.extend(cache)
-            self.rows += [sequences[row] for row in fits]
+        self._join(sequences, cache, [longest - sequence.prompt_length for sequence in sequences])
         return found
+
+    def _join(self, sequences: list[Decoding], cache: Any, padding: list[int]) -> None:
+        """Add the prefilled ``sequences``, the rows of ``cache`` (each followed by ``padding[b]`` tokens to forget),
+        to the shared rows; those past the context are decoded alone, and without a shared cache each alone with
+        its own. A cache whose rows turn out not to be paddable (``TypeError``: a model whose layers are not the
+        kind its config names) switches sharing off: every answer is decoded alone from then on."""
+        fits = [row for row, sequence in enumerate(sequences) if len(sequence.ids) <= self.block_size]
+        if self.cache is None:
+            self.alone += sequences
+            return
+        try:
+            if any(padding):
+                cache.forget(padding)
+            if fits and len(fits) < len(sequences):
+                cache.select(fits)
+            if fits:
+                self.cache.extend(cache)
+        except TypeError:
+            self.alone, self.rows, self.cache, fits = self.alone + self.rows, [], None, []
+        for row, sequence in enumerate(sequences):
+            sequence.cache = None  # shared, or rebuilt from its window when decoded alone
+            (self.rows if row in fits else self.alone).append(sequence)
 
     def _choose(self, sequences: list[Decoding], logits: torch.Tensor) -> dict[Hashable, int]:
         """Each sequence's next token from its row of ``logits`` (B, V), read back in one transfer."""
