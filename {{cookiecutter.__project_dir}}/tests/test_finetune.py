@@ -195,34 +195,35 @@ def test_cached_generation_of_a_pretrained_model_equals_uncached(tiny: Path) -> 
 
 
 @pytest.mark.parametrize("prefill_tokens", [4, 64])
-@pytest.mark.parametrize("kind", ["llama", "gpt2", "sliding window", "cache of another kind"])
+@pytest.mark.parametrize("kind", ["llama", "llama with LoRA", "gpt2", "sliding window", "cache of another kind"])
 def test_answers_of_a_pretrained_model_decoded_together_equal_each_decoded_alone(
     kind: str, prefill_tokens: int, tiny: Path, tmp_path: Path
 ) -> None:
-    """Llama (rotary positions) and GPT-2 (learnt positions) share one forward pass a step, their rows padded and
-    masked (prompts prefilled in chunks, or together); a model with sliding-window layers, whose cache cannot be
-    padded here, decodes each answer alone, and so does one whose cache turns out to be of another kind than its
-    config says (sharing switched off at the first join)."""
-    folder = tiny
+    """Llama (rotary positions; also under peft's LoRA) and GPT-2 (learnt positions) share one forward pass a step,
+    their rows padded and masked (prompts prefilled in chunks, or together); a model with sliding-window layers,
+    whose cache cannot be padded here, decodes each answer alone, and so does one whose cache turns out to be of
+    another kind than its config says (sharing switched off at the first join)."""
+    folder, lora = tiny, LoRA(r=4, dropout=0.0) if kind == "llama with LoRA" else None
     if kind == "gpt2":
         folder = save_tiny_gpt2(tmp_path / "gpt2")
-    elif kind != "llama":
+    elif not kind.startswith("llama"):
         config = transformers.MistralConfig(
             vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64, sliding_window=8,
         )  # fmt: skip
         folder = tmp_path / "mistral"
         transformers.MistralForCausalLM(config).save_pretrained(folder)
-    net = HFCausalLM(model=str(folder), lora=None, block_size=24).eval()
+    net = HFCausalLM(model=str(folder), lora=lora, block_size=24).eval()
     if kind == "cache of another kind":
         net.__dict__["_full_attention"] = True  # as if its config named full attention alone
-    with torch.no_grad():  # weights spread (norms kept): a fresh GPT-2's greedy tokens mostly repeat the last one
+    # Weights spread (norms kept; LoRA's B too, which starts at 0): a fresh GPT-2's tokens mostly repeat the last one.
+    with torch.no_grad():
         generator = torch.Generator().manual_seed(0)
         for name, parameter in net.named_parameters():
             if "norm" not in name and "ln_" not in name:
                 parameter.normal_(0.0, 0.3, generator=generator)
     shared_steps, prefilled_together = assert_decoded_together_equal_alone(net, prefill_tokens)
-    if kind in ("llama", "gpt2"):
+    if kind in ("llama", "llama with LoRA", "gpt2"):
         assert shared_steps >= 15 and prefilled_together == (2 if prefill_tokens == 64 else 0)
     else:  # the other kind of cache shows at the first answer's join: sharing is off before any pair comes
         assert shared_steps == 0 and prefilled_together == 0
