@@ -91,6 +91,7 @@ def check_bake(project: Path, answers: dict) -> None:
     check_make_targets_run_commands(project)
     assert engine_imports(project / "src" / package / "engine") & TASK_LIBRARIES == set()
     assert pruned_names_left(project, answers) == []
+    assert unused_code(project) == []
     check_first_read(project)
 
     # The GitHub workflow is valid against GitHub's workflow schema (vendored by check-jsonschema: offline).
@@ -173,6 +174,80 @@ def pruned_names_left(project: Path, answers: dict) -> list[str]:
         if file.is_file() and ".git" not in file.parts and file.name != "uv.lock" and file.suffix != ".gz"
         for number, line in enumerate(file.read_text(errors="replace").splitlines(), 1)
         if pattern.search(line)
+    ]
+
+
+# Names something outside the bake's code calls, which vulture cannot see: Lightning's and torch's hooks,
+# BaseFinetuning's, LightningCLI's, LitServe's API methods, pytest's hooks.
+CALLED_BY_FRAMEWORKS = [
+    "on_*",
+    "setup",
+    "teardown",
+    "prepare_data",
+    "*_dataloader",
+    "*_step",
+    "configure_*",
+    "state_dict",
+    "load_state_dict",
+    "before_*",
+    "after_*",
+    "add_arguments_to_parser",
+    "get_lr",
+    "save_config",
+    "write_on_batch_end",
+    "freeze_before_training",
+    "finetune_function",
+    "get_extra_state",
+    "set_extra_state",
+    "decode_request",
+    "encode_response",
+    "predict",
+    "batch",
+    "unbatch",
+    "pytest_*",
+    "__getattr__",
+]
+# The engine's API for a user's own DataModule, which no bundled example need call: make prepare's
+# switch and the manifest state checks (engine/prepared.py).
+ENGINE_API = ["is_preparing", "NAMES", "COUNT", "MAPPING"]
+DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+
+
+def named_in_text(project: Path) -> set[str]:
+    """The last part of every dotted name in the bake's configs and its code's strings (docstrings aside):
+    a class named by ``class_path``, a linked argument (``data.vocab_size``), a callback added on a command line."""
+    texts = [path.read_text() for path in project.glob("configs/**/*.yaml")]
+    for file in project.glob("[st]*/**/*.py"):
+        tree = ast.parse(file.read_text())
+        documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, documented) and ast.get_docstring(node)
+        }
+        texts += [
+            node.value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+        ]
+    return {name.rpartition(".")[2] for text in texts for name in DOTTED.findall(text)}
+
+
+def unused_code(project: Path) -> list[str]:
+    """Functions, classes, methods and properties of the bake's code and tests that nothing calls (vulture):
+    what an answer that is off, or another task, left behind when its only caller was pruned."""
+    from vulture import Vulture
+
+    finder = Vulture(
+        ignore_names=CALLED_BY_FRAMEWORKS + ENGINE_API,
+        ignore_decorators=["@pytest.fixture", "@field_validator", "@model_validator"],
+    )
+    finder.scavenge([str(project / folder) for folder in ("src", "tests", "scripts") if (project / folder).is_dir()])
+    named = named_in_text(project)
+    return [
+        f"{Path(item.filename).relative_to(project)}:{item.first_lineno}: {item.typ} {item.name}"
+        for item in finder.get_unused_code(min_confidence=60)
+        if item.typ in ("function", "method", "class", "property") and item.name not in named
     ]
 
 

@@ -81,10 +81,13 @@ def shrunk_args(tmp_path: Path) -> list[str]:
 {%- endif %}
     ]
 
+{%- if cookiecutter.task == "tabular" or cookiecutter.use_serving == "yes" or cookiecutter.use_pretrained == "yes" %}
+
 
 def documentation() -> str:
     """The README and the reference files of docs/, as one text: where the documented commands are."""
     return "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+{%- if cookiecutter.task == "tabular" or (cookiecutter.task == "image-classification" and cookiecutter.use_pretrained == "yes") or (cookiecutter.task == "language-model" and cookiecutter.use_serving == "yes") %}
 
 
 def readme_commands(section: str) -> list[str]:
@@ -92,6 +95,8 @@ def readme_commands(section: str) -> list[str]:
     text = documentation().split(f"- **{section}**:", 1)[1].split("\n- **", 1)[0]
     block = text.split("```bash", 1)[1].split("```", 1)[0]
     return [line.split("#")[0].strip() for line in block.strip().splitlines()]
+{%- endif %}
+{%- endif %}
 
 
 {% if cookiecutter.task == "image-classification" and cookiecutter.use_pretrained == "yes" -%}
@@ -238,6 +243,7 @@ class StartingWeights(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         state = {key: value.detach().cpu() for key, value in pl_module.state_dict().items()}
         torch.save(state, self.folder / f"rank{trainer.global_rank}.pt")
+{%- if cookiecutter.task == "image-classification" %}
 
 
 class NaNBatchOnRank(L.Callback):
@@ -249,6 +255,7 @@ class NaNBatchOnRank(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             batch[0].fill_(float("nan"))
+{%- endif %}
 
 
 def fit_in_subprocess(args: list[str], timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
@@ -264,6 +271,7 @@ def fit_in_subprocess(args: list[str], timeout: int = 300, check: bool = True) -
     )
     assert done.returncode == 0 or not check, done.stderr[-3000:]
     return done
+{%- if cookiecutter.task == "image-classification" and cookiecutter.use_pretrained == "yes" %}
 
 
 class ReplicaGaps(L.Callback):
@@ -279,6 +287,7 @@ class ReplicaGaps(L.Callback):
         self.gaps.append((copies - copies[0]).abs().max().item())
         if trainer.is_global_zero:
             self.path.write_text(json.dumps(self.gaps))
+{%- endif %}
 
 
 def fit_stopped_by_signal(args: list[str], step: int, name: str = "SIGTERM", timeout: int = 300) -> Path:

@@ -6,17 +6,17 @@ checkpoint of theirs needs ``--trust own_pieces``), and copy this file into the 
 """
 
 import torch
-{%- if cookiecutter.task == "image-classification" %}
+{%- if cookiecutter.task == "image-classification" and cookiecutter.use_serving == "yes" %}
 import torch.nn.functional as F
 from torch import nn
 {%- endif %}
 from torch.utils.data import TensorDataset
-{%- if cookiecutter.task == "image-classification" %}
+{%- if cookiecutter.task == "image-classification" and cookiecutter.use_serving == "yes" %}
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 {%- endif %}
 
-from {{ cookiecutter.package_name }}.engine import ResumableDataModule{% if cookiecutter.task == "image-classification" %}, TrainingModule{% endif %}
+from {{ cookiecutter.package_name }}.engine import ResumableDataModule{% if cookiecutter.task == "image-classification" and cookiecutter.use_serving == "yes" %}, TrainingModule{% endif %}
 from {{ cookiecutter.package_name }}.engine.data import split_indices
 
 
@@ -60,7 +60,7 @@ class OwnDataModule(ResumableDataModule):
             TensorDataset(inputs[rows], labels[rows]) for rows in splits.values()
         )
 {%- endif %}
-{%- if cookiecutter.task == "image-classification" %}
+{%- if cookiecutter.task == "image-classification" and cookiecutter.use_serving == "yes" %}
 
 
 class OwnNet(nn.Module):

@@ -71,10 +71,12 @@ def importable(module: str) -> bool:
     except ImportError:
         return False
     return True
+{%- if cookiecutter.task != "language-model" %}
 
 
 def training_metrics(trained: Trained) -> dict[str, float]:
     return json.loads((trained.checkpoint.parent.parent / "test_metrics.json").read_text())["metrics"]
+{%- endif %}
 
 
 # ---- export --------------------------------------------------------------------------------------

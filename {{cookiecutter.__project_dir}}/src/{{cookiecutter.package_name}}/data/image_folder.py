@@ -606,9 +606,11 @@ class ImageFolderDataModule(ResumableDataModule):
         stats = {"class_names": self.class_names, "mode": self.mode, "mean": self.mean, "std": self.std}
         sizes = {"image_size": self.hparams.image_size, "crop_size": self.hparams.crop_size}
         return {**super().state_dict(), **stats, **sizes}
+{%- if cookiecutter.use_pretrained == "yes" %}
 
     def _sizes(self) -> tuple[int, int | None]:
         return self.hparams.image_size, self.hparams.crop_size
+{%- endif %}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the classes, mode and statistics the model was trained with: inference never rescans the folder."""

@@ -317,9 +317,9 @@ class ChatTemplate:
     Bytes and a trained BPE use the plain template: each message as ``"<role>: <content>\\n"``, then
     ``"assistant: "``; a model that goes on
 {%- endif %}
-    to write the next ``"\\nuser:"`` turn has ended its own, so those are its :attr:`stops`.
+    to write the next ``"\\nuser:"`` turn has ended its own{% if cookiecutter.use_serving == "yes" %}, so those are its :attr:`stops`.
 
-    Picklable: the server's HTTP processes check prompts with it, its workers render them.
+    Picklable: the server's HTTP processes check prompts with it, its workers render them{% endif %}.
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -330,7 +330,9 @@ class ChatTemplate:
 {%- else %}
         self.own = False  # bytes and a BPE have no template of their own
 {%- endif %}
+{%- if cookiecutter.use_serving == "yes" %}
         self.stops: tuple[str, ...] = () if self.own else tuple(f"\n{role}:" for role in ("system", "user"))
+{%- endif %}
 
     @property
     def ends_turns(self) -> bool:

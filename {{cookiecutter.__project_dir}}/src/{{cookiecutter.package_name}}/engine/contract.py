@@ -46,7 +46,11 @@ from typing import Any
 
 import torch
 from torch import nn
+{%- if cookiecutter.use_serving == "yes" or (cookiecutter.use_prepared == "yes" and cookiecutter.task != "language-model") %}
 from torch.utils.data import Dataset, TensorDataset, default_collate
+{%- else %}
+from torch.utils.data import Dataset, TensorDataset
+{%- endif %}
 
 from {{ cookiecutter.package_name }}.engine.errors import DataError
 
@@ -60,6 +64,7 @@ class BatchTransform(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self._transform((inputs,), training=False)[0]
+{%- if cookiecutter.use_serving == "yes" or (cookiecutter.use_prepared == "yes" and cookiecutter.task != "language-model") %}
 
 
 def stack_samples(dataset: Dataset) -> tuple[torch.Tensor, ...]:
@@ -71,6 +76,7 @@ def stack_samples(dataset: Dataset) -> tuple[torch.Tensor, ...]:
     if isinstance(dataset, TensorDataset):
         return tuple(dataset.tensors)
     return tuple(default_collate([dataset[index] for index in range(len(dataset))]))
+{%- endif %}
 
 
 class ShippableData:

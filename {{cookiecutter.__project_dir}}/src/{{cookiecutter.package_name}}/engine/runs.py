@@ -366,6 +366,8 @@ def evaluate_best_checkpoint(trainer: L.Trainer, model: L.LightningModule, datam
         path.write_text(json.dumps(summary, indent=2) + "\n")
         rank_zero_info(f"Test metrics written to {path}")
 
+{%- if cookiecutter.use_sweeps == "yes" %}
+
 
 def finish_logger_runs() -> None:
     """End this process's wandb run (if any), so that the next Trainer of the process starts its own.
@@ -377,6 +379,7 @@ def finish_logger_runs() -> None:
     wandb = sys.modules.get("wandb")
     if wandb is not None and getattr(wandb, "run", None) is not None:
         wandb.finish()
+{%- endif %}
 
 
 class SaveConfigToRunDir(SaveConfigCallback):

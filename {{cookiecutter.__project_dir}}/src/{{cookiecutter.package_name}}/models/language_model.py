@@ -203,6 +203,7 @@ class LanguageModel(TrainingModule):
         nats = F.cross_entropy(self(inputs).transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")  # (B, T)
         text_bytes = batch[2] if len(batch) > 2 else (targets != IGNORE)  # (B, T)
         return nats.sum(dim=1) / text_bytes.sum(dim=1).clamp_min(1) / math.log(2)
+{%- if cookiecutter.use_serving == "yes" %}
 
     @torch.no_grad()
     def continue_greedily(self, next_token_probabilities: Any, tokens: torch.Tensor) -> torch.Tensor:
@@ -222,7 +223,6 @@ class LanguageModel(TrainingModule):
                 break
             sequence = torch.cat([sequence, next_token])
         return sequence[len(tokens) :]
-{%- if cookiecutter.use_serving == "yes" %}
 
     def infer(self, predictor: nn.Module, inputs: list[torch.Tensor]) -> list[str]:
         """Greedy continuations (text) of prompts given as token ids, one (T0,) tensor each.

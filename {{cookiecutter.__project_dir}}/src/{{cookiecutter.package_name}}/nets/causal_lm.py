@@ -6,11 +6,15 @@ download; LoRA adapters and checkpoints that hold only them and a record of the 
 Shapes: B batch, T sequence length (<= block_size), V vocabulary (the model's embedding rows).
 """
 
+{% if cookiecutter.use_serving == "yes" -%}
 import copy
+{% endif -%}
 import functools
 import inspect
+{%- if cookiecutter.use_serving == "yes" %}
 from collections.abc import Callable
 from pathlib import Path
+{%- endif %}
 from typing import Any, Literal
 
 import torch
@@ -20,7 +24,7 @@ from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.nets.hf import HFNet, LoRA, from_files, libraries
 from {{ cookiecutter.package_name }}.nets.hub import locate
 
-__all__ = ["HFBatchCache", "HFCache", "HFCausalLM", "LoRA"]
+__all__ = [{{ '"HFBatchCache", ' if cookiecutter.use_serving == "yes" else "" }}"HFCache", "HFCausalLM", "LoRA"]
 
 
 class HFCache:
@@ -38,6 +42,7 @@ class HFCache:
         self.lengths = [0] * batch_size  # tokens each row holds: its next token's position
         self.length = 0  # positions of every row, its padding included
         self.mask: torch.Tensor | None = None  # (B, length) int64: 0 on a row's padding; None: no padding
+{%- if cookiecutter.use_serving == "yes" %}
 
 
 class HFBatchCache(HFCache):
@@ -110,6 +115,7 @@ def _left_padded(states: torch.Tensor, length: int) -> torch.Tensor:
     """Keys or values (B, heads, T, head width), or a mask (B, T), with zeros before them to ``length`` positions."""
     padding = length - states.shape[-2 if states.dim() == 4 else -1]
     return F.pad(states, (0, 0, padding, 0) if states.dim() == 4 else (padding, 0))
+{%- endif %}
 
 
 class HFCausalLM(HFNet):
@@ -187,13 +193,17 @@ class HFCausalLM(HFNet):
         self.adopt(base, found, lora, task_type="CAUSAL_LM")
 
     def new_cache(self, batch_size: int) -> "HFCache":
-        """An empty :class:`HFCache` of ``batch_size`` rows: transformers' cache, made by the first call that uses it.
+        """An empty :class:`HFCache` of ``batch_size`` rows (transformers' cache, made by its first use).
+{%- if cookiecutter.use_serving == "yes" %}
 
         Only a model whose every layer attends to the whole context keeps a plain cache whose rows can be
         padded: for a model with sliding-window or other layers the cache lacks ``extend`` and ``select``, and
         answers meant to be decoded together are each decoded alone.
         """
         return (HFBatchCache if self._full_attention else HFCache)(batch_size)
+{%- else %}"""
+        return HFCache(batch_size)
+{%- endif %}
 
     def forward(
         self, tokens: torch.Tensor, cache: "HFCache | None" = None, logits_to_keep: int | torch.Tensor = 0
@@ -224,6 +234,7 @@ class HFCausalLM(HFNet):
         cache.past = getattr(output, name)
         cache.lengths, cache.length = [length + fed for length in cache.lengths], cache.length + fed
         return output.logits.float()
+{%- if cookiecutter.use_serving == "yes" %}
 
     @functools.cached_property
     def _full_attention(self) -> bool:
@@ -232,11 +243,13 @@ class HFCausalLM(HFNet):
         kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
         windowed = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
         return kinds == {"full_attention"} and not windowed
+{%- endif %}
 
     @functools.cached_property
     def _forward_parameters(self) -> frozenset[str]:
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # under peft
         return frozenset(inspect.signature(base.forward).parameters)
+{%- if cookiecutter.use_serving == "yes" %}
 
     def save_merged(self, folder: Path) -> Callable[[torch.Tensor], torch.Tensor]:
         """Write a Hugging Face folder of the model with the adapters merged into the weights (``save_pretrained``,
@@ -253,3 +266,4 @@ class HFCausalLM(HFNet):
         transformers.AutoTokenizer.from_pretrained(self.folder, **options).save_pretrained(folder)
         reloaded = transformers.AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True, **options).eval()
         return lambda tokens: reloaded(input_ids=tokens, use_cache=False).logits.float()
+{%- endif %}

@@ -31,8 +31,8 @@ class KVCache:
     Preallocated to the context, (L, B, H, block_size, C / H) each (L blocks), in the weights'
     dtype and device: appending a token writes one position instead of copying the cache. Rows may
     hold sequences of different lengths, each at its own positions (padded slots: sequences decoded
-    together, one forward pass for all); :meth:`select` and :meth:`extend` drop rows and add another
-    cache's, so sequences leave and join between steps (continuous batching: Yu et al., "Orca", OSDI 2022).
+    together, one forward pass for all){% if cookiecutter.use_serving == "yes" %}; :meth:`select` and :meth:`extend` drop rows and add another
+    cache's, so sequences leave and join between steps (continuous batching: Yu et al., "Orca", OSDI 2022){% endif %}.
     """
 
     def __init__(self, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> None:
@@ -50,6 +50,7 @@ class KVCache:
         if len(set(self.lengths)) > 1:
             raise ValueError(f"the cache's rows hold {sorted(set(self.lengths))} positions: no one length")
         return self.lengths[0] if self.lengths else 0
+{%- if cookiecutter.use_serving == "yes" %}
 
     def select(self, rows: list[int]) -> None:
         """Keep the rows ``rows``, in that order (a copy of those rows)."""
@@ -67,6 +68,7 @@ class KVCache:
         """Forget the last ``counts[b]`` tokens of each row b: the padding fed after a shorter prompt when prompts
         of different lengths are prefilled together (the row's next tokens overwrite their slots)."""
         self.lengths = [length - count for length, count in zip(self.lengths, counts, strict=True)]
+{%- endif %}
 
 
 class CausalSelfAttention(nn.Module):

@@ -15,7 +15,9 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+{%- if cookiecutter.task == "image-classification" %}
 from typing import Any
+{%- endif %}
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
 
@@ -154,6 +156,7 @@ def fingerprint(folder: Path) -> str:
             while chunk := stream.read(1 << 24):
                 digest.update(chunk)
     return digest.hexdigest()
+{%- if cookiecutter.task == "image-classification" %}
 
 
 def json_object(path: Path, where: str) -> dict[str, Any]:
@@ -222,3 +225,4 @@ def load_all_weights(
             f"{key}: {file} is not {architecture}'s: {len(missing)} of its weights are missing "
             f"({', '.join(missing[:3])}) and {len(unexpected)} unknown ({', '.join(unexpected[:3])})"
         )
+{%- endif %}
