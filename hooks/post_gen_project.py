@@ -31,6 +31,7 @@ TASK_FILES = {
     "image-classification": [
         "src/{package}/data/digits.py",
         "src/{package}/data/image_folder.py",
+        "src/{package}/data/image_transforms.py",
         "src/{package}/models/classifier.py",
         "src/{package}/nets/cnn.py",
         "src/{package}/nets/mlp.py",

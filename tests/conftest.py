@@ -40,6 +40,11 @@ def _hermetic_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+# Every optional capability off: each task's minimal bake (.ci/slow runs the full ones, every answer yes).
+MINIMAL = {f"use_{name}": "no" for name in ("sweeps", "benchmark", "serving", "prepared", "pretrained")}
+MINIMAL["include_slurm"] = "no"
+
+
 def bake(cookies, **answers: str) -> Path:
     """Bake with ``answers`` (the rest default) and return the project folder; fail on any error."""
     result = cookies.bake(extra_context=answers)
@@ -82,7 +87,7 @@ TASK_PACKAGE_FILES = {
     "image-classification": [
         *("data/digits.py", "data/image_folder.py", "models/classifier.py", "nets/cnn.py", "nets/mlp.py"),
         *("nets/pretrained.py", "nets/hf.py", "nets/hf_image.py", "nets/timm_net.py"),
-        *("nets/hub.py", "nets/image_preprocessing.py", "data/image_files.py"),
+        *("nets/hub.py", "nets/image_preprocessing.py", "data/image_files.py", "data/image_transforms.py"),
     ],
     "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py"],
     "language-model": [

@@ -2,19 +2,30 @@
 
 import ast
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tokenize
 import tomllib
 from itertools import product
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, UV_CACHE_DIR, bake, expected_files, files_of, leftover_template_syntax, local_torch_wheel
+from conftest import (
+    MINIMAL,
+    ROOT,
+    UV_CACHE_DIR,
+    bake,
+    expected_files,
+    files_of,
+    leftover_template_syntax,
+    local_torch_wheel,
+)
 
 QUESTIONS = json.loads((ROOT / "cookiecutter.json").read_text())
 LOGGERS, PRECISIONS = QUESTIONS["logger"], QUESTIONS["precision"]
@@ -249,6 +260,58 @@ def unused_code(project: Path) -> list[str]:
         for item in finder.get_unused_code(min_confidence=60)
         if item.typ in ("function", "method", "class", "property") and item.name not in named
     ]
+
+
+# What the minimal bake of each task (every use_* answer no, no SLURM) may hold in src/, in lines that hold code:
+# the measured size (docs/benchmarks.md, "Bake sizes") with a little room, so that the core the user owns grows
+# only by a decision taken here. (Its lines with docstrings, comments and blank lines: about 1.65 times as many.)
+MINIMAL_CODE_LINES = {"image-classification": 3000, "tabular": 3000, "language-model": 3400}
+
+
+def code_lines(source: str) -> int:
+    """The lines of Python ``source`` that hold code: not blank, not only a comment, not part of a docstring."""
+    tree = ast.parse(source)
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docstrings = {
+        line
+        for node in ast.walk(tree)
+        if isinstance(node, documented) and ast.get_docstring(node) is not None
+        for line in range(node.body[0].lineno, node.body[0].end_lineno + 1)
+    }
+    skipped = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    return len(
+        {
+            line
+            for token in tokenize.generate_tokens(io.StringIO(source).readline)
+            if token.type not in skipped
+            for line in range(token.start[0], token.end[0] + 1)
+        }
+        - docstrings
+    )
+
+
+def test_code_lines_count_code_alone() -> None:
+    source = '''"""A module docstring
+over two lines."""
+
+import torch  # a comment
+
+
+def f(x):
+    """Its docstring."""
+    # a comment line
+    return (
+        x + 1
+    )
+'''
+    assert code_lines(source) == 5  # import, def, and the three lines of the return
+
+
+@pytest.mark.parametrize("task", MINIMAL_CODE_LINES)
+def test_a_minimal_bake_keeps_its_code_within_the_size_bound(cookies, task: str) -> None:
+    project = bake(cookies, task=task, **MINIMAL)
+    counted = sum(code_lines(file.read_text()) for file in (project / "src").rglob("*.py"))
+    assert counted <= MINIMAL_CODE_LINES[task], f"{task}: {counted} lines of code in src/"
 
 
 def check_first_read(project: Path) -> None:

@@ -8,11 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import bake, install_own_environment, make
+from conftest import MINIMAL, bake, install_own_environment, make
 
-# Every optional capability off: each task's minimal bake (.ci/slow runs the full ones, every answer yes).
-MINIMAL = {f"use_{name}": "no" for name in ("sweeps", "benchmark", "serving", "prepared", "pretrained")}
-MINIMAL["include_slurm"] = "no"
 SECOND = {
     "task": "tabular",
     "project_name": "Second Bake",

@@ -23,7 +23,7 @@ for the random resized crop). Each image is kept at its aspect ratio, its shorte
 ``image_size`` and its centre square kept (Pillow's ``ImageOps.fit``), once, in memory{% if cookiecutter.use_prepared == "yes" %} or in a prepared data set{% endif %};
 then training batches get a random resized crop of ``crop_scale`` of that square, resized to
 ``crop_size``, and a flip, on the device (kornia), and evaluation, prediction{{ ', export and serving' if cookiecutter.use_serving == 'yes' else '' }} take
-the centre ``crop_size`` square (:class:`engine.inference.CenterCrop`): the region torchvision's
+the centre ``crop_size`` square (:class:`data.image_transforms.CenterCrop`): the region torchvision's
 ``Resize(image_size)`` + ``CenterCrop(crop_size)`` takes. Training crops come from the stored square,
 not the whole original image: what is outside the centre square of a wide image is never seen.
 {%- if cookiecutter.use_prepared == "yes" %}
@@ -58,13 +58,13 @@ from torch.utils.data import TensorDataset
 {% if cookiecutter.use_serving == "yes" -%}
 from {{ cookiecutter.package_name }}.data.image_files import image_file_bytes, open_image
 {% endif -%}
+from {{ cookiecutter.package_name }}.data.image_transforms import CenterCrop, Standardize
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 {% if cookiecutter.use_serving == "yes" -%}
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 {% endif -%}
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
-from {{ cookiecutter.package_name }}.engine.inference import CenterCrop, Standardize
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
     NAMES,
