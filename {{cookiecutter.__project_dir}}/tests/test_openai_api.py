@@ -571,6 +571,61 @@ def test_refused_requests_get_the_openai_error_shape_naming_the_field(chat_serve
 # ---- /v1/completions and make eval ---------------------------------------------------------------
 
 
+class CountingTokenizer:
+    """A tokenizer's ``decode`` (``source``: None for bytes), counting the tokens it is asked to decode."""
+
+    eos_id = None
+
+    def __init__(self, decode: Any, source: str | None) -> None:
+        self._decode, self.source, self.decoded = decode, source, 0
+
+    def decode(self, ids: list[int]) -> str:
+        self.decoded += len(ids)
+        return self._decode(ids)
+
+
+def metaspace_tokenizer(text: str) -> Any:
+    """A SentencePiece-style BPE (Metaspace: a word's space is part of its token, dropped at the start of a
+    text, as Llama 2's tokenizer decodes), trained on ``text``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    backend.train_from_iterator([text], trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>"]))
+    return backend
+
+
+def test_text_offsets_equal_each_prefix_decoded_whole_for_every_kind_of_tokenizer() -> None:
+    """``text_offset`` of a scored answer, however its scores arrive (a token at a time, or a whole prompt), is
+    the length of the text of the tokens before, decoded whole (a character cut in half not counted): for bytes
+    with multi-byte characters and stray bytes, a trained byte-level BPE, and a SentencePiece-style tokenizer
+    whose first space is dropped. Decoding costs tokens linear in the answer's length, not quadratic."""
+    from {{ cookiecutter.package_name }}.data.tokenizer import BPETokenizer
+    from {{ cookiecutter.package_name }}.serving.completions import CUT, ChoiceText
+
+    text = " Call me Ishmael. Il était une baleine naïve, 鯨 and 🐋 — the white hump.\n\nEnd. " * 6
+    byte_ids = ByteTokenizer().encode(text)
+    byte_ids[40:40] = [0xC3, 0x80, 0x80, 0xE2]  # a character, a stray continuation byte, a character cut short
+    bpe = BPETokenizer.train([text], vocab_size=300)
+    metaspace = metaspace_tokenizer(text)
+    kinds = {
+        "bytes": (ByteTokenizer().decode, byte_ids, None),
+        "byte-level BPE": (bpe.decode, bpe.encode(text), "bpe"),
+        "SentencePiece-style": (metaspace.decode, metaspace.encode(text).ids, "hf"),
+    }
+    for kind, (decode_ids, ids, source) in kinds.items():
+        expected = [len(decode_ids(ids[:i]).rstrip(CUT)) for i in range(len(ids))]
+        assert len(set(expected)) > len(ids) // 3, kind  # the text moves on: offsets that could differ
+        for chunk in (1, 3, len(ids)):
+            tokenizer = CountingTokenizer(decode_ids, source)
+            choice = ChoiceText(0, tokenizer, [], echo=False, logprobs=1)
+            offsets = []
+            for at in range(0, len(ids), chunk):
+                offsets += choice.scores([[token, None, []] for token in ids[at : at + chunk]])["text_offset"]
+            assert offsets == expected, (kind, chunk)
+            assert tokenizer.decoded <= 16 * len(ids), (kind, chunk, tokenizer.decoded)  # all prefixes: ~n^2 / 2
+
+
 @pytest.mark.slow
 def test_completions_carry_the_models_own_log_probabilities(chat_server) -> None:
     """``client.completions.create`` with echo and logprobs, as lm-evaluation-harness sends it: the prompt's
