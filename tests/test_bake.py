@@ -138,6 +138,7 @@ SERVING_NAMES = (
     r"|commands\.(serve|export)|\b(serve|export)\.py\b|request_schema|inputs_from_json|serve_load|openai|OpenAI"
     r"|torchao|`(export|serve)`|extra (export|serve)|\bexport,serve\b"
     r"|make eval|lm-eval|\bevals/|commands\.evaluate|\bevaluate\.py|/v1/completions|completions\.py|/tokenize\b"
+    r"|raw_inputs|raw_description|dynamic_dims|inference_files|output_description|image_files\.py"
 )
 PREPARED_NAMES = (
     r"make prepare|commands\.prepare|\bprepare\.py|engine\.prepared|prepared\.py|write_prepared|open_prepared|DiskArray"
