@@ -225,18 +225,21 @@ ENGINE_API = ["is_preparing", "NAMES", "COUNT", "MAPPING"]
 DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 
 
+def docstrings_of(tree: ast.Module) -> list[ast.Expr]:
+    """The docstring statements of a module and of each class and function in it."""
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return [
+        node.body[0] for node in ast.walk(tree) if isinstance(node, documented) and ast.get_docstring(node) is not None
+    ]
+
+
 def named_in_text(project: Path) -> set[str]:
     """The last part of every dotted name in the bake's configs and its code's strings (docstrings aside):
     a class named by ``class_path``, a linked argument (``data.vocab_size``), a callback added on a command line."""
     texts = [path.read_text() for path in project.glob("configs/**/*.yaml")]
     for file in project.glob("[st]*/**/*.py"):
         tree = ast.parse(file.read_text())
-        documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-        docstrings = {
-            id(node.body[0].value)
-            for node in ast.walk(tree)
-            if isinstance(node, documented) and ast.get_docstring(node)
-        }
+        docstrings = {id(docstring.value) for docstring in docstrings_of(tree)}
         texts += [
             node.value
             for node in ast.walk(tree)
@@ -271,13 +274,10 @@ MINIMAL_CODE_LINES = {"image-classification": 3000, "tabular": 3000, "language-m
 
 def code_lines(source: str) -> int:
     """The lines of Python ``source`` that hold code: not blank, not only a comment, not part of a docstring."""
-    tree = ast.parse(source)
-    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     docstrings = {
         line
-        for node in ast.walk(tree)
-        if isinstance(node, documented) and ast.get_docstring(node) is not None
-        for line in range(node.body[0].lineno, node.body[0].end_lineno + 1)
+        for docstring in docstrings_of(ast.parse(source))
+        for line in range(docstring.lineno, docstring.end_lineno + 1)
     }
     skipped = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
     return len(
