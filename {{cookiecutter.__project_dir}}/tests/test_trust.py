@@ -25,7 +25,7 @@ from conftest import {{ "ROOT, " if cookiecutter.use_serving == "yes" else "" }}
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands.predict import main as predict_main
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
-from {{ cookiecutter.package_name }}.engine.trust import UntrustedCheckpointError, check_checkpoint
+from {{ cookiecutter.package_name }}.engine.trust import Positions, UntrustedCheckpointError, check_checkpoint
 
 Checkpoint = dict[str, Any]
 
@@ -78,10 +78,11 @@ def _yaml_string(module: str) -> Callable[[Checkpoint], str]:
 
 def _callable_argument(module: str) -> Callable[[Checkpoint], str]:
     def plant(checkpoint: Checkpoint) -> str:
-        arguments = {"lr_lambda": f"{module}.f"}
-        schedule = {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": arguments}
-        checkpoint["hyper_parameters"]["lr_scheduler"] = schedule  # an allowed class, a callable by name
-        return f"hyper_parameters.lr_scheduler.init_args.lr_lambda names {module}.f"
+        # An allowed class of the declared type (an nn.Module), a callable by name in its arguments.
+        arguments = {"d_model": 8, "nhead": 2, "activation": f"{module}.f"}
+        layer = {"class_path": "torch.nn.TransformerEncoderLayer", "init_args": arguments}
+        checkpoint["hyper_parameters"]["net"] = layer
+        return f"hyper_parameters.net.init_args.activation names {module}.f, outside the modules"
 
     return plant
 
@@ -93,7 +94,7 @@ def _averaged_model(module: str) -> Callable[[Checkpoint], str]:
             "class_path": "torch.optim.swa_utils.AveragedModel",
             "init_args": {"model": net, "avg_fn": f"{module}.f"},
         }
-        return f"hyper_parameters.net.init_args.avg_fn names {module}.f"
+        return f"hyper_parameters.net.init_args.avg_fn names {module}.f, outside the modules"
 
     return plant
 
@@ -126,8 +127,8 @@ def _instantiator(module: str) -> Callable[[Checkpoint], str]:
 
 def _non_ascii_name(module: str) -> Callable[[Checkpoint], str]:
     def plant(checkpoint: Checkpoint) -> str:
-        checkpoint["hyper_parameters"]["optimizer"] = f"{module}.Évil"  # imported before Évil is looked up
-        return f"hyper_parameters.optimizer names {module}.Évil"
+        checkpoint["hyper_parameters"]["net"] = f"{module}.Évil"  # imported before Évil is looked up
+        return f"hyper_parameters.net names {module}.Évil"
 
     return plant
 
@@ -150,10 +151,8 @@ def _config_file(module: str, relative: bool) -> Callable[[Checkpoint], str]:
 def _through_a_trusted_prefix(module: str) -> Callable[[Checkpoint], str]:
     def plant(checkpoint: Checkpoint) -> str:
         # The project's package, walked through to a function of another module: it is os.getcwd.
-        arguments = {"lr_lambda": "{{ cookiecutter.package_name }}.engine.trust.os.getcwd"}
-        schedule = {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": arguments}
-        checkpoint["hyper_parameters"]["lr_scheduler"] = schedule
-        return r"lr_lambda names {{ cookiecutter.package_name }}\.engine\.trust\.os\.getcwd, which is \w+\.getcwd"
+        checkpoint["hyper_parameters"]["net"] = {"class_path": "{{ cookiecutter.package_name }}.engine.trust.os.getcwd"}
+        return r"net.class_path names {{ cookiecutter.package_name }}\.engine\.trust\.os\.getcwd, which is the function \w+\.getcwd"
 
     return plant
 
@@ -163,8 +162,8 @@ def _class_reexported_by_torch_nn(module: str) -> Callable[[Checkpoint], str]:
         # A class by a torch.nn name, defined elsewhere (logging): trusted by where it is defined.
         name = "torch.nn.parallel.distributed.logging.FileHandler"
         arguments = {"filename": "x.log"}
-        checkpoint["hyper_parameters"]["lr_scheduler"] = {"class_path": name, "init_args": arguments}
-        return "lr_scheduler.class_path names torch.nn.parallel.distributed.logging.FileHandler, which is the class"
+        checkpoint["hyper_parameters"]["net"] = {"class_path": name, "init_args": arguments}
+        return "net.class_path names torch.nn.parallel.distributed.logging.FileHandler, which is the class"
 
     return plant
 
@@ -188,7 +187,12 @@ FORMS = {
 # The forms the guard catches by itself where the imports and reads happen, with the walk switched off
 # (the legacy key and the instantiator are refused by the walk alone: Lightning reads them, not jsonargparse).
 # The DataModule's class is not parsed by the CLI, and Lightning 2.6.6 itself refuses one not yet imported.
-GUARDED_FORMS = [form for form in FORMS if form not in ("legacy hparams key", "instantiator", "DataModule class")]
+# A callable's name where a string is declared too (TransformerEncoderLayer's activation) is read as a string.
+GUARDED_FORMS = [
+    form
+    for form in FORMS
+    if form not in ("legacy hparams key", "instantiator", "DataModule class", "Callable argument of an allowed class")
+]
 
 
 @pytest.fixture
@@ -324,37 +328,41 @@ def test_a_hostile_checkpoint_is_refused_by_every_loading_command_before_any_imp
 @pytest.mark.parametrize(
     ("name", "refusal"),
     [
-        ("torch.nn.functional.relu", "which is not a class"),  # a function of an allowed module is code
-        ("os.system", "outside this project's package"),  # a module already imported is still outside
-        ("builtins.eval", "outside this project's package"),
+        ("torch.nn.functional.relu", "which is the function torch.nn.functional.relu, not a class"),  # code
+        ("torch.optim.AdamW", "a class that is not a torch.nn.modules.module.Module"),  # a class of another type
+        ("os.system", "outside the modules a file may name"),  # a module already imported is still outside
+        ("builtins.eval", "outside the modules a file may name"),
+        ("{{ cookiecutter.package_name }}.engine.module.adamw", "which is the function"),  # the project's own function
+        ("{{ cookiecutter.package_name }}.cli.CLI", "never {{ cookiecutter.package_name }}.commands, .cli or .serving"),
     ],
 )
-def test_a_checkpoint_may_name_classes_of_torch_optim_and_nn_not_their_functions(
-    trained_run: Path, name: str, refusal: str
-) -> None:
+def test_a_checkpoint_may_name_classes_of_the_declared_type_only(trained_run: Path, name: str, refusal: str) -> None:
     checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
-    arguments = {"lr_lambda": name}
-    schedule = {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": arguments}
-    checkpoint["hyper_parameters"]["lr_scheduler"] = schedule
-    with pytest.raises(UntrustedCheckpointError, match=rf"lr_lambda names {name}, .*{refusal}.*--trust"):
+    checkpoint["hyper_parameters"]["net"] = {"class_path": name}
+    with pytest.raises(UntrustedCheckpointError, match=rf"hyper_parameters\.net\.class_path names {name}.*{refusal}"):
         check_checkpoint(checkpoint, "x.ckpt")
-    checkpoint["hyper_parameters"]["lr_scheduler"] = {"class_path": "LambdaLR"}  # not a path: refused in one line
-    with pytest.raises(UntrustedCheckpointError, match=r"lr_scheduler.class_path is 'LambdaLR', not a full class path"):
+    checkpoint["hyper_parameters"]["net"] = {"class_path": "Identity"}  # not a path: refused in one line
+    with pytest.raises(UntrustedCheckpointError, match=r"net.class_path is 'Identity', not a full class path"):
         check_checkpoint(checkpoint, "x.ckpt")
-    # Strings that name nothing importable are data: a file name, a metric, a prompt.
-    checkpoint["hyper_parameters"]["lr_scheduler"] = None
-    checkpoint["datamodule_hyper_parameters"]["notes"] = ["best.ckpt", "val/loss", "e.g. this: {a: b}"]
-    check_checkpoint(checkpoint, "x.ckpt")
 
 
-def test_a_trusted_module_is_imported_and_the_project_checkpoint_loads(
+def test_strings_that_name_nothing_are_plain_data_and_class_specs_in_them_are_not() -> None:
+    positions = Positions("x.ckpt")
+    positions.plain(["best.ckpt", "val/loss", "e.g. this: {a: b}", {"data.csv": 1}], "notes")
+    with pytest.raises(UntrustedCheckpointError, match=r"notes\[1\] is a string that holds a class spec"):
+        positions.plain(["x", "{class_path: os.system}"], "notes")
+    with pytest.raises(UntrustedCheckpointError, match=r"notes\.a\.class_path is a class spec where plain data"):
+        positions.plain({"a": {"class_path": "torch.nn.Identity"}}, "notes")
+
+
+def test_a_trusted_module_is_imported_and_its_class_still_must_be_of_the_declared_type(
     trained_run: Path, tmp_path: Path, planted: tuple[str, Path]
 ) -> None:
     module, marker = planted
     assert load_trained(last_checkpoint(trained_run)).model is not None  # the project's own names pass
     _, path, _ = hostile_copy(trained_run, tmp_path, "DataModule class", module)
-    # Trusted, the module is imported (and Lightning then refuses its class: not a LightningDataModule).
-    with pytest.raises(ValueError, match=rf"{module}\.Data"):
+    # Trusted, the module is imported, and its class is refused: not a LightningDataModule.
+    with pytest.raises(UntrustedCheckpointError, match=rf"{module}\.Data, a class that is not a .*LightningDataModule"):
         load_trained(path, trust=[module])
     assert marker.exists()
 
@@ -469,6 +477,8 @@ def test_generated_forms_never_import_the_planted_module(
     torch.save(checkpoint, path)
     # A string in place of a string (an encoding, a name) may be refused, or load as text never imported.
     may_load = isinstance(value, str) and isinstance(replaced, str)
+    # An optimizer or a schedule is never read by a loading command (engine.trust.checkpoint_arguments).
+    may_load |= where.startswith(("hyper_parameters.optimizer", "hyper_parameters.lr_scheduler"))
 
     def refused():  # any refusal; jsonargparse may refuse the key first
         return contextlib.suppress(Exception) if may_load else pytest.raises(Exception)

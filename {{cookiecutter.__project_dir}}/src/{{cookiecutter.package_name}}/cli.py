@@ -59,10 +59,12 @@ from {{ cookiecutter.package_name }}.engine.trust import (
     LIGHTNING_OWN,
     UntrustedCheckpointError,
     check_checkpoint,
+    check_run_config,
     checkpoint_arguments,
+    foreign_configs,
     loading,
     refusal_while_loading,
-    trusted_by_config,
+    trusted_by_arguments,
     trusted_by_config_files,
 )
 
@@ -98,6 +100,8 @@ class CLI(LightningCLI):
     _building_from: tuple[object, Path | str] | None = None
     # The --ckpt_path checkpoint's model and DataModule arguments, read once when the arguments are parsed.
     _ckpt_arguments: dict | None = None
+    # Every checkpoint this command read, by path: a file is read once per command.
+    _checkpoints: dict[str, dict] | None = None
 
     def add_arguments_to_parser(self, parser) -> None:
 {%- if cookiecutter.task == "tabular" %}
@@ -137,6 +141,14 @@ class CLI(LightningCLI):
             help="After fit, test the best checkpoint and write test_metrics.json into the run folder.",
         )
         parser.add_argument(
+            "--trust",
+            type=str | None,
+            default=None,
+            help="Modules (comma-separated) whose classes a config file outside configs/ (a run folder's "
+            "config.yaml) or a --ckpt_path checkpoint may name besides this project's, torch.nn, torch.optim "
+            "and Lightning's own; only for files you vouch for (docs/trust.md in the template).",
+        )
+        parser.add_argument(
             "--resume",
             type=bool,
             default=False,
@@ -145,7 +157,19 @@ class CLI(LightningCLI):
         )
 
     def parse_arguments(self, parser, args) -> None:
-        super().parse_arguments(parser, args)
+        given = sys.argv[1:] if args is None else list(args)
+        # What the user vouches for: their own arguments, configs/ files and --trust. Any other config
+        # file (a run folder's config.yaml, a colleague's) and any checkpoint are data (engine/trust.py).
+        self.trusted = (*trusted_by_arguments(given), *trusted_by_config_files())
+        foreign = foreign_configs(given)
+        for path, tree in foreign:
+            check_run_config(tree, path, self.trusted)  # the type at every position, before any import
+        if foreign:
+            self._building_from = ([tree for _, tree in foreign], foreign[0][0])
+            with loading(*self._building_from, self.trusted, also=LIGHTNING_OWN):
+                super().parse_arguments(parser, args)
+        else:
+            super().parse_arguments(parser, args)
         # LightningCLI reads the checkpoint's hyperparameters right after parsing (they override
         # the model config, and jsonargparse imports the names in them): read it first, so a missing,
         # truncated or corrupt file is named, and check every name in it (engine/trust.py).
@@ -155,19 +179,17 @@ class CLI(LightningCLI):
             raise ConfigError(
                 "--resume and --ckpt_path: give only one (--resume picks the latest run's newest checkpoint)"
             )
-        # What the user vouches for: their own arguments and configs/ files. A run folder's config.yaml
-        # and a checkpoint are data, whoever wrote them (engine/trust.py).
-        self.trusted = (*trusted_by_config(self.config[subcommand]), *trusted_by_config_files()) if subcommand else ()
         if subcommand == "fit" and self.config.fit.get("resume") and not slurm_job_id():
             # A run continues as it was configured: rebuilt from its own saved config, the other
             # arguments on top (a requeued SLURM job runs the very command it started with).
             config = own_config(run_to_resume(self.config.fit.trainer))
             if config is not None:
                 rank_zero_info(f"Resuming with the run's own config, {config}, and the other arguments given")
-                given = sys.argv[1:] if args is None else list(args)
                 # The command line, rewritten, is passed as args: sys.argv is set aside meanwhile, or
                 # LightningCLI would warn that both were given (they are the same command).
-                self._building_from = (_yaml_or_text(config), config)
+                tree = _yaml_or_text(config)
+                check_run_config(tree, config, self.trusted)  # a run folder's file is data
+                self._building_from = (tree, config)
                 argv, sys.argv = sys.argv, sys.argv[:1]
                 try:
                     with loading(*self._building_from, self.trusted, also=LIGHTNING_OWN):
@@ -178,19 +200,32 @@ class CLI(LightningCLI):
                 # The --model ones change a model most directly; else any (a --data one changes the classes).
                 self.resumed_with = (config, [arg for arg in others if arg.startswith("--model")] or others)
         if _is_checkpoint_file(ckpt_path):
-            checkpoint = read_checkpoint(ckpt_path)
+            checkpoint = self._read_checkpoint(ckpt_path)
             check_checkpoint(checkpoint, ckpt_path, self.trusted)
-            self._ckpt_arguments = checkpoint_arguments(checkpoint)  # read once: _parse_ckpt_path parses them
+            # Read once, parsed by _parse_ckpt_path: the model's arguments less its optimizer and schedule.
+            self._ckpt_arguments = checkpoint_arguments(checkpoint, ckpt_path, self.trusted)
+
+    def _read_checkpoint(self, path: str) -> dict:
+        if self._checkpoints is None:
+            self._checkpoints = {}
+        if path not in self._checkpoints:
+            self._checkpoints[path] = read_checkpoint(path)
+        return self._checkpoints[path]
 
     def _parse_ckpt_path(self) -> None:
-        # LightningCLI parses the checkpoint's arguments into the config: under the trust rule.
+        # In place of LightningCLI's, which reads the file again and parses all the model's saved arguments:
+        # the checked ones read once, less the optimizer and schedule (the user's config decides those), under
+        # the trust rule.
         subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if self._ckpt_arguments is None or not Path(ckpt_path).is_file():
-            return super()._parse_ckpt_path()
-        self._building_from = (self._ckpt_arguments, ckpt_path)
+        arguments = dict((self._ckpt_arguments or {}).get("hyper_parameters") or {})
+        arguments.pop("_instantiator", None)
+        if not subcommand or not arguments:
+            return
+        if "_class_path" in arguments:
+            arguments = {"class_path": arguments.pop("_class_path"), "dict_kwargs": arguments}
+        self._building_from = (self._ckpt_arguments, self.config[subcommand].get("ckpt_path"))
         with loading(*self._building_from, self.trusted, also=LIGHTNING_OWN):
-            super()._parse_ckpt_path()
+            self.config = self.parser.parse_object({subcommand: {"model": arguments}}, self.config)
 
     def instantiate_classes(self) -> None:
         # Objects built from a checkpoint's arguments or a run folder's config: under the trust rule too.
@@ -245,7 +280,7 @@ class CLI(LightningCLI):
         # A checkpoint that does not fit the data or the model fails here with what differs, before anything runs.
         ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
         if _is_checkpoint_file(ckpt_path):
-            checkpoint = read_checkpoint(ckpt_path)
+            checkpoint = self._read_checkpoint(ckpt_path)
             check_checkpoint(checkpoint, ckpt_path, self.trusted)  # make resume finds its checkpoint after parsing
             state = checkpoint.get(type(self.datamodule).__qualname__)  # where Lightning saves the DataModule's
             if state is not None and isinstance(self.datamodule, ResumableDataModule):
@@ -278,7 +313,7 @@ class CLI(LightningCLI):
             replace_srun_hint()
         ckpt_path = self.config_init.fit.get("ckpt_path")
         if _is_checkpoint_file(ckpt_path):  # fit continues the optimizer and schedule too
-            check_optimizer_continues(read_checkpoint(ckpt_path), self.model, ckpt_path)
+            check_optimizer_continues(self._read_checkpoint(ckpt_path), self.model, ckpt_path)
         if ckpt_path and self.trainer.is_global_zero:
             replace_resume_warnings(str(run_dir(self.trainer)))
         announce_run(self.trainer)

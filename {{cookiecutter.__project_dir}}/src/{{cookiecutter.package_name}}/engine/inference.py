@@ -36,7 +36,11 @@ import lightning as L
 import torch
 from torch import nn
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
+from lightning.pytorch.cli import instantiate_module
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, check_fits, read_checkpoint
+from {{ cookiecutter.package_name }}.engine.errors import UserError
 from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, checkpoint_arguments, loading, trusted_modules
 
 __all__ = ["Predictor", "Trained", "load_trained", "trusted_modules"]
@@ -96,7 +100,12 @@ def nonfinite_message(datamodule: Any, raw: Any, row: int) -> str:
 
 
 def load_trained(path: str | Path, map_location: str | torch.device = "cpu", trust: Sequence[str] = ()) -> Trained:
-    """Rebuild the model and DataModule of the run that wrote checkpoint ``path``.
+    """Rebuild the model and DataModule of the run that wrote checkpoint ``path``, reading the file once.
+
+    Only what inference needs is built: the task module with its net, and the DataModule; the
+    checkpoint's optimizer and schedule are never parsed. The model is built on the ``meta``
+    device first and every parameter's shape compared with the checkpoint's, so a small file
+    cannot make it allocate a net of any size.
 
     Args:
         path: a checkpoint written by ``make train`` (``python -m <package> fit``).
@@ -106,21 +115,58 @@ def load_trained(path: str | Path, map_location: str | torch.device = "cpu", tru
 
     Raises:
         engine.checkpoints.CheckpointError: the file is missing or broken, it was not written by a
-            LightningCLI run of this project (no saved model or DataModule class), or it names
-            code outside the trusted modules (``engine.trust.UntrustedCheckpointError``).
+            LightningCLI run of this project (no saved model or DataModule class), its weights do not
+            fit the net its arguments build, or it names anything but classes of the declared type
+            from the trusted modules (``engine.trust.UntrustedCheckpointError``).
     """
     path = Path(path)
     checkpoint = read_checkpoint(path)  # a missing, truncated or foreign file is named before Lightning reads it
     for key in ("hyper_parameters", "datamodule_hyper_parameters"):
-        if "_class_path" not in checkpoint.get(key, {}):
+        if not isinstance(checkpoint.get(key), dict) or "_class_path" not in checkpoint[key]:
             raise CheckpointError(
                 f"{path}: no {key.removesuffix('_hyper_parameters') or 'model'} class saved in it; "
                 "use a checkpoint written by `make train` (python -m <package> fit)"
             )
-    check_checkpoint(checkpoint, path, trust)  # every name in it, before anything is imported
+    check_checkpoint(checkpoint, path, trust)  # the type at every position, before anything is imported
+    arguments = checkpoint_arguments(checkpoint, path, trust)
     # Built under the rule too: a form the check does not know is refused where the import happens.
-    with loading(checkpoint_arguments(checkpoint), path, trust):
-        model = L.LightningModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
-        datamodule = L.LightningDataModule.load_from_checkpoint(path, weights_only=True)
-    model.eval()
+    with loading(arguments, path, trust):
+        model = build_model(checkpoint, arguments["hyper_parameters"], path)
+        datamodule = build(L.LightningDataModule, arguments["datamodule_hyper_parameters"])
+    state = checkpoint.get(type(datamodule).__qualname__)  # where Lightning saves a DataModule's state_dict
+    if state is not None:
+        datamodule.load_state_dict(state)
+    model.to(map_location).eval()
     return Trained(path, model, datamodule)
+
+
+def build(base: type, arguments: dict[str, Any]) -> Any:
+    """An object of ``base`` built from checked saved arguments (``{"_class_path": ..., <argument>: ...}``), as
+    Lightning's ``load_from_checkpoint`` builds it (``lightning.pytorch.cli.instantiate_module``)."""
+    return instantiate_module(base, {key: value for key, value in arguments.items() if key != "_instantiator"})
+
+
+def build_model(checkpoint: dict[str, Any], arguments: dict[str, Any], path: Path) -> L.LightningModule:
+    """The LightningModule of checked ``arguments`` holding ``checkpoint``'s weights; built on ``meta`` first.
+
+    Raises:
+        engine.checkpoints.CheckpointError: the weights' keys or shapes differ from the net the arguments
+            build (checked on the ``meta`` device, before any memory is allocated).
+    """
+    try:
+        with torch.device("meta"):
+            shell = build(L.LightningModule, arguments)
+    except UserError:
+        raise
+    except Exception:  # a net that cannot be built without memory (a pretrained one reads its files): checked after
+        shell = None
+    if shell is not None:
+        check_fits(checkpoint, shell, path, "The file's weights and arguments disagree: use a checkpoint written by `make train`.")
+    model = build(L.LightningModule, arguments)
+    if is_overridden("configure_model", model):
+        model.configure_model()
+    model.on_load_checkpoint(checkpoint)
+    if shell is None:  # checked after all, before the weights are copied in
+        check_fits(checkpoint, model, path, "The file's weights and arguments disagree: use a checkpoint written by `make train`.")
+    model.load_state_dict(checkpoint["state_dict"], strict=model.strict_loading)
+    return model

@@ -32,6 +32,8 @@ A name is judged by what it resolves to (the object's own module), not by its pr
 """
 
 import argparse
+import dataclasses
+import enum
 import functools
 import importlib
 import importlib.abc
@@ -42,16 +44,22 @@ import os
 import site
 import sys
 import sysconfig
+import types
+import typing
+from collections import abc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import lightning as L
+import torch
 import yaml
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 
 PROJECT_PACKAGE = __name__.split(".")[0]
+_PROJECT_ROOT = Path(__file__).resolve().parents[3]  # src/<package>/engine/trust.py
 CLASSES_ONLY = ("torch.optim", "torch.nn")
 # What a run folder's config.yaml may name besides the rule for checkpoints: Lightning's own parts.
 LIGHTNING_PARTS = ("callbacks", "loggers", "strategies", "plugins", "profilers", "accelerators")
@@ -74,16 +82,19 @@ def trusted_modules(option: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def check_checkpoint(checkpoint: dict[str, Any], path: str | Path, trust: Sequence[str] = ()) -> None:
-    """Refuse ``checkpoint`` if its arguments name code outside the trust rule (module docstring); import the rest.
+    """Refuse ``checkpoint`` unless its arguments build classes of the declared base at every position.
 
-    Every string of the model's and the DataModule's arguments is read, at any depth; none is
-    imported until all passed. The trusted classes' modules are then imported, because Lightning
-    builds only classes already imported.
+    The model's arguments (``hyper_parameters``) must name a LightningModule, the DataModule's
+    (``datamodule_hyper_parameters``) a LightningDataModule, and every argument inside them a class
+    of the type the constructor declares there (an ``nn.Module`` for ``net``, an optimizer class for
+    ``optimizer``), or plain data where the declared type takes no class (:class:`Positions`).
+    Every name is resolved, and the modules that hold the classes imported, only once the module
+    rule allows it (module docstring).
 
     Raises:
-        UntrustedCheckpointError: one line naming the key path (``hyper_parameters.lr_scheduler.
-            init_args.lr_lambda``), the name, and the ``--trust`` that would allow it.
-        CheckpointError: a trusted class whose module does not import.
+        UntrustedCheckpointError: one line naming the key path (``hyper_parameters.optimizer.class_path``),
+            the name and what it is, and the ``--trust`` that would allow a module.
+        CheckpointError: arguments that are not a mapping, or a trusted class whose module does not import.
     """
     for key in LEGACY_KEYS:
         if key in checkpoint:
@@ -91,30 +102,395 @@ def check_checkpoint(checkpoint: dict[str, Any], path: str | Path, trust: Sequen
                 f"{path}: has the legacy key {key!r}, which Lightning would merge into the model's arguments "
                 "unchecked; this project never writes it: refused. Use a checkpoint written by `make train`"
             )
-    classes = []
-    for key in ARGUMENT_KEYS:
-        for where, name, is_class_path in _names(checkpoint.get(key), key, 0, path):
-            if is_class_path and not _dotted(name):  # make train saves full paths: pkg.module.Class
-                raise UntrustedCheckpointError(f"{path}: {where} is {name!r}, not a full class path: refused")
-            _check_name(name, where, path, trust)
-            if is_class_path:
-                classes.append((where, name))
-    for where, name in classes:  # only once every name passed: nothing untrusted is imported
-        module = name.rpartition(".")[0]
-        try:
-            importlib.import_module(module)
-        except ImportError as error:
+    positions = Positions(path, trust)
+    for key, base in _argument_bases():
+        if checkpoint.get(key) is not None:
+            positions.saved_arguments(checkpoint[key], base, key)
+
+
+def check_run_config(tree: Any, path: str | Path, trust: Sequence[str] = ()) -> None:
+    """Refuse a run folder's ``config.yaml`` (or any config file that is not the project's own) unless it
+    builds classes of the declared base at every position: the Trainer's arguments by the Trainer's
+    signature (callbacks, loggers, strategies, plugins: Lightning's own classes or this project's),
+    ``model`` a LightningModule, ``data`` a LightningDataModule, the rest plain data.
+
+    Raises:
+        UntrustedCheckpointError: one line naming the key, the name and what it is.
+    """
+    if not isinstance(tree, dict):
+        return  # not a mapping: the parser says what is wrong with it, having imported nothing
+    positions = Positions(path, trust, also=LIGHTNING_OWN)
+    (model, model_base), (data, data_base) = _argument_bases()
+    for key, value in tree.items():
+        if key == "trainer" and isinstance(value, dict):
+            positions.arguments(value, L.Trainer, "trainer")
+        elif key == "model":
+            positions.value(value, model_base, "model")
+        elif key == "data":
+            positions.value(value, data_base, "data")
+        else:
+            positions.plain(value, str(key))
+
+
+def _argument_bases() -> tuple[tuple[str, type], tuple[str, type]]:
+    return (("hyper_parameters", L.LightningModule), ("datamodule_hyper_parameters", L.LightningDataModule))
+
+
+# ---- the type at each position --------------------------------------------------------------
+
+# Modules of the project that hold the commands, the CLI and the server: never a class a file may name.
+NEVER_TARGETS = tuple(f"{PROJECT_PACKAGE}.{name}" for name in ("commands", "cli", "serving", "__main__"))
+# The keys jsonargparse reads in a class spec; the ones a checkpoint's own arguments carry.
+SPEC_KEYS = {"class_path", "init_args", "dict_kwargs"}
+SAVED_KEYS = {"_class_path", "_instantiator"}
+MAX_VALUES = 100_000  # values of one file's arguments walked at most (shared lists make a small file a big tree)
+_PLAIN_TYPES = (type(None), bool, int, float, str, bytes, complex, Path, os.PathLike, torch.device, torch.dtype)
+_LISTS = (list, tuple, set, frozenset, abc.Sequence, abc.MutableSequence, abc.Iterable, abc.Collection, abc.Set)
+_MAPPINGS = (dict, abc.Mapping, abc.MutableMapping)
+
+
+class Positions:
+    """The type at each position of a file's arguments: what may be built there, checked before anything is.
+
+    A position is an argument of a class that will be built. Its declared type (the constructor's
+    annotation) decides what a file may put there:
+
+    - a class type (``nn.Module``, ``Callback``; ``Callable[..., Optimizer]``, which jsonargparse
+      builds from a class; unions and lists of these): a class spec (``class_path`` +
+      ``init_args``) or a dotted class path, naming a **class** (never a function, method or
+      builtin) that subclasses the declared type, defined in a module the module rule allows and
+      outside ``commands/``, ``cli.py`` and ``serving/``; its ``init_args`` are checked the same
+      way against its own constructor;
+    - a function type (``Callable`` that returns no class, ``type[...]``): nothing (None) from a file;
+    - anything else (numbers, strings, ``Literal``, ``Any``, a parameter without annotation,
+      ``**kwargs``): plain data (None, booleans, numbers, strings, lists and mappings of these)
+      holding no class spec, not even as YAML inside a string, since jsonargparse builds one it
+      finds where a type accepts any value.
+
+    ``trust`` and ``also`` extend the modules the rule allows; the walk reads at most
+    ``MAX_VALUES`` values and ``MAX_DEPTH`` levels, so a small file cannot make it spin.
+    """
+
+    def __init__(self, path: str | Path, trust: Sequence[str] = (), also: Sequence[str] = ()) -> None:
+        self.path, self.trust = path, tuple(trust)
+        self.allowed = tuple(dict.fromkeys((PROJECT_PACKAGE, *CLASSES_ONLY, *trust, *also)))
+        self.values = 0
+
+    # -- entry points ---------------------------------------------------------------------------
+    def saved_arguments(self, arguments: Any, base: type, where: str) -> None:
+        """A checkpoint's arguments: ``{"_class_path": ..., "_instantiator": ..., <argument>: <value>}``."""
+        if not isinstance(arguments, dict):
+            raise UntrustedCheckpointError(
+                f"{self.path}: {where} is {type(arguments).__name__}, not the mapping of arguments `make train` "
+                "saves: refused. Use a checkpoint written by `make train`"
+            )
+        instantiator = arguments.get("_instantiator", INSTANTIATOR)
+        if instantiator != INSTANTIATOR:
+            raise UntrustedCheckpointError(
+                f"{self.path}: {where}._instantiator is {instantiator!r}, not Lightning's own {INSTANTIATOR}: refused"
+            )
+        name = arguments.get("_class_path")
+        if not isinstance(name, str):
             raise CheckpointError(
-                f"{path}: {where} names the class {name}, whose module does not import ({error}); "
-                "install it or put its folder on PYTHONPATH"
-            ) from error
+                f"{self.path}: no {where.removesuffix('_hyper_parameters').replace('hyper_parameters', 'model')} "
+                "class saved in it; use a checkpoint written by `make train` (python -m <package> fit)"
+            )
+        target = self.resolve(name, (base,), f"{where}._class_path")
+        parameters = _parameters(target)
+        given = {
+            key: value
+            for key, value in arguments.items()
+            # An optimizer or a schedule is never built from a file (checkpoint_arguments): not read either.
+            if key not in SAVED_KEYS and not (key in parameters and _training_only(parameters[key]))
+        }
+        self.arguments(given, target, where)
+
+    def arguments(self, given: dict[str, Any], target: Any, where: str) -> None:
+        """``given`` keyword arguments of ``target`` (a class), each against its declared type."""
+        parameters = _parameters(target)
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        for key, value in given.items():
+            inner = f"{where}.{key}"
+            parameter = parameters.get(key) if isinstance(key, str) else None
+            if parameter is not None and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+                self.value(value, parameter.annotation, inner)
+            elif takes_any:
+                self.plain(value, inner)
+            else:
+                raise UntrustedCheckpointError(
+                    f"{self.path}: {inner} is not an argument of {_qualified(target)}: refused"
+                )
+
+    # -- one position ---------------------------------------------------------------------------
+    def value(self, value: Any, annotation: Any, where: str, depth: int = 0) -> None:
+        self._count(where, depth)
+        classes, function = _declared(annotation)
+        if value is None or isinstance(value, bool | int | float):
+            return
+        if function:
+            raise UntrustedCheckpointError(
+                f"{self.path}: {where} takes a function, and a file may not name code there: refused "
+                "(remove the key to use the default)"
+            )
+        if isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                self.value(item, annotation, f"{where}[{index}]", depth + 1)
+        elif isinstance(value, dict) and value.keys() & (SPEC_KEYS | SAVED_KEYS):
+            if not classes:
+                raise UntrustedCheckpointError(
+                    f"{self.path}: {where} holds a class spec, and its declared type "
+                    f"({_type_name(annotation)}) takes plain data: refused"
+                )
+            self.spec(value, classes, where, depth)
+        elif isinstance(value, dict) and classes:
+            # A mapping without class_path where a class is declared: the declared class's own arguments
+            # (a dataclass such as LoRA, or the init_args of the default's class).
+            declared = next((c for c in classes if dataclasses.is_dataclass(c)), None)
+            if declared is not None:
+                self.arguments(value, declared, where)
+            else:
+                self.plain(value, where, depth)
+        elif isinstance(value, str) and classes and _dotted(value.strip()):
+            self.resolve(value.strip(), classes, where)
+        elif isinstance(value, str) and classes and isinstance(parsed := _yaml(value), dict | list):
+            self.value(parsed, annotation, f"{where}<yaml>", depth + 1)  # jsonargparse reads YAML there
+        elif isinstance(value, str) and isinstance(annotation, Unresolved) and _dotted(value.strip()):
+            raise UntrustedCheckpointError(
+                f"{self.path}: {where} names {value.strip()}, where the declared type ({annotation}) does not "
+                "resolve: refused before importing it"
+            )
+        elif isinstance(value, str) and classes and not _takes_text(annotation):
+            # jsonargparse would read it as a class name, or as the path of a config file to read.
+            raise UntrustedCheckpointError(
+                f"{self.path}: {where} is {value[:300]!r}, where a class spec or a full class path is declared: refused"
+            )
+        else:
+            self.plain(value, where, depth)
+
+    def spec(self, spec: dict[str, Any], classes: tuple[type, ...], where: str, depth: int) -> None:
+        unknown = sorted(str(key) for key in spec.keys() - SPEC_KEYS)
+        if unknown:
+            raise UntrustedCheckpointError(
+                f"{self.path}: {where} has {unknown[0]!r}, not a key of a class spec (class_path, init_args): refused"
+            )
+        name = spec.get("class_path")
+        if not isinstance(name, str):
+            raise UntrustedCheckpointError(f"{self.path}: {where}.class_path is {name!r}, not a class path: refused")
+        target = self.resolve(name.strip(), classes, f"{where}.class_path")
+        for key in ("init_args", "dict_kwargs"):
+            given = spec.get(key)
+            if given is None:
+                continue
+            if not isinstance(given, dict):
+                raise UntrustedCheckpointError(f"{self.path}: {where}.{key} is not a mapping: refused")
+            self.arguments(given, target, f"{where}.{key}")
+
+    def plain(self, value: Any, where: str, depth: int = 0) -> None:
+        """Plain data: None, booleans, numbers, strings, lists and mappings of these; no class spec anywhere."""
+        self._count(where, depth)
+        if value is None or isinstance(value, bool | int | float):
+            return
+        if isinstance(value, str):
+            if "class_path" in value:  # YAML in a string, parsed where a type takes any value
+                raise UntrustedCheckpointError(
+                    f"{self.path}: {where} is a string that holds a class spec ({value[:60]!r}), where plain "
+                    "data is declared: refused"
+                )
+            return
+        if isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                self.plain(item, f"{where}[{index}]", depth + 1)
+            return
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key in SPEC_KEYS | SAVED_KEYS:
+                    raise UntrustedCheckpointError(
+                        f"{self.path}: {where}.{key} is a class spec where plain data is declared: refused"
+                    )
+                self.plain(key, f"{where}.{key}", depth + 1)
+                self.plain(item, f"{where}.{key}", depth + 1)
+            return
+        raise UntrustedCheckpointError(
+            f"{self.path}: {where} is a {type(value).__name__}, not plain data (numbers, strings, lists, mappings): refused"
+        )
+
+    def resolve(self, name: str, classes: tuple[type, ...], where: str) -> type:
+        """The class ``name`` names, once the module rule allows its module; a class of ``classes``, else refused."""
+        allow = f"If you trust this file, allow the module: --trust {name.rpartition('.')[0] or name}"
+        if not _dotted(name):
+            raise UntrustedCheckpointError(f"{self.path}: {where} is {name!r}, not a full class path: refused")
+        if _within(name, NEVER_TARGETS) or not _within(name, self.allowed):
+            raise UntrustedCheckpointError(
+                f"{self.path}: {where} names {name}, outside the modules a file may name ({', '.join(self.allowed)}; "
+                f"never {PROJECT_PACKAGE}.commands, .cli or .serving): refused before importing it. {allow}"
+            )
+        target = _resolve(name)
+        if target is None:
+            raise CheckpointError(
+                f"{self.path}: {where} names {name}, which does not import; install its package or put "
+                "its folder on PYTHONPATH"
+            )
+        home = _defined_in(target)
+        expected = " or ".join(_qualified(c) for c in classes)
+        if not inspect.isclass(target):
+            raise UntrustedCheckpointError(
+                f"{self.path}: {where} names {name}, which is {_what(target)}, not a class: a file may name "
+                f"classes only ({expected} here), a function is code: refused"
+            )
+        if _within(home, NEVER_TARGETS) or not _within(home, self.allowed):
+            raise UntrustedCheckpointError(
+                f"{self.path}: {where} names {name}, which is the class {home}.{target.__qualname__}, defined "
+                f"outside the modules a file may name: refused. {allow}"
+            )
+        if not issubclass(target, classes):
+            raise UntrustedCheckpointError(
+                f"{self.path}: {where} names {name}, a class that is not a {expected}, the type declared "
+                "there: refused"
+            )
+        return target
+
+    def _count(self, where: str, depth: int) -> None:
+        self.values += 1
+        if depth > MAX_DEPTH:
+            raise UntrustedCheckpointError(f"{self.path}: {where} is nested deeper than {MAX_DEPTH} levels: refused")
+        if self.values > MAX_VALUES:
+            raise UntrustedCheckpointError(
+                f"{self.path}: its arguments hold more than {MAX_VALUES:,} values (at {where}): refused"
+            )
 
 
-def trusted_by_config(config: Any) -> tuple[str, ...]:
-    """The modules of every class or callable the user's own parsed arguments and ``--config`` files name."""
-    names = _names(_plain(config), "config", 0, "config")
-    modules = {name.rpartition(".")[0] for _, name, _ in names}
+def _parameters(target: Any) -> dict[str, inspect.Parameter]:
+    """The constructor parameters of class ``target`` with their annotations resolved (self left out).
+
+    An annotation that does not resolve stays a string, which :func:`_declared` reads as plain data.
+    """
+    init = target.__init__ if inspect.isclass(target) else target
+    try:
+        parameters = dict(inspect.signature(init).parameters)
+    except (TypeError, ValueError):
+        return {}
+    if inspect.isclass(target) and parameters:
+        parameters.pop(next(iter(parameters)), None)  # self
+    # Annotations written as strings resolve in the defining module, with typing's and collections.abc's
+    # names for those a module imports only for type checkers.
+    namespace = {**vars(typing), **{k: v for k, v in vars(abc).items() if not k.startswith("_")}, "Tensor": torch.Tensor}
+    namespace |= getattr(inspect.unwrap(init), "__globals__", {})
+    for name, parameter in parameters.items():
+        if isinstance(parameter.annotation, str):
+            try:
+                parameters[name] = parameter.replace(annotation=eval(parameter.annotation, namespace))  # noqa: S307
+            except Exception:
+                parameters[name] = parameter.replace(annotation=Unresolved(parameter.annotation))
+    return parameters
+
+
+class Unresolved(str):
+    """An annotation string that does not resolve: no class spec and no dotted name may be given there."""
+
+
+def _declared(annotation: Any) -> tuple[tuple[type, ...], bool]:
+    """``(classes a class spec may name, whether a function may be named)`` at a position of type ``annotation``."""
+    if annotation is inspect.Parameter.empty or annotation is Any or annotation is object:
+        return (), False
+    origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        found = [_declared(argument) for argument in arguments]
+        return tuple(dict.fromkeys(c for classes, _ in found for c in classes)), any(f for _, f in found)
+    if origin is abc.Callable:
+        returned = arguments[-1] if arguments else None
+        classes = _declared(returned)[0] if returned is not None else ()
+        return (classes, False) if classes else ((), True)
+    if origin is type:
+        return (), True
+    if origin is typing.Literal:
+        return (), False
+    if origin in _LISTS or origin in _MAPPINGS:
+        found = [_declared(argument) for argument in arguments if argument is not Ellipsis]
+        return tuple(dict.fromkeys(c for classes, _ in found for c in classes)), any(f for _, f in found)
+    if origin is not None:  # another generic (typing.Annotated, a user generic): its origin decides
+        return _declared(origin)
+    if annotation is abc.Callable or annotation is typing.Callable:
+        return (), True
+    if not inspect.isclass(annotation) or issubclass(annotation, _PLAIN_TYPES) or issubclass(annotation, enum.Enum):
+        return (), False
+    if annotation in _LISTS or annotation in _MAPPINGS:
+        return (), False
+    return (annotation,), False
+
+
+def _takes_text(annotation: Any) -> bool:
+    """Whether a string is a value of ``annotation`` itself (``str``, a ``Literal`` of strings, a path)."""
+    if annotation in (str, Path, torch.device) or typing.get_origin(annotation) is typing.Literal:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_takes_text(argument) for argument in typing.get_args(annotation))
+    return False
+
+
+def _training_only(parameter: inspect.Parameter) -> bool:
+    """Whether a parameter builds only what training uses (an optimizer, a schedule) and has a default."""
+    if parameter.default is inspect.Parameter.empty:
+        return False
+    classes, _ = _declared(parameter.annotation)
+    schedules = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    return bool(classes) and all(issubclass(c, schedules) for c in classes)
+
+
+def _yaml(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+
+
+def _qualified(target: Any) -> str:
+    return f"{_defined_in(target)}.{_name_of(target)}"
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def _what(target: Any) -> str:
+    if inspect.ismodule(target):
+        return f"the module {target.__name__}"
+    kind = "function" if callable(target) else type(target).__name__
+    return f"the {kind} {_qualified(target)}"
+
+
+def trusted_by_arguments(args: Sequence[str]) -> tuple[str, ...]:
+    """The modules the user vouches for on a command line: ``--trust a,b`` and the modules of every class or
+    callable the arguments name themselves (``--model.init_args.net=my_lab.Net``); never what a ``--config``
+    file names (its own rule: :func:`foreign_configs`)."""
+    modules: set[str] = set()
+    previous = None
+    for arg in args:
+        flag, _, value = arg.partition("=") if arg.startswith("--") else (previous, "", arg)
+        previous = arg if arg.startswith("--") and "=" not in arg else None
+        if flag in ("--config", "-c") or not value:
+            continue
+        if flag == "--trust":
+            modules |= set(trusted_modules(value))
+            continue
+        modules |= {name.rpartition(".")[0] for _, name, _ in _names(value, str(flag), 0, "the command line")}
     return tuple(sorted(module for module in modules if module))
+
+
+def foreign_configs(args: Sequence[str]) -> list[tuple[Path, Any]]:
+    """The ``--config`` files of ``args`` that are not the project's own (``configs/``), each with its YAML:
+    a run folder's ``config.yaml``, a file from elsewhere. Their names are data (:func:`check_run_config`)."""
+    own = [folder.resolve() for folder in (Path("configs"), _PROJECT_ROOT / "configs") if folder.is_dir()]
+    paths = [value for flag, value in zip(args, args[1:]) if flag in ("--config", "-c")]
+    paths += [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
+    found = []
+    for path in map(Path, paths):
+        if not path.is_file() or any(path.resolve().is_relative_to(folder) for folder in own):
+            continue  # a missing file: jsonargparse names it
+        try:
+            found.append((path, yaml.safe_load(path.read_text(encoding="utf-8"))))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # engine.errors.check_config_files has named it already
+    return found
 
 
 def trusted_by_config_files(folder: str | Path = "configs") -> tuple[str, ...]:
@@ -129,9 +505,25 @@ def trusted_by_config_files(folder: str | Path = "configs") -> tuple[str, ...]:
     return tuple(sorted(module for module in modules if module))
 
 
-def checkpoint_arguments(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a checkpoint that are parsed into objects: the model's and the DataModule's arguments."""
-    return {key: checkpoint.get(key) for key in ARGUMENT_KEYS}
+def checkpoint_arguments(
+    checkpoint: dict[str, Any], path: str | Path = "checkpoint", trust: Sequence[str] = ()
+) -> dict[str, Any]:
+    """What a loading command parses of a checked checkpoint: the model's and the DataModule's arguments,
+    less every argument that builds only what training uses (an optimizer, a learning-rate schedule).
+
+    Predict, export, serving, ``--ckpt_path`` and resume never parse nor build the checkpoint's
+    optimizer or schedule: inference has no use for them, and a resumed fit takes them from the
+    user's own config (:func:`engine.checkpoints.check_optimizer_continues` compares the names only).
+    """
+    parsed = {}
+    for key, base in _argument_bases():
+        arguments = checkpoint.get(key)
+        if isinstance(arguments, dict) and isinstance(arguments.get("_class_path"), str):
+            target = Positions(path, trust).resolve(arguments["_class_path"], (base,), f"{key}._class_path")
+            parameters = _parameters(target)
+            arguments = {k: v for k, v in arguments.items() if not (k in parameters and _training_only(parameters[k]))}
+        parsed[key] = arguments
+    return parsed
 
 
 def _plain(config: Any) -> Any:
@@ -141,10 +533,15 @@ def _plain(config: Any) -> Any:
     return config
 
 
-def _names(tree: Any, where: str, depth: int, path: str | Path) -> Iterator[tuple[str, str, bool]]:
+def _names(
+    tree: Any, where: str, depth: int, path: str | Path, budget: list[int] | None = None
+) -> Iterator[tuple[str, str, bool]]:
     """``(key path, name, is a class_path)`` for every string of ``tree`` that jsonargparse could import."""
-    if depth > MAX_DEPTH:
-        raise UntrustedCheckpointError(f"{path}: {where} is nested deeper than {MAX_DEPTH} levels: refused")
+    budget = [MAX_VALUES] if budget is None else budget
+    budget[0] -= 1
+    if depth > MAX_DEPTH or budget[0] < 0:
+        raise UntrustedCheckpointError(f"{path}: {where} is nested deeper than {MAX_DEPTH} levels or holds more "
+                                       f"than {MAX_VALUES:,} values: refused")
     if isinstance(tree, dict):
         for key, value in tree.items():
             inner = f"{where}.{key}"
@@ -156,10 +553,10 @@ def _names(tree: Any, where: str, depth: int, path: str | Path) -> Iterator[tupl
             elif key in ("class_path", "_class_path") and isinstance(value, str):
                 yield inner, value, True
             else:
-                yield from _names(value, inner, depth + 1, path)
+                yield from _names(value, inner, depth + 1, path, budget)
     elif isinstance(tree, list | tuple):
         for index, item in enumerate(tree):
-            yield from _names(item, f"{where}[{index}]", depth + 1, path)
+            yield from _names(item, f"{where}[{index}]", depth + 1, path, budget)
     elif isinstance(tree, str):
         text = tree.strip()
         if _dotted(text):
@@ -170,40 +567,7 @@ def _names(tree: Any, where: str, depth: int, path: str | Path) -> Iterator[tupl
             except yaml.YAMLError:
                 return
             if isinstance(parsed, dict | list):
-                yield from _names(parsed, f"{where}<yaml>", depth + 1, path)
-
-
-def _check_name(name: str, where: str, path: str | Path, trust: Sequence[str]) -> None:
-    if not _importable(name.split(".")[0]):
-        return
-    module = name.rpartition(".")[0]
-    allow = f"If you trust this checkpoint, allow the module: --trust {module} (make predict/export/serve TRUST=...)"
-    trusted = (PROJECT_PACKAGE, *trust)
-    if _within(name, trusted):
-        # Trusted by what it is: a class or function the trusted modules define, not one reached through them.
-        target = _resolve(name)
-        if target is None or _within(_defined_in(target), trusted):
-            return
-        if isinstance(target, type) and _within(_defined_in(target), CLASSES_ONLY):  # torch.optim.AdamW re-exported
-            return
-        raise UntrustedCheckpointError(
-            f"{path}: {where} names {name}, which is {_defined_in(target) or 'an object'}.{_name_of(target)}, "
-            f"not a class or function defined in this project's package ({PROJECT_PACKAGE}) or a trusted module: "
-            f"refused. {allow}"
-        )
-    if _within(name, CLASSES_ONLY):
-        target = _resolve(name)
-        if isinstance(target, type) and _within(_defined_in(target), CLASSES_ONLY):
-            return
-        what = "not a class" if not isinstance(target, type) else f"the class {_defined_in(target)}.{target.__name__}"
-        raise UntrustedCheckpointError(
-            f"{path}: {where} names {name}, which is {what}: from torch.optim and torch.nn a checkpoint may "
-            f"name classes defined there only, a function is code: refused. {allow}"
-        )
-    raise UntrustedCheckpointError(
-        f"{path}: {where} names {name}, outside this project's package ({PROJECT_PACKAGE}), torch.optim and "
-        f"torch.nn: refused before importing it. {allow}"
-    )
+                yield from _names(parsed, f"{where}<yaml>", depth + 1, path, budget)
 
 
 def _defined_in(target: Any) -> str:
@@ -225,16 +589,6 @@ def _dotted(text: str) -> bool:
 
 def _within(name: str, modules: Sequence[str]) -> bool:
     return any(name == prefix or name.startswith(prefix + ".") for prefix in modules)
-
-
-def _importable(top: str) -> bool:
-    """Whether ``top`` is a module Python would find (finding runs no code of it)."""
-    if top in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec(top) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _resolve(name: str) -> Any:
@@ -467,18 +821,20 @@ def _key_holding(tree: Any, needle: str, where: str, depth: int = 0) -> str | No
     return None
 
 
-def _strings(tree: Any, depth: int = 0) -> Iterator[str]:
-    """Every string of ``tree`` at any depth, and the strings of YAML held in a string."""
-    if depth > MAX_DEPTH:
+def _strings(tree: Any, depth: int = 0, budget: list[int] | None = None) -> Iterator[str]:
+    """Every string of ``tree`` at any depth, and the strings of YAML held in a string (``MAX_VALUES`` at most)."""
+    budget = [MAX_VALUES] if budget is None else budget
+    budget[0] -= 1
+    if depth > MAX_DEPTH or budget[0] < 0:
         return
     if isinstance(tree, dict):
         for key, value in tree.items():
             if isinstance(key, str):
                 yield key
-            yield from _strings(value, depth + 1)
+            yield from _strings(value, depth + 1, budget)
     elif isinstance(tree, list | tuple):
         for item in tree:
-            yield from _strings(item, depth + 1)
+            yield from _strings(item, depth + 1, budget)
     elif isinstance(tree, str):
         yield tree
         if any(mark in tree for mark in ":{[-\n"):
@@ -487,7 +843,7 @@ def _strings(tree: Any, depth: int = 0) -> Iterator[str]:
             except yaml.YAMLError:
                 return
             if isinstance(parsed, dict | list):
-                yield from _strings(parsed, depth + 1)
+                yield from _strings(parsed, depth + 1, budget)
 
 
 def _named_files(tree: Any) -> dict[Path, str]:
