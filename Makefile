@@ -33,8 +33,8 @@ test: $(STAMP) ## Run the template's tests: bakes, hooks, and the baked projects
 	$(PYTHON) -m pytest -n auto --dist loadfile $(ARGS)
 
 lint: $(STAMP) ## ruff on the hooks and tests (bakes are linted by the tests)
-	$(PYTHON) -m ruff check hooks tests
-	$(PYTHON) -m ruff format --check hooks tests
+	$(PYTHON) -m ruff check hooks tests local_extensions.py
+	$(PYTHON) -m ruff format --check hooks tests local_extensions.py
 	@# A literal '}}' in a template file stays in the bake, where the bake tests refuse it (20 minutes later)
 	@! grep -rnP -I '^(?!.*\{\{).*\}\}' '{{cookiecutter.__project_dir}}' \
 		|| { echo "lint: a '}}' outside Jinja in the template (above): split the expression"; exit 1; }

@@ -1,7 +1,9 @@
 """Validate the answers before anything is written; on a bad answer, name the field and the fix.
 
 The answers arrive as JSON data (rendered with ``tojson`` into a raw string) and are only ever
-compared with patterns and lists: no answer is evaluated, executed or formatted into code.
+compared with patterns and lists: no answer is evaluated, executed or formatted into code. Before
+this hook, cookiecutter renders every answer as a Jinja template; ``local_extensions.AnswersAreData``
+refuses an answer that holds template syntax there, so none is evaluated on the way either.
 On failure this script exits 1; cookiecutter then deletes the project folder it created.
 """
 

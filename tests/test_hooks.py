@@ -118,6 +118,29 @@ def test_hostile_text_bakes_into_valid_files_literally_and_is_never_executed(
     assert HOSTILE["author_name"] in (project / "LICENSE").read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize(
+    "answer",
+    ["{{ 7*7 }}", '{{ cycler.__init__.__globals__.os.popen("id -un > PWNED").read() }}', "{% if 1 %}x{% endif %}"],
+)
+def test_an_answer_with_template_syntax_is_refused_before_cookiecutter_evaluates_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: str
+) -> None:
+    # Cookiecutter renders --no-input answers as Jinja before any hook runs: without
+    # local_extensions.AnswersAreData the first bakes "49" and the second runs a command.
+    monkeypatch.chdir(tmp_path)
+    output = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output), str(ROOT), f"description={answer}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert len(lines) == 1 and "An answer holds template syntax" in lines[0] and "Traceback" not in lines[0], lines
+    assert not list(tmp_path.rglob("PWNED")) and not (output.exists() and any(output.iterdir()))
+
+
 def test_typed_template_syntax_is_kept_literally(tmp_path: Path) -> None:
     """Answers typed at the prompts are data: Jinja syntax in them is neither rendered nor executed."""
     name = "Net {{ 7*7 }} {% if 1 %}x{% endif %}"

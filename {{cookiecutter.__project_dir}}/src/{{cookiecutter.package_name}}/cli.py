@@ -225,7 +225,8 @@ class CLI(LightningCLI):
             arguments = {"class_path": arguments.pop("_class_path"), "dict_kwargs": arguments}
         self._building_from = (self._ckpt_arguments, self.config[subcommand].get("ckpt_path"))
         with loading(*self._building_from, self.trusted, also=LIGHTNING_OWN):
-            self.config = self.parser.parse_object({subcommand: {"model": arguments}}, self.config)
+            model = {"model": arguments}
+            self.config = self.parser.parse_object({subcommand: model}, self.config)
 
     def instantiate_classes(self) -> None:
         # Objects built from a checkpoint's arguments or a run folder's config: under the trust rule too.

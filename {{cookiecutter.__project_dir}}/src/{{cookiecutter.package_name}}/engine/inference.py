@@ -34,10 +34,9 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch import nn
-
 from lightning.pytorch.cli import instantiate_module
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, check_fits, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.errors import UserError
@@ -146,6 +145,9 @@ def build(base: type, arguments: dict[str, Any]) -> Any:
     return instantiate_module(base, {key: value for key, value in arguments.items() if key != "_instantiator"})
 
 
+DISAGREE = "The file's weights and arguments disagree: use a checkpoint written by `make train`."
+
+
 def build_model(checkpoint: dict[str, Any], arguments: dict[str, Any], path: Path) -> L.LightningModule:
     """The LightningModule of checked ``arguments`` holding ``checkpoint``'s weights; built on ``meta`` first.
 
@@ -161,12 +163,12 @@ def build_model(checkpoint: dict[str, Any], arguments: dict[str, Any], path: Pat
     except Exception:  # a net that cannot be built without memory (a pretrained one reads its files): checked after
         shell = None
     if shell is not None:
-        check_fits(checkpoint, shell, path, "The file's weights and arguments disagree: use a checkpoint written by `make train`.")
+        check_fits(checkpoint, shell, path, DISAGREE)
     model = build(L.LightningModule, arguments)
     if is_overridden("configure_model", model):
         model.configure_model()
     model.on_load_checkpoint(checkpoint)
     if shell is None:  # checked after all, before the weights are copied in
-        check_fits(checkpoint, model, path, "The file's weights and arguments disagree: use a checkpoint written by `make train`.")
+        check_fits(checkpoint, model, path, DISAGREE)
     model.load_state_dict(checkpoint["state_dict"], strict=model.strict_loading)
     return model

@@ -40,6 +40,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
+import itertools
 import os
 import site
 import sys
@@ -120,7 +121,7 @@ def check_run_config(tree: Any, path: str | Path, trust: Sequence[str] = ()) -> 
     if not isinstance(tree, dict):
         return  # not a mapping: the parser says what is wrong with it, having imported nothing
     positions = Positions(path, trust, also=LIGHTNING_OWN)
-    (model, model_base), (data, data_base) = _argument_bases()
+    (_, model_base), (_, data_base) = _argument_bases()
     for key, value in tree.items():
         if key == "trainer" and isinstance(value, dict):
             positions.arguments(value, L.Trainer, "trainer")
@@ -311,7 +312,8 @@ class Positions:
                 self.plain(item, f"{where}.{key}", depth + 1)
             return
         raise UntrustedCheckpointError(
-            f"{self.path}: {where} is a {type(value).__name__}, not plain data (numbers, strings, lists, mappings): refused"
+            f"{self.path}: {where} is a {type(value).__name__}, not plain data (numbers, strings, lists, "
+            "mappings): refused"
         )
 
     def resolve(self, name: str, classes: tuple[type, ...], where: str) -> type:
@@ -344,8 +346,7 @@ class Positions:
             )
         if not issubclass(target, classes):
             raise UntrustedCheckpointError(
-                f"{self.path}: {where} names {name}, a class that is not a {expected}, the type declared "
-                "there: refused"
+                f"{self.path}: {where} names {name}, a class that is not a {expected}, the type declared there: refused"
             )
         return target
 
@@ -373,12 +374,13 @@ def _parameters(target: Any) -> dict[str, inspect.Parameter]:
         parameters.pop(next(iter(parameters)), None)  # self
     # Annotations written as strings resolve in the defining module, with typing's and collections.abc's
     # names for those a module imports only for type checkers.
-    namespace = {**vars(typing), **{k: v for k, v in vars(abc).items() if not k.startswith("_")}, "Tensor": torch.Tensor}
+    namespace = {**vars(typing), **{k: v for k, v in vars(abc).items() if not k.startswith("_")}}
+    namespace["Tensor"] = torch.Tensor
     namespace |= getattr(inspect.unwrap(init), "__globals__", {})
     for name, parameter in parameters.items():
         if isinstance(parameter.annotation, str):
             try:
-                parameters[name] = parameter.replace(annotation=eval(parameter.annotation, namespace))  # noqa: S307
+                parameters[name] = parameter.replace(annotation=eval(parameter.annotation, namespace))
             except Exception:
                 parameters[name] = parameter.replace(annotation=Unresolved(parameter.annotation))
     return parameters
@@ -432,7 +434,8 @@ def _training_only(parameter: inspect.Parameter) -> bool:
     if parameter.default is inspect.Parameter.empty:
         return False
     classes, _ = _declared(parameter.annotation)
-    schedules = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    schedules = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+    schedules += (torch.optim.lr_scheduler.ReduceLROnPlateau,)
     return bool(classes) and all(issubclass(c, schedules) for c in classes)
 
 
@@ -480,7 +483,7 @@ def foreign_configs(args: Sequence[str]) -> list[tuple[Path, Any]]:
     """The ``--config`` files of ``args`` that are not the project's own (``configs/``), each with its YAML:
     a run folder's ``config.yaml``, a file from elsewhere. Their names are data (:func:`check_run_config`)."""
     own = [folder.resolve() for folder in (Path("configs"), _PROJECT_ROOT / "configs") if folder.is_dir()]
-    paths = [value for flag, value in zip(args, args[1:]) if flag in ("--config", "-c")]
+    paths = [value for flag, value in itertools.pairwise(args) if flag in ("--config", "-c")]
     paths += [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
     found = []
     for path in map(Path, paths):
@@ -540,8 +543,10 @@ def _names(
     budget = [MAX_VALUES] if budget is None else budget
     budget[0] -= 1
     if depth > MAX_DEPTH or budget[0] < 0:
-        raise UntrustedCheckpointError(f"{path}: {where} is nested deeper than {MAX_DEPTH} levels or holds more "
-                                       f"than {MAX_VALUES:,} values: refused")
+        raise UntrustedCheckpointError(
+            f"{path}: {where} is nested deeper than {MAX_DEPTH} levels or holds more "
+            f"than {MAX_VALUES:,} values: refused"
+        )
     if isinstance(tree, dict):
         for key, value in tree.items():
             inner = f"{where}.{key}"
