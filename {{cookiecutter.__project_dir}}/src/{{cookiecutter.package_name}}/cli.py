@@ -146,7 +146,7 @@ class CLI(LightningCLI):
             default=None,
             help="Modules (comma-separated) whose classes a config file outside configs/ (a run folder's "
             "config.yaml) or a --ckpt_path checkpoint may name besides this project's, torch.nn, torch.optim "
-            "and Lightning's own; only for files you vouch for (docs/trust.md in the template).",
+            "and Lightning's own; only for files you vouch for (docs/shipping.md: the trust rule).",
         )
         parser.add_argument(
             "--resume",

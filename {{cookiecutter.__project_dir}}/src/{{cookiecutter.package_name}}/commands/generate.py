@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 from jsonargparse import auto_cli
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
+from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
+from {{ cookiecutter.package_name }}.engine.inference import build_model
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
 from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, checkpoint_arguments, loading, trusted_modules
 from {{ cookiecutter.package_name }}.models import LanguageModel
@@ -57,8 +58,13 @@ def generate(
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     target = torch.device(device)
-    with loading(checkpoint_arguments(checkpoint), path, trusted_modules(trust)):
-        model = LanguageModel.load_from_checkpoint(path, map_location=target, weights_only=True)
+    # Only the model is built (never the checkpoint's optimizer or schedule), on the meta device first.
+    arguments = checkpoint_arguments(checkpoint, path, trusted_modules(trust))
+    with loading(arguments, path, trusted_modules(trust)):
+        model = build_model(checkpoint, arguments["hyper_parameters"], path)
+    if not isinstance(model, LanguageModel):
+        raise CheckpointError(f"{path}: a checkpoint of {type(model).__name__}, not of a language model")
+    model.to(target).eval()
     if seed is not None:
         torch.manual_seed(seed)
     tokenizer = model.tokenizer  # the training data's: bytes, or the pretrained model's own

@@ -720,7 +720,7 @@ class TabularDataModule(ResumableDataModule):
         checkpoint = read_checkpoint(path)
         check_checkpoint(checkpoint, path, trust)  # the one check every load goes through
         hparams = checkpoint.get("datamodule_hyper_parameters", {})
-        with loading(checkpoint_arguments(checkpoint), path, trust):
+        with loading(checkpoint_arguments(checkpoint, path, trust), path, trust):
             datamodule = cls(**{key: value for key, value in hparams.items() if not key.startswith("_")})
         datamodule.load_state_dict(checkpoint[cls.__qualname__])
         return datamodule

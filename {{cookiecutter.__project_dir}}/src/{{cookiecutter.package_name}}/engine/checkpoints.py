@@ -123,7 +123,10 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
     return checkpoint
 
 
-FITS_FIX = "Use the config the checkpoint was trained with (config.yaml in its run folder: --config <run>/config.yaml)."
+FITS_FIX = (
+    "Use the config the checkpoint was trained with: --config <run>/config.yaml, which is read as data (the classes "
+    "it names must be of the declared type; --trust MODULE for a module of yours it names)."
+)
 
 
 def check_fits(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH, fix: str = FITS_FIX) -> None:

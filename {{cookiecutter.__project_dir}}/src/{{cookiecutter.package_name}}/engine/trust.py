@@ -5,24 +5,30 @@ A checkpoint stores the arguments of the run's model and DataModule as data (``h
 hands them to jsonargparse (Lightning's ``instantiate_module``, LightningCLI's ``--ckpt_path``,
 ``make resume``), which imports a module for every name it finds where a class or a callable is
 expected, and reads a file for a path given where a class is expected. Importing a module runs
-its code, so such a file could decide what code runs. The rule, what a checkpoint may name:
+its code, so such a file could decide what code runs. The rule is by type and position
+(:class:`Positions`), not by module:
 
-- this project's package: any class or function defined in it;
-- ``torch.optim`` and ``torch.nn``: classes defined there only (an optimizer, a schedule, a layer),
-  never a function, since a callable from a checkpoint is code that runs;
-- Lightning's own callbacks, loggers, strategies and plugins, where a run folder's config names them;
-- the modules the user vouches for: ``--trust my_lab.data`` on predict{{ ', export, serve, serve-bench' if cookiecutter.use_serving == 'yes' else '' }}{{ ' and generate' if cookiecutter.task == 'language-model' else '' }}
-  (``make predict TRUST=my_lab.data``), ``load_trained(path, trust=[...])`` in
-  Python; for ``fit``/``test``/``predict --ckpt_path`` and ``make resume``, the modules the user's
-  own arguments and ``--config`` files name (never those of the run folder's ``config.yaml``).
+- every class a file names must be a **class** (never a function, method or builtin) that
+  subclasses the type its position declares: a LightningModule for the model, a LightningDataModule
+  for the data, ``nn.Module`` for ``net``, the constructor's annotation for any argument inside;
+  every other argument is plain data (numbers, strings, lists and mappings of these);
+- the class must be defined in this project's package (never under ``commands/``, ``cli.py`` or
+  ``serving/``), ``torch.optim`` or ``torch.nn``; in a run folder's config, Lightning's own
+  callbacks, loggers, strategies and plugins too; or in the modules the user vouches for:
+  ``--trust my_lab.data`` on predict{{ ', export, serve, serve-bench' if cookiecutter.use_serving == 'yes' else '' }}{{ ', generate' if cookiecutter.task == 'language-model' else '' }} and
+  ``python -m <package> fit|test|predict`` (``make predict TRUST=my_lab.data``),
+  ``load_trained(path, trust=[...])`` in Python; besides, for ``fit``/``test``/``predict`` and
+  ``make resume``, the modules the user's own arguments and ``configs/`` files name (never those of a
+  run folder's ``config.yaml`` or of any other config file, which are data);
+- a loading command builds only what it needs: a checkpoint's optimizer and schedule are never
+  parsed (:func:`checkpoint_arguments`).
 
 A name is judged by what it resolves to (the object's own module), not by its prefix: the project's
 ``engine.checkpoints.os._exit`` is ``os._exit``. It is enforced in two places:
 
-- :func:`check_checkpoint` reads every string of the arguments first and refuses the file in one
-  line naming the key, for the forms known to be imported (class paths, dotted strings, YAML in a
-  string, at any depth); the keys ``hparams`` and ``module_arguments`` and an ``_instantiator``
-  other than Lightning's own are refused outright;
+- :func:`check_checkpoint` and :func:`check_run_config` check every argument against its position's
+  declared type first and refuse the file in one line naming the key; the keys ``hparams`` and
+  ``module_arguments`` and an ``_instantiator`` other than Lightning's own are refused outright;
 - :func:`loading` wraps the parsing and building itself, so that a form nobody listed is refused too:
   jsonargparse's own import-path policy denies every value that names or resolves to something
   outside the rule; a ``sys.meta_path`` finder refuses to import any module that is neither in the
