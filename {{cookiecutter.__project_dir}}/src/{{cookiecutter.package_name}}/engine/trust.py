@@ -380,7 +380,8 @@ def _parameters(target: Any) -> dict[str, inspect.Parameter]:
         parameters.pop(next(iter(parameters)), None)  # self
     # Annotations written as strings resolve in the defining module, with typing's and collections.abc's
     # names for those a module imports only for type checkers.
-    namespace = {**vars(typing), **{k: v for k, v in vars(abc).items() if not k.startswith("_")}}
+    namespace = dict(vars(typing))
+    namespace |= {k: v for k, v in vars(abc).items() if not k.startswith("_")}
     namespace["Tensor"] = torch.Tensor
     namespace |= getattr(inspect.unwrap(init), "__globals__", {})
     for name, parameter in parameters.items():
