@@ -215,18 +215,14 @@ class Positions:
     def arguments(self, given: dict[str, Any], target: Any, where: str) -> None:
         """``given`` keyword arguments of ``target`` (a class), each against its declared type."""
         parameters = _parameters(target)
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
         for key, value in given.items():
             inner = f"{where}.{key}"
-            parameter = parameters.get(key) if isinstance(key, str) else None
+            # jsonargparse appends to a list given as `callbacks+`
+            parameter = parameters.get(key.removesuffix("+")) if isinstance(key, str) else None
             if parameter is not None and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
                 self.value(value, parameter.annotation, inner)
-            elif takes_any:
+            else:  # **kwargs, or a key jsonargparse refuses by itself (with the closest accepted one)
                 self.plain(value, inner)
-            else:
-                raise UntrustedCheckpointError(
-                    f"{self.path}: {inner} is not an argument of {_qualified(target)}: refused"
-                )
 
     # -- one position ---------------------------------------------------------------------------
     def value(self, value: Any, annotation: Any, where: str, depth: int = 0) -> None:
@@ -234,10 +230,11 @@ class Positions:
         classes, function = _declared(annotation)
         if value is None or isinstance(value, bool | int | float):
             return
-        if function:
+        if function and not classes:
             raise UntrustedCheckpointError(
-                f"{self.path}: {where} takes a function, and a file may not name code there: refused "
-                "(remove the key to use the default)"
+                f"{self.path}: {where} takes a function (or a type that does not resolve here: "
+                f"{_type_name(annotation)}), and a file may not name code there: refused (remove the key to use "
+                "the default)"
             )
         if isinstance(value, list | tuple):
             for index, item in enumerate(value):
@@ -261,11 +258,6 @@ class Positions:
             self.resolve(value.strip(), classes, where)
         elif isinstance(value, str) and classes and isinstance(parsed := _yaml(value), dict | list):
             self.value(parsed, annotation, f"{where}<yaml>", depth + 1)  # jsonargparse reads YAML there
-        elif isinstance(value, str) and isinstance(annotation, Unresolved) and _dotted(value.strip()):
-            raise UntrustedCheckpointError(
-                f"{self.path}: {where} names {value.strip()}, where the declared type ({annotation}) does not "
-                "resolve: refused before importing it"
-            )
         elif isinstance(value, str) and classes and not _takes_text(annotation):
             # jsonargparse would read it as a class name, or as the path of a config file to read.
             raise UntrustedCheckpointError(
@@ -281,6 +273,13 @@ class Positions:
                 f"{self.path}: {where} has {unknown[0]!r}, not a key of a class spec (class_path, init_args): refused"
             )
         name = spec.get("class_path")
+        if name is None and "class_path" not in spec:  # a preset's init_args, merged into the class given before
+            # Its class is not known here: each argument may still name classes only, from allowed modules.
+            for key in ("init_args", "dict_kwargs"):
+                given = spec.get(key)
+                for inner, value in (given.items() if isinstance(given, dict) else [(None, given)]):
+                    self.value(value, Unresolved("a class given elsewhere"), f"{where}.{key}.{inner}", depth + 1)
+            return
         if not isinstance(name, str):
             raise UntrustedCheckpointError(f"{self.path}: {where}.class_path is {name!r}, not a class path: refused")
         target = self.resolve(name.strip(), classes, f"{where}.class_path")
@@ -385,12 +384,36 @@ def _parameters(target: Any) -> dict[str, inspect.Parameter]:
     namespace["Tensor"] = torch.Tensor
     namespace |= getattr(inspect.unwrap(init), "__globals__", {})
     for name, parameter in parameters.items():
-        if isinstance(parameter.annotation, str):
-            try:
-                parameters[name] = parameter.replace(annotation=eval(parameter.annotation, namespace))
-            except Exception:
-                parameters[name] = parameter.replace(annotation=Unresolved(parameter.annotation))
+        if parameter.annotation is not inspect.Parameter.empty:
+            parameters[name] = parameter.replace(annotation=_resolved(parameter.annotation, namespace))
     return parameters
+
+
+def _resolved(annotation: Any, namespace: dict[str, Any]) -> Any:
+    """``annotation`` with its strings and forward references evaluated; :class:`Unresolved` where one fails."""
+    if isinstance(annotation, str | typing.ForwardRef):
+        text = annotation if isinstance(annotation, str) else annotation.__forward_arg__
+        try:
+            return _resolved(eval(text, namespace), namespace)
+        except Exception:
+            return Unresolved(text)
+    arguments = typing.get_args(annotation)
+    if not arguments:
+        return annotation
+    if typing.get_origin(annotation) is abc.Callable:  # only what it returns decides the position
+        return abc.Callable[..., _resolved(arguments[-1], namespace)]
+    inner = tuple(
+        [_resolved(a, namespace) for a in argument] if isinstance(argument, list) else _resolved(argument, namespace)
+        for argument in arguments
+    )
+    if all(a is b for a, b in zip(inner, arguments, strict=True)):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.Union[inner]  # noqa: UP007 - built from a tuple
+    try:
+        return annotation.copy_with(inner)
+    except Exception:
+        return Unresolved(str(annotation))
 
 
 class Unresolved(str):
@@ -401,6 +424,8 @@ def _declared(annotation: Any) -> tuple[tuple[type, ...], bool]:
     """``(classes a class spec may name, whether a function may be named)`` at a position of type ``annotation``."""
     if annotation is inspect.Parameter.empty or annotation is Any or annotation is object:
         return (), False
+    if isinstance(annotation, Unresolved):  # the type is unknown here: a name there must at least be a class
+        return (object,), False
     origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         found = [_declared(argument) for argument in arguments]
@@ -409,8 +434,8 @@ def _declared(annotation: Any) -> tuple[tuple[type, ...], bool]:
         returned = arguments[-1] if arguments else None
         classes = _declared(returned)[0] if returned is not None else ()
         return (classes, False) if classes else ((), True)
-    if origin is type:
-        return (), True
+    if origin is type:  # a class itself, not built: jsonargparse imports it from its dotted path
+        return _declared(arguments[0]) if arguments else ((), True)
     if origin is typing.Literal:
         return (), False
     if origin in _LISTS or origin in _MAPPINGS:
@@ -429,7 +454,9 @@ def _declared(annotation: Any) -> tuple[tuple[type, ...], bool]:
 
 def _takes_text(annotation: Any) -> bool:
     """Whether a string is a value of ``annotation`` itself (``str``, a ``Literal`` of strings, a path)."""
-    if annotation in (str, Path, torch.device) or typing.get_origin(annotation) is typing.Literal:
+    if isinstance(annotation, Unresolved) or annotation in (str, Path, torch.device):
+        return True
+    if typing.get_origin(annotation) is typing.Literal:
         return True
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return any(_takes_text(argument) for argument in typing.get_args(annotation))
