@@ -277,7 +277,7 @@ class Positions:
             # Its class is not known here: each argument may still name classes only, from allowed modules.
             for key in ("init_args", "dict_kwargs"):
                 given = spec.get(key)
-                for inner, value in (given.items() if isinstance(given, dict) else [(None, given)]):
+                for inner, value in given.items() if isinstance(given, dict) else [(None, given)]:
                     self.value(value, Unresolved("a class given elsewhere"), f"{where}.{key}.{inner}", depth + 1)
             return
         if not isinstance(name, str):
