@@ -189,6 +189,14 @@ MALFORMED = {
         lambda m: (m["splits"]["train"]["fields"]["x"].update(shape=[0]), m["splits"]["train"].update(count=10**12)),
         r"fields.x.shape is \[0\], not a list of positive sizes",
     ),
+    "a shape beyond int64": (
+        lambda m: m["splits"]["train"]["fields"]["x"].update(shape=[10**20]),
+        r"fields.x.shape is \[100000000000000000000\]: a record over",
+    ),
+    "a shape whose product overflows int64 to 0": (
+        lambda m: m["splits"]["train"]["fields"]["x"].update(shape=[2**32, 2**32]),
+        r"fields.x.shape is \[4294967296, 4294967296\]: a record over",
+    ),
     "a count the shards do not hold": (
         lambda m: m["splits"]["train"].update(count=10**12),
         r"fields.x.shards hold 100 records, the split 1000000000000",

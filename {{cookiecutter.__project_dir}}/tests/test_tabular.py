@@ -297,6 +297,28 @@ def test_preprocessing_restored_from_a_checkpoint_splits_and_encodes_the_table_t
     for split in ("train", "val", "test"):
         assert (restored.split_rows[split] == trained.split_rows[split]).all()
     assert torch.equal(restored.test_set.tensors[0], trained.test_set.tensors[0])
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda prep: {}, r"preprocessing.task is None"),
+        (lambda prep: 5, r"preprocessing is int, not a mapping"),
+        (lambda prep: {**prep, "numeric": dict(x=dict(mean="a", std=1.0, indicator=False))}, r"numeric.x is not"),
+        (lambda prep: {**prep, "categorical": dict(c="abc")}, r"categorical.c is not a list of category names"),
+    ],
+)
+def test_a_saved_preprocessing_of_another_shape_is_one_line(table: Path, change, named: str) -> None:
+    # It is data from a checkpoint: a KeyError or a TypeError deep in the encoder was the user's message.
+    from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
+
+    trained = TabularDataModule(path=str(table), target="label")
+    trained.setup("fit")
+    state = trained.state_dict()
+    state["preprocessing"] = change(state["preprocessing"])
+    with pytest.raises(CheckpointError, match=named) as refused:
+        TabularDataModule(path=str(table), target="label").load_state_dict(state)
+    assert "\n" not in str(refused.value)
 {%- if cookiecutter.use_prepared == "yes" %}
 
 

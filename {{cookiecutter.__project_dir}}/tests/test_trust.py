@@ -718,3 +718,89 @@ def test_a_run_folders_config_passed_with_config_is_data(
     with user_error(rf"config\.yaml: model\.init_args\.optimizer\.class_path names {gadget}.*{refusal}"):
         main([subcommand, *shrunk_args(tmp_path / "new"), f"--config={config}", *trust])
     assert not marker.exists()
+
+
+# ---- files are data: what they hold is bounded, read once, and refused in one line -------------------
+
+
+@pytest.mark.parametrize("key", ["hyper_parameters", "datamodule_hyper_parameters"])
+@pytest.mark.parametrize("value", [7, ["x"]])
+def test_arguments_of_the_wrong_kind_are_one_line(trained_run: Path, tmp_path: Path, key: str, value: Any) -> None:
+    path = tmp_path / "odd.ckpt"
+    checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
+    checkpoint[key] = value
+    torch.save(checkpoint, path)
+    with user_error(rf"odd\.ckpt: .*{key.removesuffix('_hyper_parameters').replace('hyper_parameters', 'model')}"):
+        predict_main(["--ckpt", str(path)])
+
+
+def test_shared_lists_do_not_make_a_small_file_a_huge_walk(trained_run: Path, tmp_path: Path) -> None:
+    # A list that holds itself ten times, twelve levels deep: 1.7 KB on disk, 10^12 values to walk.
+    checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
+    shared: Any = ["x"]
+    for _ in range(12):
+        shared = [shared] * 10
+    checkpoint["hyper_parameters"]["extra"] = shared
+    with pytest.raises(UntrustedCheckpointError, match="more than 100,000 values"):
+        check_checkpoint(checkpoint, "x.ckpt")
+
+
+def test_a_compressed_checkpoint_is_refused_before_it_expands(trained_run: Path, tmp_path: Path) -> None:
+    # torch.save stores its members; the same file recompressed with deflate could expand to any size.
+    import zipfile
+
+    path = tmp_path / "deflated.ckpt"
+    deflated = zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED)
+    with zipfile.ZipFile(last_checkpoint(trained_run)) as source, deflated as out:
+        for info in source.infolist():
+            out.writestr(info.filename, source.read(info.filename))
+    with pytest.raises(Exception, match=r"compressed members .* refused") as refused:
+        load_trained(path)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+def test_a_fifo_where_a_checkpoint_is_looked_for_never_blocks(trained_run: Path, tmp_path: Path) -> None:
+    from {{ cookiecutter.package_name }}.engine.runs import latest_checkpoint
+
+    folder = tmp_path / "run"
+    shutil.copytree(trained_run, folder)
+    (run,) = {path.parent.parent for path in folder.rglob("last.ckpt")}
+    fifo = run / "checkpoints" / "interrupted-step999.ckpt"
+    os.mkfifo(fifo)  # the newest entry: opening it to read would wait for a writer forever
+    assert latest_checkpoint(run) == run / "checkpoints" / "last.ckpt"
+    with user_error("not a regular file"):
+        predict_main(["--ckpt", str(fifo)])
+
+
+def test_a_truncated_or_foreign_test_summary_is_left_aside(trained_run: Path, tmp_path: Path) -> None:
+    from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint, read_test_metrics
+
+    folder = tmp_path / "run"
+    shutil.copytree(trained_run, folder)
+    (run,) = {path.parent.parent for path in folder.rglob("last.ckpt")}
+    for text in ('{"checkpoint": "x', '["x"]', '{"metrics": 5}'):
+        (run / "test_metrics.json").write_text(text)
+        assert read_test_metrics(run) is None
+        assert best_checkpoint(folder).is_file()
+
+
+def test_a_run_config_that_names_another_file_or_aliases_itself_is_refused_at_once(
+    trained_run: Path, tmp_path: Path
+) -> None:
+    from {{ cookiecutter.package_name }}.engine.trust import check_run_config
+
+    folder = tmp_path / "run"
+    shutil.copytree(trained_run, folder)
+    (config,) = folder.rglob("config.yaml")
+    tree = yaml.safe_load(config.read_text())
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "trainer.yaml")  # read by jsonargparse, it would block make resume forever
+    with pytest.raises(UntrustedCheckpointError, match=r"trainer names the file 'trainer\.yaml'"):
+        check_run_config({**tree, "trainer": "trainer.yaml"}, config)
+    # YAML aliases: 6 KB of text, a tree of 10^12 values.
+    bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+    bomb += "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 13))
+    bomb += "trainer:\n  max_epochs: *a12\n"
+    with pytest.raises(UntrustedCheckpointError, match="more than 100,000 values"):
+        check_run_config(yaml.safe_load(bomb), config)

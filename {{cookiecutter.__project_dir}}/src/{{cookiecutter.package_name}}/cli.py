@@ -32,6 +32,7 @@ from {{ cookiecutter.package_name }}.engine.errors import (
     exit_on_user_error,
     lightning_config_error,
     readable_parser_message,
+    user_error_in,
 )
 from {{ cookiecutter.package_name }}.engine.launch import check_world_size, slurm_job_id
 from {{ cookiecutter.package_name }}.engine.quiet import (
@@ -242,7 +243,7 @@ class CLI(LightningCLI):
         try:
             super().instantiate_classes()
         except ValueError as error:
-            cause = _user_error_in_chain(error)
+            cause = user_error_in(error)
             if cause is None or cause is error:
                 raise
             raise cause from error
@@ -325,17 +326,6 @@ class CLI(LightningCLI):
         if self.config.fit.test_after_fit and not self.trainer.interrupted:
             evaluate_best_checkpoint(self.trainer, self.model, self.datamodule)
         report_profiler_files(self.trainer)
-
-
-def _user_error_in_chain(error: BaseException) -> UserError | None:
-    """The first :class:`UserError` among ``error`` and the exceptions it was raised from."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, UserError):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
 
 
 def _yaml_or_text(config: Path) -> object:

@@ -30,6 +30,7 @@ table's size (prepare itself reads the table with pandas once: it must fit in me
 
 import csv
 import json
+import math
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,7 +45,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
+from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
@@ -706,8 +707,14 @@ class TabularDataModule(ResumableDataModule):
         return {**super().state_dict(), "preprocessing": self._preprocessing()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the fitted preprocessing saved by :meth:`state_dict`.
+
+        Raises:
+            engine.checkpoints.CheckpointError: the saved preprocessing is not what :meth:`_fit` writes
+                (a mapping of numeric and categorical columns, numbers where numbers are written).
+        """
         super().load_state_dict(state_dict)
-        self.preprocessing = state_dict["preprocessing"]
+        self.preprocessing = checked_preprocessing(state_dict.get("preprocessing"))
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, trust: Sequence[str] = ()) -> "TabularDataModule":
@@ -724,6 +731,34 @@ class TabularDataModule(ResumableDataModule):
             datamodule = cls(**{key: value for key, value in hparams.items() if not key.startswith("_")})
         datamodule.load_state_dict(checkpoint[cls.__qualname__])
         return datamodule
+
+
+def checked_preprocessing(saved: Any) -> dict[str, Any]:
+    """``saved`` if it has the shape :meth:`TabularDataModule._fit` writes, else a one-line CheckpointError."""
+
+    def refuse(where: str, what: str) -> CheckpointError:
+        return CheckpointError(
+            f"the checkpoint's table preprocessing: {where} {what}; use a checkpoint written by `make train`"
+        )
+
+    if not isinstance(saved, dict):
+        raise refuse("preprocessing", f"is {type(saved).__name__}, not a mapping")
+    for key, kind in (("task", str), ("target", str), ("classes", list), ("numeric", dict), ("categorical", dict)):
+        if not isinstance(saved.get(key), kind):
+            raise refuse(f"preprocessing.{key}", f"is {saved.get(key)!r}, not a {kind.__name__}")
+    for key in ("target_mean", "target_std"):
+        if not isinstance(saved.get(key), int | float) or isinstance(saved.get(key), bool):
+            raise refuse(f"preprocessing.{key}", "is not a number")
+    for name, column in saved["numeric"].items():
+        numbers = isinstance(column, dict) and all(
+            isinstance(column.get(k), int | float) and math.isfinite(column[k]) for k in ("mean", "std")
+        )
+        if not numbers or not isinstance(column.get("indicator"), bool):
+            raise refuse(f"preprocessing.numeric.{name}", "is not {mean, std, indicator}")
+    for name, values in saved["categorical"].items():
+        if not isinstance(values, list) or not all(isinstance(value, str) for value in values):
+            raise refuse(f"preprocessing.categorical.{name}", "is not a list of category names")
+    return saved
 
 
 class TableEncoder(nn.Module):

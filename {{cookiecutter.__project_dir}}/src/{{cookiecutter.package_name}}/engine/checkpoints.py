@@ -97,6 +97,9 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint. `ls {path.parent}` shows the ones there are.")
+    if not path.is_file():  # a FIFO would block the read forever
+        raise CheckpointError(f"{path}: not a regular file, so not a checkpoint")
+    _check_members(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -121,6 +124,24 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"{path}: not a Lightning checkpoint (no 'state_dict' in it)")
     return checkpoint
+
+
+# torch.save stores every member of its zip file uncompressed: a compressed one is a file made to expand.
+def _check_members(path: Path) -> None:
+    """Refuse a checkpoint whose zip members are compressed (torch.save never compresses them): a small
+    file that would expand to any size in memory. A legacy (non-zip) file is left to ``torch.load``."""
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            packed = [info.filename for info in archive.infolist() if info.compress_type != zipfile.ZIP_STORED]
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return  # torch.load names what is wrong with it
+    if packed:
+        raise CheckpointError(
+            f"{path}: holds compressed members ({packed[0]}), which torch.save never writes: a file made to "
+            "expand in memory, refused"
+        )
 
 
 FITS_FIX = (

@@ -31,6 +31,21 @@ class UserError(Exception):
     """A mistake in the user's input; the message names the file or field and how to fix it."""
 
 
+def causes(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the exceptions it was raised from or during, each once (a cycle ends the walk)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def user_error_in(error: BaseException) -> UserError | None:
+    """The first :class:`UserError` among ``error`` and its causes (jsonargparse wraps what a constructor raises)."""
+    return next((cause for cause in causes(error) if isinstance(cause, UserError)), None)
+
+
 class ConfigError(UserError, ValueError):
     """A config value or config file that cannot work (``--trainer.*``, ``--model.*``, ``--data.*``, YAML)."""
 

@@ -36,6 +36,7 @@ from torch import nn
 from {{ cookiecutter.package_name }}.engine.errors import DataError, UserError
 from {{ cookiecutter.package_name }}.engine.inference import Trained
 from {{ cookiecutter.package_name }}.engine.quiet import silence_export_noise
+from {{ cookiecutter.package_name }}.engine.runs import read_test_metrics
 
 
 class ExportError(UserError, RuntimeError):
@@ -329,8 +330,7 @@ def _export_into(
         (work / name).write_text(text, encoding="utf-8")
         record["files"][Path(name).stem] = name
     record["versions"] = versions(work / "model.onnx" if onnx else None)
-    metrics = trained.checkpoint.parent.parent / "test_metrics.json"
-    record["training_test_metrics"] = json.loads(metrics.read_text())["metrics"] if metrics.is_file() else None
+    record["training_test_metrics"] = (read_test_metrics(trained.checkpoint.parent.parent) or {}).get("metrics")
     (work / "export.json").write_text(json.dumps(record, indent=2) + "\n")
     (work / "model-card.md").write_text(model_card(record))
     return record

@@ -39,7 +39,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, check_fits, read_checkpoint
-from {{ cookiecutter.package_name }}.engine.errors import UserError
+from {{ cookiecutter.package_name }}.engine.errors import UserError, causes
 from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, checkpoint_arguments, loading, trusted_modules
 
 __all__ = ["Predictor", "Trained", "load_trained", "trusted_modules"]
@@ -141,8 +141,23 @@ def load_trained(path: str | Path, map_location: str | torch.device = "cpu", tru
 
 def build(base: type, arguments: dict[str, Any]) -> Any:
     """An object of ``base`` built from checked saved arguments (``{"_class_path": ..., <argument>: ...}``), as
-    Lightning's ``load_from_checkpoint`` builds it (``lightning.pytorch.cli.instantiate_module``)."""
-    return instantiate_module(base, {key: value for key, value in arguments.items() if key != "_instantiator"})
+    Lightning's ``load_from_checkpoint`` builds it (``lightning.pytorch.cli.instantiate_module``).
+
+    Raises:
+        engine.errors.UserError: what a constructor raised as a user error (a refused model folder).
+        engine.checkpoints.CheckpointError: a file the arguments need could not be read (a tokenizer
+            missing from the cache), in one line.
+    """
+    try:
+        return instantiate_module(base, {key: value for key, value in arguments.items() if key != "_instantiator"})
+    except Exception as error:  # jsonargparse wraps what a constructor raises: say the cause in one line
+        cause = next((e for e in causes(error) if isinstance(e, UserError | OSError)), None)
+        if isinstance(cause, UserError):
+            raise cause from error
+        if cause is None:
+            raise  # a bug in a constructor keeps its traceback
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise CheckpointError(f"the checkpoint's {base.__name__} could not be rebuilt: {first}") from error
 
 
 DISAGREE = "The file's weights and arguments disagree: use a checkpoint written by `make train`."

@@ -419,7 +419,7 @@ def _check_manifest(
             shape = spec.get("shape")
             if not isinstance(shape, list) or not all(_natural(size) and size > 0 for size in shape):
                 raise bad(f"{where}.shape", f"is {shape!r}, not a list of positive sizes")
-            if dtype.itemsize * int(np.prod(shape, dtype=np.int64)) > MAX_RECORD_BYTES:
+            if dtype.itemsize * math.prod(shape) > MAX_RECORD_BYTES:  # exact: int64 would overflow to 0
                 raise bad(f"{where}.shape", f"is {shape!r}: a record over {MAX_RECORD_BYTES} bytes")
             shards = spec.get("shards")
             if not isinstance(shards, list):

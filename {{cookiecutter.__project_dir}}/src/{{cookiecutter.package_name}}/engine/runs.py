@@ -87,8 +87,8 @@ def latest_checkpoint(folder: Path) -> Path | None:
     (a full disk) from the save before. A sharded (FSDP) checkpoint is a folder and counts too.
     """
     existing = sorted(folder.glob("checkpoints/*.ckpt"), key=lambda path: path.stat().st_mtime, reverse=True)
-    for path in existing:  # newest first; one that cannot be read (a save cut short) is passed over
-        if path.is_dir() or _is_readable_checkpoint(path):
+    for path in existing:  # newest first; one that cannot be read (a save cut short, not a file) is passed over
+        if path.is_dir() or (path.is_file() and _is_readable_checkpoint(path)):
             return path
     return None
 
@@ -116,21 +116,36 @@ def best_checkpoint(root: str | Path = "logs") -> Path:
     if not found:
         raise MissingFileError(f"no checkpoint under {root}/: train first (make train) or pass one (CKPT=path)")
     run = max(found, key=lambda path: path.stat().st_mtime).parent.parent
-    summary = run / "test_metrics.json"
-    if summary.is_file():
-        named = json.loads(summary.read_text()).get("checkpoint")
-        if named and Path(named).is_file():
-            return Path(named)
+    named = (read_test_metrics(run) or {}).get("checkpoint")
+    if isinstance(named, str) and Path(named).is_file():
+        return Path(named)
     best = [
         path
         for path in run.glob("checkpoints/*.ckpt")
-        if path.name != "last.ckpt" and not path.name.startswith("interrupted-")
+        if path.is_file() and path.name != "last.ckpt" and not path.name.startswith("interrupted-")
     ]
     if best:
         return max(best, key=lambda path: path.stat().st_mtime)
     fallback = latest_checkpoint(run) or max(run.glob("checkpoints/*.ckpt"), key=lambda path: path.stat().st_mtime)
     print(f"no best checkpoint in {run} (the run never validated): using its latest, {fallback.name}", file=sys.stderr)
     return fallback
+
+
+def read_test_metrics(run: Path) -> dict | None:
+    """A run's ``test_metrics.json`` as written by :func:`evaluate_best_checkpoint`; None when it is missing,
+    not a regular file, truncated or not a JSON object (one line on standard error then: the file is data)."""
+    path = run / "test_metrics.json"
+    if not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        print(f"{path}: not readable ({type(error).__name__}): left aside", file=sys.stderr)
+        return None
+    if not isinstance(summary, dict) or not isinstance(summary.get("metrics", {}), dict):
+        print(f"{path}: not the summary `make train` writes: left aside", file=sys.stderr)
+        return None
+    return summary
 
 
 def _first_logger(trainer_config):
@@ -363,7 +378,9 @@ def evaluate_best_checkpoint(trainer: L.Trainer, model: L.LightningModule, datam
         }
         path = run_dir(trainer) / "test_metrics.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summary, indent=2) + "\n")
+        partial = path.with_name(f".{path.name}.partial-{os.getpid()}")  # whole or absent, never cut short
+        partial.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(partial, path)
         rank_zero_info(f"Test metrics written to {path}")
 
 {%- if cookiecutter.use_sweeps == "yes" %}

@@ -64,6 +64,7 @@ import torch
 import yaml
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
+from {{ cookiecutter.package_name }}.engine.errors import causes
 
 PROJECT_PACKAGE = __name__.split(".")[0]
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]  # src/<package>/engine/trust.py
@@ -129,6 +130,11 @@ def check_run_config(tree: Any, path: str | Path, trust: Sequence[str] = ()) -> 
     positions = Positions(path, trust, also=LIGHTNING_OWN)
     (_, model_base), (_, data_base) = _argument_bases()
     for key, value in tree.items():
+        if key == "trainer" and isinstance(value, str):
+            # jsonargparse would read that file (relative to the working folder): a FIFO there never ends
+            raise UntrustedCheckpointError(
+                f"{path}: {key} names the file {value[:300]!r}; a config that is data names no other file: refused"
+            )
         if key == "trainer" and isinstance(value, dict):
             positions.arguments(value, L.Trainer, "trainer")
         elif key == "model":
@@ -513,6 +519,19 @@ def trusted_by_arguments(args: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted(module for module in modules if module))
 
 
+def modules_beyond_the_rule(config: str | Path) -> tuple[str, ...]:
+    """The modules a config file names outside what any file may name (this package, torch, Lightning's own):
+    what ``--trust`` must vouch for to load it as data (a run folder's ``config.yaml`` of a run started with
+    a DataModule of yours elsewhere)."""
+    try:
+        tree = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
+        names = [name for _, name, is_class_path in _names(tree, "config", 0, config) if is_class_path]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, UntrustedCheckpointError):
+        return ()
+    allowed = (PROJECT_PACKAGE, *CLASSES_ONLY, *LIGHTNING_OWN)
+    return tuple(sorted({name.rpartition(".")[0] for name in names if not _within(name, allowed)} - {""}))
+
+
 def foreign_configs(args: Sequence[str]) -> list[tuple[Path, Any]]:
     """The ``--config`` files of ``args`` that are not the project's own (``configs/``), each with its YAML:
     a run folder's ``config.yaml``, a file from elsewhere. Their names are data (:func:`check_run_config`)."""
@@ -800,28 +819,18 @@ def _deny_import_paths_except(allowed: Sequence[str]) -> Any:
     return restore
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    """``error`` and the exceptions it was raised from or during, each once."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def _parse_failure(error: BaseException) -> str | None:
     """jsonargparse's refusal of a value somewhere in ``error``'s chain, as one line; else None."""
     from {{ cookiecutter.package_name }}.engine.errors import readable_parser_message
 
-    failure = next((e for e in _chain(error) if isinstance(e, argparse.ArgumentError)), None)
+    failure = next((e for e in causes(error) if isinstance(e, argparse.ArgumentError)), None)
     return None if failure is None else readable_parser_message(str(failure))
 
 
 def _denied_import_path(error: BaseException) -> str | None:
     """The import path jsonargparse's policy denied somewhere in ``error``'s chain (or its message), else None."""
     marker = "Importing '"
-    for current in _chain(error):
+    for current in causes(error):
         text = str(current)
         if marker in text and "is not allowed" in text:
             start = text.index(marker) + len(marker)

@@ -130,6 +130,8 @@ def check_files_inside(folder: Path, key: str, root: Path) -> None:
             raise ConfigError(f"{key}: {entry} leads out of {folder} (to {resolved}): only its own files are read")
         if not (resolved.is_file() or resolved.is_dir()):  # a FIFO, a socket, a device
             raise ConfigError(f"{key}: {entry} is not a regular file: only the folder's own files are read")
+        if resolved.is_dir() and entry.name.endswith((*WEIGHT_SUFFIXES, ".json", ".model", ".txt")):
+            raise ConfigError(f"{key}: {entry} is a folder where a model file of that name is read: rename it")
     for index in sorted(folder.glob("*.index.json")):
         try:
             shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
