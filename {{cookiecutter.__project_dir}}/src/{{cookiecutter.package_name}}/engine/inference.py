@@ -123,7 +123,7 @@ def load_trained(path: str | Path, map_location: str | torch.device = "cpu", tru
     for key in ("hyper_parameters", "datamodule_hyper_parameters"):
         if not isinstance(checkpoint.get(key), dict) or "_class_path" not in checkpoint[key]:
             raise CheckpointError(
-                f"{path}: no {key.removesuffix('_hyper_parameters') or 'model'} class saved in it; "
+                f"{path}: no {'model' if key == 'hyper_parameters' else 'datamodule'} class saved in it ({key}); "
                 "use a checkpoint written by `make train` (python -m <package> fit)"
             )
     check_checkpoint(checkpoint, path, trust)  # the type at every position, before anything is imported

@@ -205,8 +205,8 @@ class Positions:
         name = arguments.get("_class_path")
         if not isinstance(name, str):
             raise CheckpointError(
-                f"{self.path}: no {where.removesuffix('_hyper_parameters').replace('hyper_parameters', 'model')} "
-                "class saved in it; use a checkpoint written by `make train` (python -m <package> fit)"
+                f"{self.path}: no {'model' if where == 'hyper_parameters' else 'datamodule'} class saved in it "
+                f"({where}); use a checkpoint written by `make train` (python -m <package> fit)"
             )
         target = self.resolve(name, (base,), f"{where}._class_path")
         parameters = _parameters(target)
