@@ -8,6 +8,9 @@ never be imported (``engine/trust.py``).
 
 import contextlib
 import importlib.util
+{%- if cookiecutter.use_pretrained == "yes" and cookiecutter.task == "image-classification" %}
+import json
+{%- endif %}
 import os
 import random
 import re
@@ -804,3 +807,27 @@ def test_a_run_config_that_names_another_file_or_aliases_itself_is_refused_at_on
     bomb += "trainer:\n  max_epochs: *a12\n"
     with pytest.raises(UntrustedCheckpointError, match="more than 100,000 values"):
         check_run_config(yaml.safe_load(bomb), config)
+{%- if cookiecutter.use_pretrained == "yes" and cookiecutter.task != "tabular" %}
+
+
+def test_an_error_while_the_model_is_rebuilt_is_one_line(trained_run: Path, tmp_path: Path) -> None:
+    # Raised inside jsonargparse's build (it wraps what a constructor raises): the user reads the cause.
+    path = tmp_path / "rebuilt.ckpt"
+    checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
+{%- if cookiecutter.task == "language-model" %}
+    checkpoint["hyper_parameters"]["tokenizer"] = "no-such-org/no-such-tokenizer"  # runs never download
+    expected = "no-such-org/no-such-tokenizer is neither a folder nor in the local Hugging Face cache"
+{%- else %}
+    folder = tmp_path / "model"
+    folder.mkdir()
+    auto_map = {"AutoModel": "x.Y"}
+    (folder / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": auto_map}))
+    net = {"class_path": "{{ cookiecutter.package_name }}.nets.HFImageClassifier"}
+    net["init_args"] = {"model": str(folder), "num_classes": 10}
+    checkpoint["hyper_parameters"]["net"] = net
+    expected = r"maps model_type 'evil' to Python code in the folder \(auto_map\)"
+{%- endif %}
+    torch.save(checkpoint, path)
+    with user_error(expected):
+        predict_main(["--ckpt", str(path)])
+{%- endif %}
