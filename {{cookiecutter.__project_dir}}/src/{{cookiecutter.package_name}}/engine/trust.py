@@ -12,8 +12,8 @@ its code, so such a file could decide what code runs. The rule is by type and po
   subclasses the type its position declares: a LightningModule for the model, a LightningDataModule
   for the data, ``nn.Module`` for ``net``, the constructor's annotation for any argument inside;
   every other argument is plain data (numbers, strings, lists and mappings of these);
-- the class must be defined in this project's package (never under ``commands/``, ``cli.py`` or
-  ``serving/``), ``torch.optim`` or ``torch.nn``; in a run folder's config, Lightning's own
+- the class must be defined in this project's package (never under ``commands/`` or
+  ``cli.py``{{ ' or ``serving/``' if cookiecutter.use_serving == 'yes' else '' }}), ``torch.optim`` or ``torch.nn``; in a run folder's config, Lightning's own
   callbacks, loggers, strategies and plugins too; or in the modules the user vouches for:
   ``--trust my_lab.data`` on predict{{ ', export, serve, serve-bench' if cookiecutter.use_serving == 'yes' else '' }}{{ ', generate' if cookiecutter.task == 'language-model' else '' }} and
   ``python -m <package> fit|test|predict`` (``make predict TRUST=my_lab.data``),
@@ -152,7 +152,7 @@ def _argument_bases() -> tuple[tuple[str, type], tuple[str, type]]:
 # ---- the type at each position --------------------------------------------------------------
 
 # Modules of the project that hold the commands, the CLI and the server: never a class a file may name.
-NEVER_TARGETS = tuple(f"{PROJECT_PACKAGE}.{name}" for name in ("commands", "cli", "serving", "__main__"))
+NEVER_TARGETS = tuple(f"{PROJECT_PACKAGE}.{name}" for name in ("commands", "cli", "__main__"{{ ', "serving"' if cookiecutter.use_serving == 'yes' else '' }}))
 # The keys jsonargparse reads in a class spec; the ones a checkpoint's own arguments carry.
 SPEC_KEYS = {"class_path", "init_args", "dict_kwargs"}
 SAVED_KEYS = {"_class_path", "_instantiator"}
@@ -172,7 +172,7 @@ class Positions:
       builds from a class; unions and lists of these): a class spec (``class_path`` +
       ``init_args``) or a dotted class path, naming a **class** (never a function, method or
       builtin) that subclasses the declared type, defined in a module the module rule allows and
-      outside ``commands/``, ``cli.py`` and ``serving/``; its ``init_args`` are checked the same
+      outside ``commands/`` and ``cli.py``{{ ' (and ``serving/``)' if cookiecutter.use_serving == 'yes' else '' }}; its ``init_args`` are checked the same
       way against its own constructor;
     - a function type (``Callable`` that returns no class, ``type[...]``): nothing (None) from a file;
     - anything else (numbers, strings, ``Literal``, ``Any``, a parameter without annotation,
@@ -254,7 +254,7 @@ class Positions:
             self.spec(value, classes, where, depth)
         elif isinstance(value, dict) and classes:
             # A mapping without class_path where a class is declared: the declared class's own arguments
-            # (a dataclass such as LoRA, or the init_args of the default's class).
+            # (a dataclass of settings, or the init_args of the default's class).
             declared = next((c for c in classes if dataclasses.is_dataclass(c)), None)
             if declared is not None:
                 self.arguments(value, declared, where)
@@ -335,7 +335,7 @@ class Positions:
         if _within(name, NEVER_TARGETS) or not _within(name, self.allowed):
             raise UntrustedCheckpointError(
                 f"{self.path}: {where} names {name}, outside the modules a file may name ({', '.join(self.allowed)}; "
-                f"never {PROJECT_PACKAGE}.commands, .cli or .serving): refused before importing it. {allow}"
+                f"never {PROJECT_PACKAGE}.commands or .cli{{ ' or .serving' if cookiecutter.use_serving == 'yes' else '' }}): refused before importing it. {allow}"
             )
         target = _resolve(name)
         if target is None:
@@ -567,7 +567,7 @@ def checkpoint_arguments(
     """What a loading command parses of a checked checkpoint: the model's and the DataModule's arguments,
     less every argument that builds only what training uses (an optimizer, a learning-rate schedule).
 
-    Predict, export, serving, ``--ckpt_path`` and resume never parse nor build the checkpoint's
+    Predict{{ ', export, serve' if cookiecutter.use_serving == 'yes' else '' }}, ``--ckpt_path`` and resume never parse nor build the checkpoint's
     optimizer or schedule: inference has no use for them, and a resumed fit takes them from the
     user's own config (:func:`engine.checkpoints.check_optimizer_continues` compares the names only).
     """
@@ -580,13 +580,6 @@ def checkpoint_arguments(
             arguments = {k: v for k, v in arguments.items() if not (k in parameters and _training_only(parameters[k]))}
         parsed[key] = arguments
     return parsed
-
-
-def _plain(config: Any) -> Any:
-    """A jsonargparse Namespace (nested) -> dicts and lists."""
-    if hasattr(config, "as_dict"):
-        return config.as_dict()
-    return config
 
 
 def _names(
