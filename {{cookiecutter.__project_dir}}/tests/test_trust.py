@@ -831,3 +831,16 @@ def test_an_error_while_the_model_is_rebuilt_is_one_line(trained_run: Path, tmp_
     with user_error(expected):
         predict_main(["--ckpt", str(path)])
 {%- endif %}
+{%- if cookiecutter.use_pretrained == "yes" and cookiecutter.task != "tabular" %}
+
+
+def test_a_model_folder_holding_a_folder_named_as_a_model_file_is_one_line(tmp_path: Path) -> None:
+    # transformers would open it as the weights file (IsADirectoryError and its traceback).
+    from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+    from {{ cookiecutter.package_name }}.nets.hub import check_files_inside
+
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "extra.safetensors").mkdir()
+    with pytest.raises(ConfigError, match=r"extra\.safetensors is a folder where a model file of that name is read"):
+        check_files_inside(tmp_path, "net.model", tmp_path)
+{%- endif %}
