@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-TEMPLATE_PARTS = ["cookiecutter.json", "hooks", "{{cookiecutter.__project_dir}}"]
+TEMPLATE_PARTS = ["cookiecutter.json", "local_extensions.py", "hooks", "{{cookiecutter.__project_dir}}"]
 GIT_IDENTITY = ["-c", "user.name=Test", "-c", "user.email=test@example.com"]
 
 
