@@ -383,6 +383,12 @@ def _parameters(target: Any) -> dict[str, inspect.Parameter]:
         return {}
     if inspect.isclass(target) and parameters:
         parameters.pop(next(iter(parameters)), None)  # self
+    if inspect.isclass(target) and any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        # **kwargs passed on to a base class (a user's task module on TrainingModule): the base declares them
+        for base in target.__mro__[1:]:
+            if "__init__" in vars(base) and base is not object:
+                inherited = _parameters(base) if base.__init__ is not target.__init__ else {}
+                parameters |= {name: p for name, p in inherited.items() if name not in parameters}
     # Annotations written as strings resolve in the defining module, with typing's and collections.abc's
     # names for those a module imports only for type checkers.
     namespace = dict(vars(typing))
