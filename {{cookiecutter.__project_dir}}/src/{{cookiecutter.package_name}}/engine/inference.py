@@ -146,12 +146,12 @@ def build(base: type, arguments: dict[str, Any]) -> Any:
     Raises:
         engine.errors.UserError: what a constructor raised as a user error (a refused model folder).
         engine.checkpoints.CheckpointError: a file the arguments need could not be read (a tokenizer
-            missing from the cache), in one line.
+            missing from the cache), or a package a class needs is not installed, in one line.
     """
     try:
         return instantiate_module(base, {key: value for key, value in arguments.items() if key != "_instantiator"})
     except Exception as error:  # jsonargparse wraps what a constructor raises: say the cause in one line
-        cause = next((e for e in causes(error) if isinstance(e, UserError | OSError)), None)
+        cause = next((e for e in causes(error) if isinstance(e, UserError | OSError | ImportError)), None)
         if isinstance(cause, UserError):
             raise cause from error
         if cause is None:
