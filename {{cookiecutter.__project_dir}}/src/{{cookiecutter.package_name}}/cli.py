@@ -301,12 +301,15 @@ class CLI(LightningCLI):
 
     def before_validate(self) -> None:
         self._check_ckpt_path()
+        self._checkpoints = None  # checked: its weights are not held in memory for the whole run
 
     def before_test(self) -> None:
         self._check_ckpt_path()
+        self._checkpoints = None
 
     def before_predict(self) -> None:
         self._check_ckpt_path()
+        self._checkpoints = None
         silence_predict_warnings()
 
     def before_fit(self) -> None:
@@ -316,6 +319,7 @@ class CLI(LightningCLI):
         ckpt_path = self.config_init.fit.get("ckpt_path")
         if _is_checkpoint_file(ckpt_path):  # fit continues the optimizer and schedule too
             check_optimizer_continues(self._read_checkpoint(ckpt_path), self.model, ckpt_path)
+        self._checkpoints = None  # checked: a language model's gigabytes are not held for the whole run
         if ckpt_path and self.trainer.is_global_zero:
             replace_resume_warnings(str(run_dir(self.trainer)))
         announce_run(self.trainer)
