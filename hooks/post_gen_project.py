@@ -109,6 +109,7 @@ BENCHMARK_FILES = ["src/{package}/commands/bench.py"]
 SERVING_FILES = [
     "src/{package}/serving/__init__.py",
     "src/{package}/serving/api.py",
+    "src/{package}/serving/connections.py",
     "src/{package}/serving/openai_api.py",  # the language model's only
     "src/{package}/serving/batching.py",  # the language model's only
     "src/{package}/serving/completions.py",  # the language model's only, as the next two and EVAL_FILES

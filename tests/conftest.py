@@ -73,7 +73,8 @@ PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "c
 PACKAGE_FILES += ["engine/environment.py"]
 PACKAGE_FILES += ["engine/module.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
-PACKAGE_FILES += ["engine/runs.py", "serving/__init__.py", "serving/api.py", "engine/prepared.py", "engine/trust.py"]
+PACKAGE_FILES += ["engine/runs.py", "serving/__init__.py", "serving/api.py", "serving/connections.py"]
+PACKAGE_FILES += ["engine/prepared.py", "engine/trust.py"]
 PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
     for name in ("__init__", "finetuning", "finite", "plots", "predictions", "preemption", "progress")
@@ -158,7 +159,7 @@ def expected_files(
     if not use_benchmark:  # make bench's command
         files -= {f"src/{package}/commands/bench.py"}
     if not use_serving:  # make export and make serve: their commands, the HTTP APIs, the load test and tests
-        serving = ("__init__.py", "api.py", "openai_api.py", "batching.py", "completions.py")
+        serving = ("__init__.py", "api.py", "connections.py", "openai_api.py", "batching.py", "completions.py")
         files -= {f"src/{package}/serving/{name}" for name in serving}
         files -= {f"src/{package}/{name}" for name in ("commands/serve.py", "commands/export.py", "engine/export.py")}
         files -= {f"src/{package}/commands/evaluate.py", *EVAL_FILES}

@@ -2,10 +2,14 @@
 
 {% if cookiecutter.use_serving == "yes" -%}
 import contextlib
+import functools
 {% endif -%}
 import json
 import os
 import re
+{% if cookiecutter.use_serving == "yes" -%}
+import resource
+{% endif -%}
 import signal
 {% if cookiecutter.use_serving == "yes" -%}
 import socket
@@ -409,10 +413,24 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def as_in_a_terminal(nofile: int | None) -> None:
+    """In a server's process before it starts: Ctrl-C's default action, and ``ulimit -n nofile``."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if nofile is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+
 @contextlib.contextmanager
-def serving(checkpoint: Path, folder: Path, *args: str, env: dict[str, str] | None = None, api: str = "predict"):
+def serving(
+    checkpoint: Path,
+    folder: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    api: str = "predict",
+    nofile: int | None = None,
+):
     """``python -m <package>.serve --api <api>`` on a free loopback port, in its own process group; stopped
-    with SIGTERM.
+    with SIGTERM. ``nofile``: the server's file-descriptor limit (``ulimit -n``).
 
     Yields ``(port, process, log file)`` once ``/health`` answers 200.
     """
@@ -432,7 +450,7 @@ def serving(checkpoint: Path, folder: Path, *args: str, env: dict[str, str] | No
         env=env,
         # As in a terminal, Ctrl-C (SIGINT) interrupts the server: a test started from a background
         # job (a CI script's `&`) would otherwise pass on the job's "ignore SIGINT" to it.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=functools.partial(as_in_a_terminal, nofile),
     )
     try:
         deadline = time.monotonic() + 120

@@ -2,7 +2,9 @@
 
 One short run per module (fixture ``shipped``); every test uses its best checkpoint and exports.
 """
-{% if cookiecutter.task != "language-model" %}
+
+import contextlib
+{%- if cookiecutter.task != "language-model" %}
 import csv
 import fcntl
 {%- endif %}
@@ -10,6 +12,8 @@ import json
 import math
 import os
 import re
+import resource
+import selectors
 import shlex
 import shutil
 import signal
@@ -633,7 +637,12 @@ def slow_client(port: int, body_start: bytes) -> socket.socket:
 def test_slow_bodies_are_dropped_and_good_requests_answered_meanwhile(shipped, tmp_path: Path) -> None:
     trained, _, _ = shipped
     good = json.dumps({"inputs": example_inputs(trained, 1)}).encode()
-    with serving(trained.checkpoint, tmp_path, "--body_timeout", "2") as (port, process, log):
+    # The body deadline alone: 200 slow clients on this one address (no bound on connections per client).
+    with serving(trained.checkpoint, tmp_path, "--body_timeout", "2", "--max_client_connections", "0") as (
+        port,
+        process,
+        log,
+    ):
         start = time.monotonic()
         slow = [slow_client(port, b'{"inputs": [') for _ in range(200)]
         for _ in range(5):  # answered while 200 bodies are held open
@@ -648,6 +657,80 @@ def test_slow_bodies_are_dropped_and_good_requests_answered_meanwhile(shipped, t
         assert time.monotonic() - start < 20
         assert post(port, good)[0] == 200 and process.poll() is None
         assert "Traceback" not in log.read_text()
+
+
+def answers_while_trickling(connections: list[socket.socket], line: bytes, seconds: float) -> list[tuple[bytes, float]]:
+    """Each connection's answer and the time it came, sending ``line`` every half second on each one
+    still unanswered (a client trickling its headers), for at most ``seconds``; a reset reads as b""."""
+    answers: dict[socket.socket, tuple[bytes, float]] = {}
+    start = time.monotonic()
+    with selectors.DefaultSelector() as readable:  # epoll: no limit on descriptor numbers, unlike select()
+        for connection in connections:
+            readable.register(connection, selectors.EVENT_READ)
+        while len(answers) < len(connections) and time.monotonic() - start < seconds:
+            for key, _ in readable.select(0.5):
+                connection, answer = key.fileobj, b""
+                readable.unregister(connection)
+                with contextlib.suppress(ConnectionResetError):
+                    connection.settimeout(5)
+                    while chunk := connection.recv(4096):
+                        answer += chunk
+                answers[connection] = answer, time.monotonic() - start
+                connection.close()
+            for connection in connections:
+                if connection not in answers:
+                    with contextlib.suppress(OSError):
+                        connection.sendall(line)
+    return [answers.get(connection, (b"(no answer)", math.inf)) for connection in connections]
+
+
+@pytest.mark.slow
+def test_one_client_trickling_headers_on_more_connections_than_the_server_has_starves_no_other(
+    shipped, tmp_path: Path
+) -> None:
+    """The Slowloris attack, from 127.0.0.2: each of more connections than the server's ``ulimit -n``
+    trickles a header line every half second. Before the bounds, every descriptor was held and
+    ``/health`` failed for the whole attack."""
+    trained, _, _ = shipped
+    good = json.dumps({"inputs": example_inputs(trained, 1)}).encode()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2000:
+        pytest.skip(f"this test opens 700 connections: the hard limit of open files here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2000), hard))
+    args = ("--header_timeout", "3", "--max_client_connections", "32")
+    with serving(trained.checkpoint, tmp_path, *args, nofile=512) as (port, process, log):
+        flood = [socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0)) for _ in range(700)]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as answer:  # another client
+            assert answer.status == 200
+        assert post(port, good)[0] == 200
+        for connection in flood:
+            with contextlib.suppress(OSError):  # reset: refused already
+                connection.sendall(b"POST /predict HTTP/1.1\r\n")
+        answers = answers_while_trickling(flood, b"X-Slow: 1\r\n", seconds=30)
+        late = [seconds for answer, seconds in answers if answer.startswith(b"HTTP/1.1 408 ")]
+        refused = [answer for answer, _ in answers if answer.startswith(b"HTTP/1.1 503 ") or answer == b""]
+        assert len(late) == 32, "the client's connections up to --max_client_connections wait for their headers"
+        assert max(late) < 3 + 2, "a header line every half second does not extend the header deadline"
+        assert len(refused) == 700 - 32, "one connection over the bound is refused at once"
+        assert all(b"the server's --max_client_connections" in answer for answer in refused if answer)
+        message = b"the request headers did not arrive within 3 s (the server's --header_timeout)"
+        assert all(message in answer for answer, _ in answers if answer.startswith(b"HTTP/1.1 408 "))
+        assert post(port, good)[0] == 200 and process.poll() is None
+        assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.parametrize(
+    "option, value, reason",
+    [
+        ("--header_timeout", "0", "--header_timeout must be a positive number of seconds, got 0"),
+        ("--max_client_connections", "-1", r"--max_client_connections must be 0 \(no bound\) or more, got -1"),
+    ],
+)
+def test_connection_bounds_that_cannot_hold_are_refused_before_loading_anything(
+    option: str, value: str, reason: str, tmp_path: Path
+) -> None:
+    with user_error(reason):
+        serve_main(["--ckpt", str(tmp_path / "never-read.ckpt"), option, value])
 
 
 @pytest.mark.slow

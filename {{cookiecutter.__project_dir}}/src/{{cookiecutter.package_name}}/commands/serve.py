@@ -59,6 +59,8 @@ def serve(
     max_request_pixels: int = 4 * 4096 * 4096,
 {%- endif %}
     body_timeout: float = 10.0,
+    header_timeout: float = 10.0,
+    max_client_connections: int = 64,
     timeout: float = 30.0,
     accelerator: str = "auto",
     workers_per_device: int = 1,
@@ -92,6 +94,11 @@ def serve(
 {%- endif %}
         body_timeout: seconds a request's body may take to arrive after its headers (later: HTTP 408,
             connection closed), so slow clients cannot hold connections open.
+        header_timeout: seconds a request's headers may take to arrive (later: HTTP 408, connection
+            closed), however steadily they trickle in (:mod:`serving.connections`).
+        max_client_connections: connections one client address may hold at once (more: HTTP 503 at
+            once), so one client cannot spend the server's file descriptors; behind a reverse proxy,
+            whose address every request has, raise it or give 0 (no bound).
         timeout: LitServe's request timeout in seconds (``LitServer(timeout=...)``); must be longer
             than ``batch_timeout``. For the OpenAI API: the seconds a generating worker may go without a
             step before ``/health`` answers 503.
@@ -115,11 +122,13 @@ def serve(
     Raises:
         FileNotFoundError: no checkpoint found or given.
 {%- if cookiecutter.task == "language-model" %}
-        engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``; ``max_tokens`` below 1;
+        engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``; ``header_timeout``
+            not positive; ``max_client_connections`` negative; ``max_tokens`` below 1;
             ``max_request_tokens`` below the model's new tokens per prompt; ``stream_interval`` outside
             [0, 1].
 {%- else %}
-        engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``.
+        engine.errors.ConfigError: ``timeout`` is not longer than ``batch_timeout``; ``header_timeout``
+            not positive; ``max_client_connections`` negative.
 {%- endif %}
         engine.errors.LaunchError: ``host:port`` is taken or not an address of this machine.
     """
@@ -136,6 +145,12 @@ def serve(
 {%- endif %}
     check_address(host, port)  # before loading anything: uvicorn would only say so after the model is up
     require("litserve")
+    from {{ cookiecutter.package_name }}.serving.connections import bounded_connections
+
+    try:
+        http = bounded_connections(header_timeout, max_client_connections)
+    except ValueError as error:
+        raise ConfigError(f"--{error}") from None
     from {{ cookiecutter.package_name }}.serving.api import {% if cookiecutter.task == "language-model" %}body_limits, {% endif %}build_server, describe_request
 
     path = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
@@ -162,7 +177,7 @@ def serve(
             f"/v1/completions (up to {max_tokens} new tokens), GET /v1/models; GET /health",
             flush=True,
         )
-        server.run(host=host, port=port, generate_client_file=False)
+        server.run(host=host, port=port, generate_client_file=False, http=http)
         return
     new_tokens = trained.model.served_new_tokens  # per prompt
     if max_request_tokens < new_tokens:
@@ -196,7 +211,7 @@ def serve(
     request = describe_request(trained.datamodule, max_inputs)
 {%- endif %}
     print(f"Serving {path} on http://{host}:{port}: POST /predict {request}; GET /health", flush=True)
-    server.run(host=host, port=port, generate_client_file=False)
+    server.run(host=host, port=port, generate_client_file=False, http=http)
 
 
 def check_address(host: str, port: int) -> None:
