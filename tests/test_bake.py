@@ -26,6 +26,7 @@ from conftest import (
     leftover_template_syntax,
     local_torch_wheel,
 )
+from references import false_references
 
 QUESTIONS = json.loads((ROOT / "cookiecutter.json").read_text())
 LOGGERS, PRECISIONS = QUESTIONS["logger"], QUESTIONS["precision"]
@@ -102,6 +103,7 @@ def check_bake(project: Path, answers: dict) -> None:
     check_make_targets_run_commands(project)
     assert engine_imports(project / "src" / package / "engine") & TASK_LIBRARIES == set()
     assert pruned_names_left(project, answers) == []
+    assert false_references(project) == []
     assert unused_code(project) == []
     check_first_read(project)
 

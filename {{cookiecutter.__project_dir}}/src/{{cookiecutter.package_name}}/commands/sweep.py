@@ -13,8 +13,9 @@ PyTorchLightningPruningCallback). The study lives in a database (SQLite by defau
   reseeded (Optuna's ``reseed_rng``), so it draws new points instead of the first process's again;
 - the search space is checked before the first trial: a mistyped key or ``low > high`` is one
   line naming ``params.<key>``, and no trial is left behind;
-- several processes can share one study (``scripts/slurm/sweep.sbatch``: a SLURM job array; every
-  task but the first reseeds its sampler); the study ends once it has ``n_trials`` finished
+- several processes can share one study ({% if cookiecutter.include_slurm == "yes" %}``scripts/slurm/sweep.sbatch``: a SLURM job array; every
+  task but the first reseeds its sampler{% else %}each running this command with the same ``--storage``: every one but the
+  first reseeds its sampler{% endif %}); the study ends once it has ``n_trials`` finished
   (complete or pruned) trials, however many ran them.
 
 Every trial ends its logger run when it ends (pruned ones too), so each trial is its own wandb run.

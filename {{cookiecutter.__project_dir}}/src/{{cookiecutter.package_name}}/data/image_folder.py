@@ -100,8 +100,9 @@ class ImageFolderDataModule(ResumableDataModule):
     Args:
         root: the image folder (layouts in the module docstring).
         image_size: side in pixels every image is resized to (bilinear): stretched to a square, or,
-            with ``crop_size``, its shorter side, keeping the centre square. Raw inputs of predict,
-            export and serve are (C, image_size, image_size).
+            with ``crop_size``, its shorter side, keeping the centre square. Raw inputs of {{ 'predict,
+            export and serve are' if cookiecutter.use_serving == 'yes' else 'predict
+            are' }} (C, image_size, image_size).
         crop_size: side in pixels of what the net sees, cut from the ``image_size`` square: a random
             resized crop in training (with ``augment``), the centre crop otherwise; None: the whole square.
         crop_scale: the share of the square's area a training crop covers, (lowest, highest):
@@ -125,7 +126,7 @@ class ImageFolderDataModule(ResumableDataModule):
             (transformers) or its ``config.json``'s ``pretrained_cfg`` (timm) sets ``image_size``,
             ``crop_size`` and the per-channel mean and std (in place of the training split's), as the
             backbone saw images in pretraining (:func:`nets.image_preprocessing.image_preprocessing`), and
-            images are RGB. The checkpoint keeps them for predict, export and serve.
+            images are RGB. The checkpoint keeps them for predict{{ ', export and serve' if cookiecutter.use_serving == 'yes' else '' }}.
 {%- endif %}
         mean, std: per-channel mean and standard deviation of pixels in [0, 1] that a backbone was
             pretrained with, in place of the training split's (for weights that come without a

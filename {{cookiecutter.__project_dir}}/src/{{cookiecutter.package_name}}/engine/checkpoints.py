@@ -9,7 +9,7 @@ good one was; and nothing is flushed to disk, so a crash of the machine can lose
 seemed done. :class:`AtomicCheckpointIO` writes the temporary file beside the target, fsyncs it,
 renames it over the target (``os.replace``, atomic on POSIX and Windows) and fsyncs the folder
 (the rename itself is durable only then), so the target is always either the previous checkpoint
-or the new one, whole (``tests/test_faults.py`` simulates both failures).
+or the new one, whole{% if cookiecutter.task == "image-classification" %} (``tests/test_faults.py`` simulates both failures){% endif %}.
 """
 
 import errno

@@ -108,7 +108,7 @@ class ShippableData:
             ValueError: the split does not exist or its samples are not ``(inputs, target)`` tensors.
         """
         if getattr(self, f"{split}_set", None) is None:
-            self.setup("predict")  # e.g. the server asking for the request's shape
+            self.setup("predict")  # e.g. predict{{ " or the server" if cookiecutter.use_serving == "yes" else "" }} asking for the inputs' shape
         dataset = getattr(self, f"{split}_set", None)
         if dataset is None:
             raise DataError(f"{type(self).__name__} has no {split}_set: call setup() first, or override raw_inputs")

@@ -7,7 +7,7 @@ A DataModule that inherits it only makes its data sets in ``setup`` (``self.trai
 - training batches in a random order that is a function of ``(seed, epoch)`` only, split across
   processes under DDP, and a checkpoint records how many batches of the current epoch were trained
   on, so a resumed run sees, on every process, exactly the batches an uninterrupted run would
-  (``tests/test_resume.py``; two DDP processes stopped by SIGTERM: ``tests/test_ddp.py``);
+  (``tests/test_resume.py``{% if cookiecutter.task == "image-classification" %}; two DDP processes stopped by SIGTERM: ``tests/test_ddp.py``{% endif %});
 - test and predict batches in which, under DDP, every sample is seen once (no padding repeats);
 - loaders with their own random generator, so iterating never draws from the global RNG that the
   model's dropout uses (and that ``RandomStateCheckpoint`` restores).
@@ -122,7 +122,7 @@ class ResumableDataLoader(DataLoader):
 class ResumableDataModule(ShippableData, L.LightningDataModule):
     """Base LightningDataModule: exact-resume training loader, every-sample-once test loader, loader settings.
 
-    Its hooks for predict, export and serve (and their defaults) are :class:`engine.contract.ShippableData`'s.
+    Its hooks for predict{{ ', export and serve' if cookiecutter.use_serving == 'yes' else '' }} (and their defaults) are :class:`engine.contract.ShippableData`'s.
 
     Subclasses call ``super().__init__(batch_size, num_workers, pin_memory, persistent_workers)``,
     create ``train_set``/``val_set``/``test_set`` in ``setup`` and, to save more state (say,

@@ -22,8 +22,8 @@ and model keep all three (``engine/contract.py`` lists the hooks and their defau
 **Which classes a checkpoint may name.** Loading builds the classes a checkpoint names (model,
 DataModule, net, optimizer), so a checkpoint decides what code runs. ``engine/trust.py`` checks
 every name in it first: this project's package, classes of ``torch.optim`` and ``torch.nn``, and
-the modules the user allows (``trust=["my_lab.data"]`` here, ``--trust my_lab.data`` on predict,
-export, serve and generate: ``make predict TRUST=my_lab.data``). Anything else is refused before
+the modules the user allows (``trust=["my_lab.data"]`` here, ``--trust my_lab.data`` on
+predict{{ ', export, serve' if cookiecutter.use_serving == 'yes' else '' }}{{ ', generate' if cookiecutter.task == 'language-model' else '' }}: ``make predict TRUST=my_lab.data``). Anything else is refused before
 anything is imported, with the key that names it and the line that allows it.
 """
 

@@ -2,9 +2,14 @@
 
 A task subclasses it and implements :meth:`TrainingModule.shared_step` (batch -> loss, updating the
 metrics it is given) and passes its metrics to :meth:`TrainingModule.set_metrics`. What a user reads
+{%- if cookiecutter.use_serving == 'yes' %}
 of the net's output (``output_head``, ``describe``, ``response``, ``score``: predictions files, exports,
 the server) defaults to a classifier's (:class:`engine.contract.ShippableModel`); a task with other
-outputs overrides those. The base provides:
+outputs overrides those.
+{%- else %}
+of the net's output (``output_head``, ``describe``: the predictions file) defaults to a
+classifier's (:class:`engine.contract.ShippableModel`); a task with other outputs overrides those.
+{%- endif %} The base provides:
 
 - the optimizer and learning-rate schedule from the config (``optimizer``, ``lr_scheduler``: any
   ``torch.optim`` class; AdamW with warm-up + cosine by default), weight decay on matrices only,

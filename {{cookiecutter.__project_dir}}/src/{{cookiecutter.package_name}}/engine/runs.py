@@ -102,7 +102,7 @@ def _is_readable_checkpoint(path: Path) -> bool:
 
 
 def best_checkpoint(root: str | Path = "logs") -> Path:
-    """The best checkpoint of the latest run under ``root``: what ``make generate`` and friends load by default.
+    """The best checkpoint of the latest run under ``root``: what ``make predict`` and friends load by default.
 
     The latest run is the run folder (``<run>/checkpoints/``) holding the newest ``.ckpt`` file.
     Its best checkpoint is the one its ``test_metrics.json`` names (the first ModelCheckpoint's

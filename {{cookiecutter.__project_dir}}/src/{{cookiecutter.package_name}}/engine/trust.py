@@ -151,7 +151,7 @@ def _argument_bases() -> tuple[tuple[str, type], tuple[str, type]]:
 
 # ---- the type at each position --------------------------------------------------------------
 
-# Modules of the project that hold the commands, the CLI and the server: never a class a file may name.
+# Modules of the project that hold the commands, the CLI{{ ' and the server' if cookiecutter.use_serving == 'yes' else '' }}: never a class a file may name.
 NEVER_TARGETS = tuple(f"{PROJECT_PACKAGE}.{name}" for name in ("commands", "cli", "__main__"{{ ', "serving"' if cookiecutter.use_serving == 'yes' else '' }}))
 # The keys jsonargparse reads in a class spec; the ones a checkpoint's own arguments carry.
 SPEC_KEYS = {"class_path", "init_args", "dict_kwargs"}

@@ -82,7 +82,8 @@ MAX_MESSAGE_CHARS = 500  # an error names the problem; it never echoes a large i
 REFUSED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "response_format")
 IDLE_WAIT_S = 1.0  # an idle worker's wait for a request, between LitServe's own checks
 PREFILL_WAIT_S = 0.02  # the longest a request waiting for a place stays out of one that is free
-STREAM_INTERVAL_S = 0.01  # a streamed piece gathers up to this long of an answer's tokens (docs/benchmarks.md)
+# A streamed piece gathers up to this long of an answer's tokens (the template's docs/benchmarks.md).
+STREAM_INTERVAL_S = 0.01
 
 
 class OpenAIError(Exception):

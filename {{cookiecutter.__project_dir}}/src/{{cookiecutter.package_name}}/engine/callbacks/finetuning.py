@@ -29,7 +29,7 @@ class BackboneFreeze(BaseFinetuning):
     Under DDP the unfrozen backbone's gradients are averaged over the processes here: DDP syncs only
     the parameters that needed gradients when it wrapped the model, and the backbone was frozen then,
     so each process would otherwise train its own backbone apart from the others, in silence (Lightning
-    issue #20340; ``tests/test_transfer.py`` checks every process ends with the same parameters).
+    issue #20340{% if cookiecutter.task == "image-classification" and cookiecutter.use_pretrained == "yes" %}; ``tests/test_transfer.py`` checks every process ends with the same parameters{% endif %}).
     Other strategies (FSDP, DeepSpeed, model parallel) are refused when fit starts: they fix which
     parameters train when they wrap the model (FSDP flattens each wrapped block's parameters into one
     tensor whose ``requires_grad`` is set then), so the later unfreeze would not reach them.
@@ -76,8 +76,13 @@ class BackboneFreeze(BaseFinetuning):
             raise ConfigError(
                 "BackboneFreeze with LoRA (model.init_args.net.init_args.lora): LoRA keeps the pretrained base "
                 "frozen and its checkpoints leave it out, so the weights this callback unfreezes would train and "
+{%- if cookiecutter.task == "image-classification" and cookiecutter.use_pretrained == "yes" %}
                 "never be saved (a reload would not be the model tested); remove the callback (LoRA alone: "
                 "--config configs/experiments/lora.yaml in place of transfer-learning.yaml), or drop lora"
+{%- else %}
+                "never be saved (a reload would not be the model tested); remove the callback (LoRA alone), "
+                "or drop lora"
+{%- endif %}
             )
         super().setup(trainer, pl_module, stage)
 
