@@ -264,11 +264,12 @@ def test_predict_writes_one_readable_row_per_test_sample(shipped, tmp_path: Path
 {%- else %}
     with path.open() as file:
         rows = list(csv.DictReader(file))
-    assert list(rows[0]) == ["id", "label", "probability"]
+    assert list(rows[0]) == ["id", "label", "probability", "true_label"]  # the test split's labels are known
     assert [int(row["id"]) for row in rows] == data.test_ids()
     _, targets = data.raw_inputs("test")
     names = trained.class_names
-    correct = [names.index(row["label"]) == target for row, target in zip(rows, targets.tolist(), strict=True)]
+    assert [row["true_label"] for row in rows] == [str(names[target]) for target in targets.tolist()]
+    correct = [row["label"] == row["true_label"] for row in rows]
     assert sum(correct) / len(rows) == pytest.approx(training_metrics(trained)["test/acc"], abs=1e-6)
     assert all(0.0 < float(row["probability"]) <= 1.0 for row in rows)
 {%- endif %}

@@ -251,6 +251,11 @@ def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_{{ "fi
     tested = predict(ckpt=best["checkpoint"], output=tmp_path / "test.csv", accelerator="cpu")
     test_rows = cli.datamodule.split_rows["test"]
     assert pd.read_csv(tested)["id"].tolist() == frame["batch_id"].iloc[test_rows].tolist()
+    assert pd.read_csv(tested)["true_label"].tolist() == frame["label"].iloc[test_rows].tolist()
+    # Rows that keep their label: it is the file's true_label column, beside the prediction.
+    frame.head(5).to_csv(tmp_path / "labelled.csv", index=False)
+    labelled = predict(ckpt=best["checkpoint"], inputs=str(tmp_path / "labelled.csv"), output=tmp_path / "l-p.csv")
+    assert pd.read_csv(labelled)["true_label"].tolist() == frame["label"].head(5).tolist()
 
     # New rows with the id, a column the model never saw, and no label{{ ": one rule for files and requests" if cookiecutter.use_serving == "yes" else "" }}.
     new = frame.drop(columns=["label"]).head(5).assign(note="checked")
@@ -260,6 +265,7 @@ def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_{{ "fi
     assert f"INPUTS={tmp_path / 'new.csv'}: columns the model was not trained on, left out: ['note']" in caplog.text
     predicted = pd.read_csv(written)
     assert predicted["id"].tolist() == ["b0000", "b0001", "b0002", "b0003", "b0004"]
+    assert list(predicted.columns) == ["id", "label", "probability"]  # no label in the file: no true_label
 {%- if cookiecutter.use_serving == "yes" %}
     trained = load_trained(best["checkpoint"])
     records = json.loads(new.to_json(orient="records"))  # as a client sends them: the id and the note too

@@ -74,14 +74,30 @@ def evaluate(
     harness = shlex.split(lm_eval) if lm_eval else harness_command()
     run = {"names": names, "include": include, "output": output, "limit": limit, "num_concurrent": num_concurrent}
     run |= {"log_samples": log_samples, "offline": tasks is None}  # the harness's own tasks download their data
+    before = set(output.rglob("results_*.json"))
     if url is not None:
-        return run_harness(harness, url.rstrip("/"), **run)
+        print(f"make eval: scoring the model served at {url}", flush=True)
+        return said_where(run_harness(harness, url.rstrip("/"), **run), output, before, log=None)
     checkpoint = Path(ckpt) if ckpt is not None else best_checkpoint("logs")
+    print(f"make eval: scoring {checkpoint}", flush=True)
     options = ["--api=openai", "--timeout=300", *([f"--trust={trust}"] if trust else [])]
     output.mkdir(parents=True, exist_ok=True)
     # A line per request: in its own file, not between the harness's lines.
-    with local_server(checkpoint, options, log=output / "serve.log", start_seconds=START_SECONDS) as (base, _):
-        return run_harness(harness, base, **run)
+    log = output / "serve.log"
+    with local_server(checkpoint, options, log=log, start_seconds=START_SECONDS) as (base, _):
+        status = run_harness(harness, base, **run)
+    return said_where(status, output, before, log)
+
+
+def said_where(status: int, output: Path, before: set[Path], log: Path | None) -> int:
+    """``status``, once the results files the harness wrote under ``output`` (those not in ``before``) are
+    named, and, if it failed, the server's ``log``."""
+    for results in sorted(set(output.rglob("results_*.json")) - before):
+        print(f"make eval: results in {results}", flush=True)
+    if status:
+        where = f"; the server's log: {log}" if log else ""
+        print(f"make eval: lm-evaluation-harness exited with status {status}{where}", flush=True)
+    return status
 
 
 def run_harness(

@@ -569,6 +569,23 @@ class TabularDataModule(ResumableDataModule):
             return self._frame()[self.hparams.id_column].iloc[self.split_rows["test"]].astype(str).tolist()
         return self.split_rows["test"].tolist()
 
+    def truth(self, path: str | None) -> list[Any] | None:
+        """The target column as the table writes it: of the test rows (``path`` None), or of the CSV file
+        at ``path`` when it has that column (None when it has not{{ ', or for prepared data' if cookiecutter.use_prepared == 'yes' else '' }})."""
+{%- if cookiecutter.use_prepared == "yes" %}
+        if path is None and self.hparams.prepared is not None:
+            return None
+{%- endif %}
+        target = self._preprocessing()["target"]
+        if path is None:
+            column = self._frame()[target].iloc[self.split_rows["test"]]
+        else:
+            frame = read_table(path, "INPUTS", self.hparams.separator, encoding=self.hparams.encoding)
+            if target not in frame.columns:
+                return None
+            column = frame[target]
+        return ["" if pd.isna(value) else value for value in column.tolist()]
+
     def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
         """Rows of a CSV file with the training columns; ids are the ``id_column`` values, else row numbers.
 

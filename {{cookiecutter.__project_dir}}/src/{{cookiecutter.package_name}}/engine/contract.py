@@ -27,6 +27,8 @@ one ``inputs`` sample as the data set holds it, the preprocessing is
 ``inputs_from_json``       a request's ``inputs`` are not nested lists of numbers
 {%- endif %}
 ``test_ids``               predictions files should name test samples by more than their position
+``truth``                  predictions files should hold the true label or value of more than a test
+                           split of ``(inputs, class index)`` tensors (a user's file with its targets)
 {%- if cookiecutter.use_serving == "yes" %}
 ``dynamic_dims``           an export should leave more than the batch axis free (a sequence length)
 ``inference_files``        building an input needs a file beside the export (a trained tokenizer)
@@ -174,6 +176,7 @@ class ShippableData:
 
     def use_inputs(self, path: str | None) -> None:
         """Predict over ``path`` (see :meth:`read_inputs`), or over the test split when None. Call after setup."""
+        self.predict_truth = self.truth(path)
         if path is None:
             self.predict_set, self.predict_ids = None, [str(i) for i in self.test_ids()]
             self.predict_raw = None
@@ -188,6 +191,23 @@ class ShippableData:
     def test_ids(self) -> list[Any]:
         """An id for each test sample, in order (default: its position in the test split)."""
         return list(range(len(self.test_set))) if self.test_set is not None else []
+
+    def truth(self, path: str | None) -> list[Any] | None:
+        """The true label (or value) of each sample ``make predict`` predicts, as a user reads it, when
+        known: the predictions file's ``true_label`` (``true_value``) column. None: not known.
+
+        ``path`` None is the test split. The default: the class names of a test split of
+        ``(inputs, target)`` tensor samples whose targets are (N,) class indices; None for anything
+        else, a user's file included (override where such a file may hold its targets).
+        """
+        names = list(getattr(self, "class_names", None) or [])
+        test = self.test_set
+        if path is not None or not names or not isinstance(test, TensorDataset) or len(test.tensors) != 2:
+            return None
+        targets = test.tensors[1]
+        if targets.ndim != 1 or targets.is_floating_point():
+            return None
+        return [names[index] for index in targets.tolist()]
 
 
 class ShippableModel:

@@ -155,6 +155,7 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
         self.test_set: Dataset | None = None
         self.predict_set: Dataset | None = None
         self.predict_ids: list[str] = []  # an id per predict sample, for the predictions file
+        self.predict_truth: list[Any] | None = None  # its true label or value, when known (``truth``)
         self._predicting_transformed_inputs = False
         self._resume_at = (0, 0)  # (epoch, batches of it done), from a checkpoint
         # Makes a batch of samples (torch's default stacks them); samples of different lengths
@@ -201,6 +202,7 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         if self.predict_set is None and not self.predict_ids:  # the CLI's predict: the test split, ids for it
             self.predict_ids = [str(i) for i in self.test_ids()]
+            self.predict_truth = self.truth(None)
         data = self.predict_set if self.predict_set is not None else self.test_set
         return self.loader(data, every_sample_once=True)
 

@@ -24,7 +24,9 @@ class PredictionWriter(BasePredictionWriter):
     """Writes one row per predicted sample: its id, then the task module's ``describe`` record.
 
     For a classifier a row is ``id,label,probability``; regression writes ``id,prediction``; the
-    language model writes ``prompt`` and ``completion``. Rows are written after every batch, so
+    language model writes ``prompt`` and ``completion``. Where the DataModule knows each input's true
+    label or value (``truth``: the test split of a classifier, a table with its target column), a
+    ``true_label`` (``true_value``) column follows. Rows are written after every batch, so
     memory stays flat on a large input set. Ids come from the DataModule (``predict_ids``: row
     numbers of the test split, file names, CSV rows); class names from its ``class_names``.
     They go to ``<file>.partial``, renamed to the file when the last batch is written: an
@@ -102,8 +104,11 @@ class PredictionWriter(BasePredictionWriter):
                 f"(the predictions before it are in {self._partial()})"
             )
         records = pl_module.describe(prediction.detach().cpu(), class_names)
+        truth = getattr(datamodule, "predict_truth", None)  # the true label or value of each input, when known
         for index, record in zip(batch_indices, records, strict=True):
             row = {"id": ids[index] if index < len(ids) else str(index), **record}
+            if truth is not None:
+                row["true_label" if class_names else "true_value"] = truth[index]
             if self.written.suffix == ".jsonl":
                 self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
                 continue
