@@ -746,7 +746,8 @@ def test_make_eval_scores_equal_those_computed_in_process(trained: Trained, tmp_
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     (results,) = output.rglob("results_*.json")
-    assert f"make eval: scoring {trained.checkpoint}" in done.stdout and f"make eval: results in {results}" in done.stdout
+    assert f"make eval: scoring {trained.checkpoint}" in done.stdout
+    assert f"make eval: results in {results}" in done.stdout
     scores = json.loads(results.read_text())["results"]
     net, tokenizer = trained.predictor.net, trained.model.tokenizer
 

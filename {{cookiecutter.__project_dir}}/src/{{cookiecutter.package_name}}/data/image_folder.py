@@ -100,9 +100,8 @@ class ImageFolderDataModule(ResumableDataModule):
     Args:
         root: the image folder (layouts in the module docstring).
         image_size: side in pixels every image is resized to (bilinear): stretched to a square, or,
-            with ``crop_size``, its shorter side, keeping the centre square. Raw inputs of {{ 'predict,
-            export and serve are' if cookiecutter.use_serving == 'yes' else 'predict
-            are' }} (C, image_size, image_size).
+            with ``crop_size``, its shorter side, keeping the centre square. Raw inputs of predict{{ ',' if cookiecutter.use_serving == 'yes' else '' }}
+            {{ 'export and serve ' if cookiecutter.use_serving == 'yes' else '' }}are (C, image_size, image_size).
         crop_size: side in pixels of what the net sees, cut from the ``image_size`` square: a random
             resized crop in training (with ``augment``), the centre crop otherwise; None: the whole square.
         crop_scale: the share of the square's area a training crop covers, (lowest, highest):

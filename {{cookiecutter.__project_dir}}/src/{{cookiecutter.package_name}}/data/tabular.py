@@ -589,8 +589,12 @@ class TabularDataModule(ResumableDataModule):
     def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
         """Rows of a CSV file with the training columns; ids are the ``id_column`` values, else row numbers.
 
-        Other columns (the target, notes, ids) are left out{{ ', as the server leaves out other keys of a
-        request\'s rows' if cookiecutter.use_serving == 'yes' else '' }}; one log line names them.
+{%- if cookiecutter.use_serving == "yes" %}
+        Other columns (the target, notes, ids) are left out, as the server leaves out other keys of a
+        request's rows; one log line names them.
+{%- else %}
+        Other columns (the target, notes, ids) are left out; one log line names them.
+{%- endif %}
 
         Raises:
             FileNotFoundError: no such file.
