@@ -337,7 +337,9 @@ def test_a_hostile_checkpoint_is_refused_by_every_loading_command_before_any_imp
         ("os.system", "outside the modules a file may name"),  # a module already imported is still outside
         ("builtins.eval", "outside the modules a file may name"),
         ("{{ cookiecutter.package_name }}.engine.module.adamw", "which is the function"),  # the project's own function
-        ("{{ cookiecutter.package_name }}.cli.CLI", "never {{ cookiecutter.package_name }}.commands or .cli"),
+        ("{{ cookiecutter.package_name }}.cli.CLI", "never {{ cookiecutter.package_name }}.commands, .cli, .engine.training_cli"),
+        # The CLI's task-free half: in the engine, and as much never a target.
+        ("{{ cookiecutter.package_name }}.engine.training_cli.TrainingCLI", "never {{ cookiecutter.package_name }}.commands, .cli"),
     ],
 )
 def test_a_checkpoint_may_name_classes_of_the_declared_type_only(trained_run: Path, name: str, refusal: str) -> None:
@@ -395,10 +397,10 @@ def test_python_m_predict_refuses_a_planted_module_beside_the_project_in_one_lin
 
 def _without_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
     """Switch check_checkpoint off everywhere it is called: only the guard of engine.trust.loading is left."""
-    import {{ cookiecutter.package_name }}.cli as cli_module
     import {{ cookiecutter.package_name }}.engine.inference as inference
+    import {{ cookiecutter.package_name }}.engine.training_cli as training_cli
 
-    for where in (cli_module, inference):
+    for where in (training_cli, inference):
         monkeypatch.setattr(where, "check_checkpoint", lambda *args, **kwargs: None)
 
 

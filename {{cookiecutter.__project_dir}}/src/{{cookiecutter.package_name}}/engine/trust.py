@@ -12,9 +12,9 @@ its code, so such a file could decide what code runs. The rule is by type and po
   subclasses the type its position declares: a LightningModule for the model, a LightningDataModule
   for the data, ``nn.Module`` for ``net``, the constructor's annotation for any argument inside;
   every other argument is plain data (numbers, strings, lists and mappings of these);
-- the class must be defined in this project's package (never under ``commands/`` or
-  ``cli.py``{{ ' or ``serving/``' if cookiecutter.use_serving == 'yes' else '' }}), ``torch.optim`` or ``torch.nn``; in a run folder's config, Lightning's own
-  callbacks, loggers, strategies and plugins too; or in the modules the user vouches for:
+- the class must be defined in this project's package (never under ``commands/``, ``cli.py`` or
+  ``engine/training_cli.py``{{ ' or ``serving/``' if cookiecutter.use_serving == 'yes' else '' }}), ``torch.optim`` or ``torch.nn``; in a run folder's config,
+  Lightning's own callbacks, loggers, strategies and plugins too; or in the modules the user vouches for:
   ``--trust my_lab.data`` on predict{{ ', export, serve, serve-bench' if cookiecutter.use_serving == 'yes' else '' }}{{ ', generate' if cookiecutter.task == 'language-model' else '' }} and
   ``python -m <package> fit|test|predict`` (``make predict TRUST=my_lab.data``),
   ``load_trained(path, trust=[...])`` in Python; besides, for ``fit``/``test``/``predict`` and
@@ -151,8 +151,9 @@ def _argument_bases() -> tuple[tuple[str, type], tuple[str, type]]:
 
 # ---- the type at each position --------------------------------------------------------------
 
-# Modules of the project that hold the commands, the CLI{{ ' and the server' if cookiecutter.use_serving == 'yes' else '' }}: never a class a file may name.
-NEVER_TARGETS = tuple(f"{PROJECT_PACKAGE}.{name}" for name in ("commands", "cli", "__main__"{{ ', "serving"' if cookiecutter.use_serving == 'yes' else '' }}))
+# Modules of the project that hold the commands, the CLI (both halves){{ ' and the server' if cookiecutter.use_serving == 'yes' else '' }}: never a class a file may name.
+NEVER_MODULES = ("commands", "cli", "engine.training_cli", "__main__"{{ ', "serving"' if cookiecutter.use_serving == 'yes' else '' }})
+NEVER_TARGETS = tuple(f"{PROJECT_PACKAGE}.{name}" for name in NEVER_MODULES)
 # The keys jsonargparse reads in a class spec; the ones a checkpoint's own arguments carry.
 SPEC_KEYS = {"class_path", "init_args", "dict_kwargs"}
 SAVED_KEYS = {"_class_path", "_instantiator"}
@@ -172,8 +173,8 @@ class Positions:
       builds from a class; unions and lists of these): a class spec (``class_path`` +
       ``init_args``) or a dotted class path, naming a **class** (never a function, method or
       builtin) that subclasses the declared type, defined in a module the module rule allows and
-      outside ``commands/`` and ``cli.py``{{ ' (and ``serving/``)' if cookiecutter.use_serving == 'yes' else '' }}; its ``init_args`` are checked the same
-      way against its own constructor;
+      outside ``commands/``, ``cli.py`` and ``engine/training_cli.py``{{ ' (and ``serving/``)' if cookiecutter.use_serving == 'yes' else '' }}; its ``init_args`` are
+      checked the same way against its own constructor;
     - a function type (``Callable`` that returns no class, ``type[...]``): nothing (None) from a file;
     - anything else (numbers, strings, ``Literal``, ``Any``, a parameter without annotation,
       ``**kwargs``): plain data (None, booleans, numbers, strings, lists and mappings of these)
@@ -335,7 +336,8 @@ class Positions:
         if _within(name, NEVER_TARGETS) or not _within(name, self.allowed):
             raise UntrustedCheckpointError(
                 f"{self.path}: {where} names {name}, outside the modules a file may name ({', '.join(self.allowed)}; "
-                f"never {PROJECT_PACKAGE}.commands or .cli{{ ' or .serving' if cookiecutter.use_serving == 'yes' else '' }}): refused before importing it. {allow}"
+                f"never {PROJECT_PACKAGE}.commands, .cli, .engine.training_cli{{ ' or .serving' if cookiecutter.use_serving == 'yes' else '' }}): "
+                f"refused before importing it. {allow}"
             )
         target = _resolve(name)
         if target is None:
