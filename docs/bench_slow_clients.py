@@ -22,6 +22,7 @@ import collections
 import contextlib
 import functools
 import json
+import os
 import resource
 import selectors
 import signal
@@ -140,7 +141,7 @@ def main() -> None:
                 f"{after[0]}/{args.good} |"
             )
         finally:
-            server.send_signal(signal.SIGTERM)
+            os.killpg(server.pid, signal.SIGTERM)  # LitServe's worker processes too: the whole group
             server.wait(timeout=60)
 
 
