@@ -274,7 +274,10 @@ def unused_code(project: Path) -> list[str]:
 # only by a decision taken here. (Its lines with docstrings, comments and blank lines: about 1.65 times as many.)
 # 2026-11-28: +400 for the trust rule by type and position (issue 62: engine/trust.py's Positions, the one-read
 # model build of engine/inference.py, the data checks of loaded files); measured 3,362 / 3,377 / 3,752.
-MINIMAL_CODE_LINES = {"image-classification": 3400, "tabular": 3400, "language-model": 3780}
+# 2026-11-28 (second stop): +40 for the predictions file's true_label column (the contract's truth hook, the
+# table's), the CLI split into engine/training_cli.py and cli.py, and the sentences fixed per answer; measured
+# 3,396 / 3,421 / 3,786.
+MINIMAL_CODE_LINES = {"image-classification": 3430, "tabular": 3450, "language-model": 3820}
 
 
 def code_lines(source: str) -> int:
