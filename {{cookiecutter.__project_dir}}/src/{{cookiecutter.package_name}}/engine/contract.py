@@ -176,13 +176,13 @@ class ShippableData:
 
     def use_inputs(self, path: str | None) -> None:
         """Predict over ``path`` (see :meth:`read_inputs`), or over the test split when None. Call after setup."""
-        self.predict_truth = self.truth(path)
         if path is None:
             self.predict_set, self.predict_ids = None, [str(i) for i in self.test_ids()]
-            self.predict_raw = None
+            self.predict_raw, self.predict_truth = None, self.truth(None)
             self._predicting_transformed_inputs = False
             return
-        ids, raw = self.read_inputs(path)
+        ids, raw = self.read_inputs(path)  # first: a missing or unreadable file is named here
+        self.predict_truth = self.truth(path)
         with torch.no_grad():
             self.predict_set = TensorDataset(self.inference_transform()(raw))
         self.predict_ids, self.predict_raw = ids, raw  # raw: for explain_input when an output is not finite
