@@ -29,7 +29,7 @@ from {{ cookiecutter.package_name }}.commands.predict import predict
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
 {%- endif %}
-from {{ cookiecutter.package_name }}.data import TabularDataModule
+from {{ cookiecutter.package_name }}.data import TabularDataModule, tabular
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 {%- endif %}
@@ -239,7 +239,7 @@ def test_a_csv_is_read_as_written_never_with_data_turned_into_an_index(
 
 
 def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_{{ "files_and_requests" if cookiecutter.use_serving == "yes" else "files" }}(
-    table: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    table: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     frame = pd.read_csv(table)
     frame.insert(0, "batch_id", [f"b{i:04d}" for i in range(len(frame))])
@@ -252,10 +252,16 @@ def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_{{ "fi
     test_rows = cli.datamodule.split_rows["test"]
     assert pd.read_csv(tested)["id"].tolist() == frame["batch_id"].iloc[test_rows].tolist()
     assert pd.read_csv(tested)["true_label"].tolist() == frame["label"].iloc[test_rows].tolist()
-    # Rows that keep their label: it is the file's true_label column, beside the prediction.
+    # Rows that keep their label: it is the file's true_label column, beside the prediction; the file is read once.
     frame.head(5).to_csv(tmp_path / "labelled.csv", index=False)
+    reads = []
+    read_table = tabular.read_table
+    monkeypatch.setattr(
+        tabular, "read_table", lambda path, *args, **kwargs: reads.append(path) or read_table(path, *args, **kwargs)
+    )
     labelled = predict(ckpt=best["checkpoint"], inputs=str(tmp_path / "labelled.csv"), output=tmp_path / "l-p.csv")
     assert pd.read_csv(labelled)["true_label"].tolist() == frame["label"].head(5).tolist()
+    assert reads.count(str(tmp_path / "labelled.csv")) == 1
 
     # New rows with the id, a column the model never saw, and no label{{ ": one rule for files and requests" if cookiecutter.use_serving == "yes" else "" }}.
     new = frame.drop(columns=["label"]).head(5).assign(note="checked")

@@ -277,6 +277,7 @@ class TabularDataModule(ResumableDataModule):
         self.save_hyperparameters()
         self.preprocessing: dict[str, Any] | None = None  # fitted on the training split, see encode()
         self.frame: pd.DataFrame | None = None
+        self._inputs_table: tuple[str, pd.DataFrame] | None = None  # read_inputs' file, until truth reads it
         self.split_rows: dict[str, np.ndarray] = {}
 
     # ---- what the CLI links to the model (reading the table the first time it is asked) -----------
@@ -579,12 +580,16 @@ class TabularDataModule(ResumableDataModule):
         target = self._preprocessing()["target"]
         if path is None:
             column = self._frame()[target].iloc[self.split_rows["test"]]
-        else:
-            frame = read_table(path, "INPUTS", self.hparams.separator, encoding=self.hparams.encoding)
+        else:  # the file read_inputs just read (use_inputs calls it first), read once
+            read, self._inputs_table = self._inputs_table, None
+            frame = read[1] if read is not None and read[0] == path else self._read_inputs_table(path)
             if target not in frame.columns:
                 return None
             column = frame[target]
         return ["" if pd.isna(value) else value for value in column.tolist()]
+
+    def _read_inputs_table(self, path: str) -> pd.DataFrame:
+        return read_table(path, "INPUTS", self.hparams.separator, encoding=self.hparams.encoding)
 
     def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
         """Rows of a CSV file with the training columns; ids are the ``id_column`` values, else row numbers.
@@ -602,7 +607,8 @@ class TabularDataModule(ResumableDataModule):
         """
         if not Path(path).is_file():
             raise MissingFileError(f"INPUTS={path}: no such file; give a CSV file with the training columns")
-        frame = read_table(path, "INPUTS", self.hparams.separator, encoding=self.hparams.encoding)
+        frame = self._read_inputs_table(path)
+        self._inputs_table = (path, frame)
         if frame.empty:
             raise DataError(f"INPUTS={path}: no rows below the header; add the rows to predict")
         try:
