@@ -42,7 +42,10 @@ lint: $(STAMP) ## ruff on the hooks and tests (bakes are linted by the tests)
 demo: $(STAMP) ## Bake with default answers, install the bake, train on digits, print the test metrics
 	rm -rf $(DEMO_DIR)
 	$(PYTHON) -m cookiecutter --no-input --output-dir $(DEMO_DIR) .
-	$(MAKE) -C $(DEMO_PROJECT) install TORCH="$(TORCH)"
+	@# The bake installs with uv (the template's own, a dev dependency) and the TORCH given here, else
+	@# this environment's build: its wheel where pip finds it on local disk, else torch==<version> (.ci/torch_spec).
+	$(MAKE) -C $(DEMO_PROJECT) install UV="$(abspath $(VENV))/bin/uv" \
+		TORCH="$(if $(filter command line,$(origin TORCH)),$(TORCH),$$(.ci/torch_spec))"
 	$(MAKE) -C $(DEMO_PROJECT) train
 	@echo "Test metrics of the best checkpoint:"
 	@cat $$(find $(DEMO_PROJECT)/logs -name test_metrics.json)

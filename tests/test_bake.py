@@ -383,43 +383,55 @@ def test_make_help_lists_targets_without_colour_codes_off_a_terminal(cookies) ->
     assert [line.split()[0] for line in shown.splitlines()] == targets
 
 
-def test_make_install_uses_uv_when_it_is_on_the_path_else_pip_and_says_so(cookies) -> None:
+def test_make_install_without_uv_refuses_in_one_line_and_creates_nothing(cookies) -> None:
+    """The lock is what installs, or nothing: pip from the version ranges would be another environment."""
     project = bake(cookies)
     env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
-    env["PATH"] = "/usr/bin:/bin"  # no uv: pip, said in one line (a dry run shows the commands)
-    dry = subprocess.run(["make", "-n", "install"], cwd=project, env=env, capture_output=True, text=True, check=True)
-    assert "uv is not on the PATH, so pip installs from the version ranges, not uv.lock" in dry.stdout
-    assert "python3 -m venv .venv" in dry.stdout and "uv venv" not in dry.stdout
-    lock = subprocess.run(["make", "lock"], cwd=project, env=env, capture_output=True, text=True)
-    assert lock.returncode == 2 and "make lock: needs uv (https://docs.astral.sh/uv" in lock.stderr
+    env["PATH"] = "/usr/bin:/bin"  # no uv
+    for target in ("install", "lock"):
+        done = subprocess.run(["make", target], cwd=project, env=env, capture_output=True, text=True)
+        assert done.returncode == 2, (target, done.stdout, done.stderr)
+        (line,) = done.stderr.strip().splitlines()[:1]
+        assert f"make {target}: needs uv" in line and "https://docs.astral.sh/uv" in line, done.stderr
+    assert not (project / ".venv").exists()
 
 
-def test_the_documented_torch_choices_reach_pip_and_uv_as_written(cookies, tmp_path: Path) -> None:
+def test_the_documented_torch_choices_reach_uv_as_written_and_the_default_follows_the_machine(
+    cookies, tmp_path: Path
+) -> None:
     # uv reads no pip configuration: the CPU build comes only from the index TORCH names (a bare
-    # torch==2.13.0 gave uv the 5 GB CUDA build). The README's command, dry-run with pip and with uv.
+    # torch==2.13.0 gave uv the 5 GB CUDA build). The README's command, dry-run; without TORCH,
+    # the CPU build unless an NVIDIA driver (nvidia-smi) is on the PATH.
+    if shutil.which("nvidia-smi", path="/usr/bin:/bin"):
+        pytest.skip("this machine's NVIDIA driver is on every PATH the test can give make")
     project = bake(cookies)
     cpu = "torch --index-url https://download.pytorch.org/whl/cpu"
     readme = (project / "docs" / "install.md").read_text()
     assert f'make install TORCH="{cpu}"' in readme and "uv does not read pip's configuration" in readme
     env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
-    fake_uv = tmp_path / "bin" / "uv"  # the dry run only prints the commands
-    fake_uv.parent.mkdir()
-    fake_uv.write_text("#!/bin/sh\n")
-    fake_uv.chmod(0o755)
-    for path, installer in (
-        (f"{fake_uv.parent}:/usr/bin:/bin", "uv pip install --compile-bytecode --no-config"),
-        ("/usr/bin:/bin", ".venv/bin/python -m pip install"),
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("uv", "nvidia-smi"):  # the dry run only prints the commands
+        (tools / name).write_text("#!/bin/sh\n")
+        (tools / name).chmod(0o755)
+    uv_only = tmp_path / "uv_only"
+    uv_only.mkdir()
+    (uv_only / "uv").symlink_to(tools / "uv")
+    for path, args, torch in (
+        (f"{uv_only}:/usr/bin:/bin", [f"TORCH={cpu}"], cpu),
+        (f"{uv_only}:/usr/bin:/bin", [], cpu),  # no NVIDIA driver: the CPU build
+        (f"{tools}:/usr/bin:/bin", [], "torch"),  # PyPI's (CUDA) build
     ):
         dry = subprocess.run(
-            ["make", "-n", "install", f"TORCH={cpu}"],
+            ["make", "-n", "install", *args],
             cwd=project,
             env={**env, "PATH": path},
             capture_output=True,
             text=True,
             check=True,
         ).stdout
-        (line,) = [line for line in dry.splitlines() if installer in line and "torch" in line and "-e" not in line]
-        assert line.endswith(cpu), line
+        (line,) = [line for line in dry.splitlines() if "uv pip install --compile-bytecode --no-config" in line]
+        assert line.endswith(f"/bin/python {torch}"), (args, line)
     # torchvision (and timm beside it): the release built for the installed torch, which the same command pins.
     for target, packages in (("torchvision", "torchvision"), ("timm", "timm torchvision")):
         dry = subprocess.run(

@@ -138,7 +138,7 @@ def test_a_lock_url_passes_only_where_uv_contacts_the_host_the_check_read(tmp_pa
     # The check and uv read the same host, or the check refuses the URL (uv reads URLs as browsers do).
     uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
     if uv is None:
-        pytest.skip("uv is not installed (make install uses it when it is on the PATH)")
+        pytest.skip("uv is not installed (make install needs it)")
     spec = importlib.util.spec_from_file_location("check_lock", LOCK.parent / "scripts" / "check_lock.py")
     check_lock = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check_lock)
