@@ -331,8 +331,10 @@ def main() -> None:
     write_versions()
     lock()
     first_commit()
+    uv = "" if find_uv() else f" (needs uv: python3 -m pip install uv, or {UV_INSTALL})"
     print(
-        f'\nCreated {PROJECT}\nNext:\n  cd {PROJECT.name}\n  make install   # TORCH="..." to choose the torch build\n'
+        f"\nCreated {PROJECT}\nNext:\n  cd {PROJECT.name}\n"
+        f'  make install   # TORCH="..." to choose the torch build{uv}\n'
         "  make train\n  make test\n"
     )
 

@@ -427,6 +427,33 @@ def test_given_split_folders_are_used(tmp_path: Path) -> None:
     assert len(data.train_set) + len(data.val_set) == 60  # validation held out of train/
 
 
+def test_a_run_reports_the_files_bytes_classes_splits_and_images_per_class_it_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    make_folder(tmp_path / "images" / "train", per_class=20)
+    make_folder(tmp_path / "images" / "test", per_class=5, seed=1)
+    (tmp_path / "images" / "train" / "notes.txt").write_text("not an image: not read")
+    root = tmp_path / "images"
+    data = ImageFolderDataModule(root=str(root), image_size=16, batch_size=8, val_fraction=0.25)
+    with caplog.at_level(logging.INFO):
+        data.setup("fit")
+    megabytes = sum(path.stat().st_size for path in root.rglob("*.png")) / 1e6
+    train, val = len(data.train_set), len(data.val_set)
+    assert (train, val) == (45, 15)
+    per_class = [
+        f"{name} {(data.train_set.tensors[1] == label).sum()}/{(data.val_set.tensors[1] == label).sum()}/5"
+        for label, name in enumerate(CLASSES)
+    ]
+    assert caplog.text.count("Images of data.root=") == 1
+    report = caplog.text[caplog.text.index("Images of data.root=") :].splitlines()[:3]
+    assert report == [
+        f"Images of data.root={root}: 75 files ({megabytes:.1f} MB), 3 classes, decoded as RGB at 16 px",
+        "  splits: train 45 (train/ less the cuts), test 15 (test/), val 15 (seeded stratified cuts of train/, "
+        "split_seed=0)",
+        f"  images per class (train/val/test): {', '.join(per_class)}",
+    ]
+
+
 def test_a_train_folder_alone_gives_all_three_splits(tmp_path: Path) -> None:
     make_folder(tmp_path / "images" / "train", per_class=20)
     data = ImageFolderDataModule(root=str(tmp_path / "images"), image_size=16, batch_size=8)

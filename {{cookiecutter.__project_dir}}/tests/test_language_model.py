@@ -176,6 +176,28 @@ def test_suffixes_pick_the_files_a_folder_is_read_from(tmp_path: Path) -> None:
     assert data == (folder / "a.md").read_bytes() + b"\n\n" + (folder / "deeper" / "b.RST").read_bytes()
     with pytest.raises(ValueError, match=r"data.suffixes must name at least one file ending"):
         TextDataModule(path=str(folder), suffixes=())
+
+
+def test_a_run_reports_the_files_bytes_tokenizer_and_tokens_per_split_it_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.txt").write_text("Call me Ishmael. " * 300)
+    (folder / "b.txt").write_text("   \n")  # blank: left out, and not counted as read
+    (folder / "c.txt").write_text("Some years ago, never mind how long precisely. " * 100)
+    (folder / "d.md").write_text("not read: .txt only")
+    data = TextDataModule(path=str(folder), block_size=16, val_fraction=0.1, test_fraction=0.2)
+    with caplog.at_level(logging.INFO):
+        splits = data.splits
+    size = len((folder / "a.txt").read_bytes() + b"\n\n" + (folder / "c.txt").read_bytes())
+    tokens = ", ".join(f"{name} {len(splits[name][0]):,}" for name in ("train", "val", "test"))
+    assert sum(len(tokens) for tokens, _ in splits.values()) == size  # bytes: a token each
+    (line,) = [line for line in caplog.text.splitlines() if "Text of " in line]
+    assert line.endswith(
+        f"Text of data.path={folder}: 2 file(s), {size / 1e6:.2f} MB of UTF-8; tokenizer bytes (256 ids); "
+        f"tokens {tokens} (val and test: the last 0.1 and 0.2 of the bytes)"
+    )
 {%- if cookiecutter.use_prepared == "yes" %}
 
 

@@ -46,7 +46,7 @@ from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
-from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
+from {{ cookiecutter.package_name }}.engine.data import check_fractions, listed, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import MAPPING, ArrayRecords, PreparedWriter, fingerprint, open_prepared
@@ -184,18 +184,8 @@ def _column_report(prep: dict[str, Any], dropped: list[str], source: str, consta
     lines = [f"Columns of {source} (target {prep['target']!r}, {prep['task']}):"]
     for use, names in uses:
         if names:
-            lines.append(f"  {use} ({len(names)}): {_first_names(names, 160 - len(use))}")
+            lines.append(f"  {use} ({len(names)}): {listed(names, 160 - len(use))}")
     return "\n".join(lines)
-
-
-def _first_names(names: Sequence[str], room: int) -> str:
-    """``names`` joined with commas, as many as fit in ``room`` characters, then "and N more"."""
-    shown = []
-    for name in names:
-        if shown and len(", ".join([*shown, name])) > room:
-            return f"{', '.join(shown)} and {len(names) - len(shown)} more"
-        shown.append(name)
-    return ", ".join(shown)
 
 
 def column_list(columns: Sequence[Any], shown: int = 12) -> str:

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.data.tokenizer import (
@@ -118,9 +119,12 @@ def read_text(path: str | Path | None, suffixes: Sequence[str] = (".txt",)) -> b
         ValueError: the folder has no file with those suffixes, the text is empty, or a file is not
             valid UTF-8 (names the file and the byte offset, and how to convert it).
     """
-    if path is None:
-        return bundled_text()
-    return b"\n\n".join(file.read_bytes() for file in checked_text_files(path, suffixes))
+    return bundled_text() if path is None else joined(checked_text_files(path, suffixes))
+
+
+def joined(files: Sequence[Path]) -> bytes:
+    """The bytes of ``files`` in order, separated by a blank line."""
+    return b"\n\n".join(file.read_bytes() for file in files)
 
 
 def bundled_text() -> bytes:
@@ -524,7 +528,8 @@ class TextDataModule(LanguageDataModule):
     def _read_splits(self) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor | None]], int]:
         """The text read into memory, cut at the byte fractions and tokenized; and its size in bytes."""
         hp = self.hparams
-        text = read_text(hp.path, self._endings)
+        files = None if hp.path is None else checked_text_files(hp.path, self._endings)
+        text = bundled_text() if files is None else joined(files)
         size = len(text)
         ends = (
             utf8_boundary(text, int(len(text) * (1 - hp.val_fraction - hp.test_fraction))),
@@ -534,6 +539,13 @@ class TextDataModule(LanguageDataModule):
         if self._tokenizer is None:
             self._tokenizer = BPETokenizer.train(safe_stream([parts["train"].decode("utf-8")]), hp.bpe_vocab_size)
         splits = {name: self._tokenize(part) for name, part in parts.items()}
+        source = f"the bundled corpus ({BUNDLED})" if files is None else f"data.path={hp.path}: {len(files)} file(s)"
+        tokens = ", ".join(f"{name} {len(splits[name][0]):,}" for name in SPLITS)
+        rank_zero_info(
+            f"Text of {source}, {size / 1e6:.2f} MB of UTF-8; tokenizer {self._tokenizer_name or 'bytes'} "
+            f"({self.tokenizer.vocab_size} ids); tokens {tokens} (val and test: the last "
+            f"{hp.val_fraction:g} and {hp.test_fraction:g} of the bytes)"
+        )
         return splits, size
 
     @property

@@ -21,7 +21,7 @@ because Lightning builds the epoch's iterator before it restores the loader's st
 the well-kept choice for iterable or streaming data, where no order function exists.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import lightning as L
@@ -70,6 +70,17 @@ def split_indices(
         random_state=seed,
     )
     return {"train": train, "val": val, "test": test}
+
+
+def listed(names: Sequence[str], room: int = 160) -> str:
+    """``names`` joined with commas, as many as fit in ``room`` characters, then "and N more": a data
+    report names what it read on one readable line, whether a table has ten columns or a thousand."""
+    shown: list[str] = []
+    for name in names:
+        if shown and len(", ".join([*shown, name])) > room:
+            return f"{', '.join(shown)} and {len(names) - len(shown)} more"
+        shown.append(name)
+    return ", ".join(shown)
 
 
 class ResumableSampler(DistributedSampler):
