@@ -4,10 +4,13 @@ Not a list of names an answer prunes (``pruned_names_left``), but a rule over ev
 written as code names a target of the bake's Makefile; a repository path (``configs/...``, ``docs/...``,
 ``scripts/...``, ``src/...``, ``tests/...``, ``evals/...``) exists; a dotted name rooted in the bake's package
 (``engine.callbacks.ModelSummary``, ``serving.api``, ``<package>.data.digits.DigitsDataModule``) names a module,
-and a class, function or assignment in it, that the bake holds.
+and a class, function or assignment in it, that the bake holds; a ``--model.init_args.x``, ``--data.init_args.x``,
+``--model.init_args.net.init_args.x`` or ``--trainer.x`` option names an ``__init__`` argument of a class of the bake
+at that position (its models, its DataModules, its nets) or of Lightning's ``Trainer``.
 """
 
 import ast
+import inspect
 import re
 from functools import cache
 from pathlib import Path
@@ -29,6 +32,10 @@ WRITTEN_BY_LIGHTNING = {"hparams.yaml"}
 # "Ship a trained model") in another.
 SECTION = re.compile(r"\bsee (?:`?([\w/.-]+\.md)`?,? )?\"([^\"]+)\"")
 PACKAGES = ("engine", "data", "models", "nets", "serving", "commands")
+# A CLI option into a config position: --trainer.max_epochs, --model.init_args.net.init_args.n_layer.
+OPTION = re.compile(r"(?<![\w-])--((?:model|data|trainer)\.[\w.]*\w)")
+# The classes that may stand at a position the bake's own code fills, by the modules that define them.
+POSITIONS = {"model": ("models", "engine/module.py"), "data": ("data", "engine/data.py"), "net": ("nets",)}
 TEXT_SUFFIXES = {".md", ".py", ".yaml", ".yml", ".toml", ".sbatch", ".sh", ".cfg", ".txt", ".jsonl"}
 
 
@@ -70,6 +77,10 @@ def false_references(project: Path) -> list[str]:
                 if section not in _sections(project / where if where else path):
                     place = where or relative.name
                     found.append(f'{relative}:{number}: see "{section}" (no such section in {place})')
+            for option in OPTION.findall(line) if relative.parts[0] != "tests" else ():  # tests try bad ones
+                problem = unknown_option(project / "src" / package, option)
+                if problem:
+                    found.append(f"{relative}:{number}: --{option} ({problem})")
             for _, span in CODE_SPAN.findall(line):
                 for name in re.findall(r"[\w.]+", span):
                     problem = unresolved(project / "src" / package, package, name)
@@ -144,6 +155,50 @@ def unresolved(source: Path, package: str, name: str) -> str | None:
             return _in_module(module, rest) if rest else None
         return _in_module(folder / "__init__.py", parts[at:])
     return None
+
+
+def unknown_option(source: Path, option: str) -> str | None:
+    """Why ``option`` (``model.init_args.net.init_args.n_layer``) names no argument at its position; None when
+    it does, or when the position holds a class of another library (an optimizer, a logger, a callback)."""
+    parts = option.split(".")
+    if parts[0] == "trainer":
+        return None if parts[1] in _trainer_arguments() else f"Lightning's Trainer takes no {parts[1]}"
+    if "init_args" not in parts:
+        return None  # --data.class_path=..., a whole class given in one value
+    at = len(parts) - 1 - parts[::-1].index("init_args")
+    position, argument = parts[at - 1], parts[at + 1] if at + 1 < len(parts) else None
+    if position not in POSITIONS or argument is None:
+        return None
+    arguments = set().union(*(_init_arguments(path) for path in _modules(source, POSITIONS[position])))
+    return None if argument in arguments else f"no {position} class of this bake takes {argument}"
+
+
+@cache
+def _trainer_arguments() -> set[str]:
+    import lightning
+
+    return set(inspect.signature(lightning.Trainer.__init__).parameters)
+
+
+def _modules(source: Path, places: tuple[str, ...]) -> list[Path]:
+    return [
+        path
+        for place in places
+        for path in ([source / place] if place.endswith(".py") else (source / place).rglob("*.py"))
+    ]
+
+
+@cache
+def _init_arguments(module: Path) -> set[str]:
+    """The argument names of every ``__init__`` of every class the module defines."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.ClassDef):
+            for inner in node.body:
+                if isinstance(inner, ast.FunctionDef) and inner.name == "__init__":
+                    arguments = inner.args
+                    names |= {arg.arg for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+    return names
 
 
 def _in_module(module: Path, names: list[str]) -> str | None:

@@ -20,6 +20,9 @@ Read `configs/default.yaml` and configs/experiments/gone.yaml; the template's `d
 exist, `engine.Missing` and `engine.module.TrainingModule.nothing` do not; `data.batch_size` is a config key.
 A run writes best.yaml; transfer-learning.yaml is not in this bake (see "Train"; see "Serve" is not here;
 see docs/other.md, "Other" is there).
+Options: --trainer.max_epochs=3 --trainer.max_epoch=3 --model.init_args.lr=0.1 --model.init_args.rate=0.1
+--model.init_args.net.init_args.width=8 --model.init_args.net.init_args.depth=2 --data.init_args.root=DIR
+--model.init_args.optimizer.init_args.betas=[0.9,0.95] --trainer.logger.init_args.name=x
 """
 
 
@@ -35,6 +38,15 @@ def demo_project(root: Path) -> Path:
     (engine / "__init__.py").write_text('__all__ = ["TrainingModule"]\n')
     (engine / "module.py").write_text("class TrainingModule:\n    def shared_step(self):\n        pass\n")
     (root / "src" / "demo" / "sweep.py").write_text('BEST = "best.yaml"  # what a sweep writes\n')
+    (engine / "data.py").write_text("class ResumableDataModule:\n    def __init__(self, batch_size=32):\n        pass\n")
+    for folder, source in (
+        ("models", "class Classifier(TrainingModule):\n    def __init__(self, net, lr=1e-3, **kwargs):\n        pass\n"),
+        ("nets", "class MLP:\n    def __init__(self, width: int = 64):\n        pass\n"),
+        ("data", "class Digits(ResumableDataModule):\n    def __init__(self, root=None, **kwargs):\n        pass\n"),
+    ):
+        (root / "src" / "demo" / folder).mkdir()
+        (root / "src" / "demo" / folder / "__init__.py").write_text("")
+        (root / "src" / "demo" / folder / "task.py").write_text(source)
     (root / "README.md").write_text(README)
     return root
 
@@ -48,4 +60,7 @@ def test_each_kind_of_false_reference_is_found_and_nothing_else(tmp_path: Path) 
         "README.md:14: engine.module.TrainingModule.nothing",
         "README.md:15: transfer-learning.yaml",
         'README.md:15: see "Serve"',
+        "README.md:17: --trainer.max_epoch",
+        "README.md:17: --model.init_args.rate",
+        "README.md:18: --model.init_args.net.init_args.depth",
     ]

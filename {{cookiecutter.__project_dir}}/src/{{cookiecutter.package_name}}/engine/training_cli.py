@@ -361,7 +361,7 @@ def run_cli(cli_class: type[TrainingCLI], args: list[str] | None = None, run: bo
             subclass_mode_data=True,
             save_config_callback=SaveConfigToRunDir,
             parser_class=Parser,
-            # A mistyped option must fail, not silently match a longer one (--trainer.max_epoch).
+            # A mistyped option must fail, not silently match a longer one (max_epoch for max_epochs).
             parser_kwargs={"allow_abbrev": False, "prog": f"python -m {PROJECT_PACKAGE}"},
             args=args,
             run=run,
