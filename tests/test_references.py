@@ -40,13 +40,13 @@ def demo_project(root: Path) -> Path:
     (root / "src" / "demo" / "sweep.py").write_text('BEST = "best.yaml"  # what a sweep writes\n')
     (engine / "data.py").write_text("class ResumableDataModule:\n    def __init__(self, batch_size=32):\n        pass\n")
     for folder, source in (
-        ("models", "class Classifier(TrainingModule):\n    def __init__(self, net, lr=1e-3, **kwargs):\n        pass\n"),
-        ("nets", "class MLP:\n    def __init__(self, width: int = 64):\n        pass\n"),
-        ("data", "class Digits(ResumableDataModule):\n    def __init__(self, root=None, **kwargs):\n        pass\n"),
+        ("models", "class Classifier(TrainingModule):\n    def __init__(self, net, lr=1e-3, **kwargs):"),
+        ("nets", "class MLP:\n    def __init__(self, width: int = 64):"),
+        ("data", "class Digits(ResumableDataModule):\n    def __init__(self, root=None, **kwargs):"),
     ):
         (root / "src" / "demo" / folder).mkdir()
         (root / "src" / "demo" / folder / "__init__.py").write_text("")
-        (root / "src" / "demo" / folder / "task.py").write_text(source)
+        (root / "src" / "demo" / folder / "task.py").write_text(source + "\n        pass\n")
     (root / "README.md").write_text(README)
     return root
 
