@@ -81,6 +81,7 @@ PACKAGE_FILES += [
 ]
 PACKAGE_FILES += ["engine/callbacks/random_state.py", "engine/callbacks/summary.py"]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
+TEST_FILES += ["test_private_apis.py"]
 TEST_FILES += ["own_pieces.py", "test_environment.py", "test_ship.py", "test_sweep.py", "test_prepared.py"]
 TEST_FILES += ["test_trust.py", "test_precision.py", "test_init_from.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.

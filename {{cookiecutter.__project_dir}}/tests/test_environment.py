@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 import lightning
 import pytest
 
-from {{ cookiecutter.package_name }}.engine.environment import LOCK, describe_lock, record_environment
+from {{ cookiecutter.package_name }}.engine.environment import LOCK, describe_lock
+from {{ cookiecutter.package_name }}.engine.runs import next_numbered, own_config, record_environment
 
 
 def find_uv() -> str | None:
@@ -178,3 +179,13 @@ def test_a_resumed_run_adds_its_environment_only_when_it_changed(tmp_path: Path)
     (tmp_path / "environment.json").write_text(json.dumps(first))
     assert record_environment(tmp_path).name == "environment-resumed-1.json"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["environment-resumed-1.json", "environment.json"]
+
+
+def test_a_numbered_file_a_resume_adds_never_overwrites_an_earlier_one(tmp_path: Path) -> None:
+    # metrics-<n>.csv, config-resumed-<n>.yaml, environment-resumed-<n>.json: one rule for all three.
+    for name in ("config-resumed-1.yaml", "config-resumed-3.yaml", "config-resumed-x.yaml", "metrics-2.csv"):
+        (tmp_path / name).write_text(name)  # resume 2's config deleted by hand; x is not a number
+    assert next_numbered(tmp_path / "config.yaml").name == "config-resumed-4.yaml"  # not 3: that one is kept
+    assert next_numbered(tmp_path / "metrics.csv", tag="").name == "metrics-3.csv"
+    assert next_numbered(tmp_path / "environment.json").name == "environment-resumed-1.json"
+    assert own_config(tmp_path) == tmp_path / "config-resumed-3.yaml"  # the newest, by number

@@ -39,7 +39,7 @@ def export(
         output: the folder; default ``export/`` in the checkpoint's run folder (``<run>/checkpoints/x.ckpt``
             -> ``<run>/export``), or ``<checkpoint name>-export/`` beside a checkpoint kept elsewhere.
         onnx: write model.onnx (needs the ``export`` extra: onnx, onnxscript, onnxruntime).
-        aoti: also compile an AOTInductor package (about 40 s on CPU).
+        aoti: also compile an AOTInductor package (35 to 40 s on 2 CPU cores).
         int8: also score weight-only int8 Linear layers (torchao) on the test split.
         tolerance: largest absolute difference from eager PyTorch that an export may show.
         trust: modules besides this project's package whose classes the checkpoint may name,

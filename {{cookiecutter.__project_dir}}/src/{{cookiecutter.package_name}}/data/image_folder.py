@@ -511,7 +511,9 @@ class ImageFolderDataModule(ResumableDataModule):
         if cut:
             counted = ", ".join(f"{split} {len(parts[split])}" for split in cut)
             origins.append(f"{counted} (seeded stratified cuts of {pool}, split_seed={hp.split_seed})")
-        counts = {split: np.bincount([y for _, y in items], minlength=self.num_classes) for split, items in parts.items()}
+        counts = {
+            split: np.bincount([y for _, y in items], minlength=self.num_classes) for split, items in parts.items()
+        }
         per_class = [
             f"{name} {'/'.join(str(counts[split][label]) for split in SPLITS)}"
             for label, name in enumerate(self.class_names)

@@ -1,4 +1,4 @@
-"""The software and hardware a run trained with, written beside its config: ``environment.json``.
+"""The software and hardware a run trained with: ``environment.json`` (``runs.record_environment`` writes it).
 
 A checkpoint says what was trained; this says with what: the Python, the torch build (its CUDA and
 cuDNN versions), the GPUs, the version of every installed distribution and the project's uv.lock
@@ -9,7 +9,6 @@ to an upgrade.
 
 import hashlib
 import importlib.metadata
-import json
 import platform
 import re
 import sys
@@ -79,18 +78,3 @@ def describe_environment() -> dict[str, Any]:
         "packages": dict(sorted(packages.items())),
         "lock": describe_lock(packages),
     }
-
-
-def record_environment(folder: Path) -> Path:
-    """Write :func:`describe_environment` to ``folder/environment.json``; a resumed run whose environment
-    differs (an upgrade between a job and its requeue) adds ``environment-resumed-<n>.json`` beside it."""
-    text = json.dumps(describe_environment(), indent=2) + "\n"
-    path = folder / "environment.json"
-    if path.exists():
-        first = json.loads(path.read_text())
-        now = json.loads(text)
-        if {k: v for k, v in first.items() if k != "command"} == {k: v for k, v in now.items() if k != "command"}:
-            return path
-        path = folder / f"environment-resumed-{1 + len(list(folder.glob('environment-resumed-*.json')))}.json"
-    path.write_text(text)
-    return path

@@ -177,11 +177,15 @@ class TrainingModule(ShippableModel, L.LightningModule):
         self._initial_checkpoint, self._init_from_done = None, True  # the weights are in the net: free the copy
 
     def setup(self, stage: str) -> None:
-        if stage == "fit" and self._trainer is not None:  # a module set up by hand has no trainer, nor data
-            # A net that needs its data prepared a certain way (a pretrained backbone) checks the DataModule.
-            check_data = getattr(self.net, "check_data", None)
-            if callable(check_data):
-                check_data(self._trainer.datamodule)
+        # A net that needs its data prepared a certain way (a pretrained backbone) checks the DataModule.
+        check_data = getattr(self.net, "check_data", None)
+        if stage == "fit" and callable(check_data):
+            try:
+                trainer = self.trainer
+            except RuntimeError:  # a module set up by hand is attached to no Trainer, so to no data
+                trainer = None
+            if trainer is not None:
+                check_data(trainer.datamodule)
         if stage == "fit":
             self._start_from_init_from()  # before compile: the compiled net shares these parameters
         if self.hparams.channels_last:

@@ -25,7 +25,7 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.logger import DummyExperiment
 from lightning.pytorch.utilities import rank_zero_info
 
-from {{ cookiecutter.package_name }}.engine.environment import record_environment
+from {{ cookiecutter.package_name }}.engine.environment import describe_environment
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
 
@@ -287,11 +287,26 @@ def run_to_resume(trainer_config) -> Path:
     return run
 
 
+def next_numbered(path: Path, tag: str = "-resumed") -> Path:
+    """``<stem><tag>-<n><suffix>`` beside ``path``, ``n`` one more than the highest there (1 for none).
+
+    What a resumed run adds to its folder (a changed config, a new environment, the metrics before it)
+    never overwrites what an earlier resume added, even after one of those files was deleted.
+    """
+    numbers = [int(number) for _, number in _numbered(path, tag)]
+    return path.with_name(f"{path.stem}{tag}-{max(numbers, default=0) + 1}{path.suffix}")
+
+
+def _numbered(path: Path, tag: str) -> list[tuple[Path, str]]:
+    pattern = re.compile(rf"{re.escape(path.stem + tag)}-(\d+){re.escape(path.suffix)}")
+    found = [(child, pattern.fullmatch(child.name)) for child in path.parent.iterdir()] if path.parent.is_dir() else []
+    return [(child, match[1]) for child, match in found if match]
+
+
 def own_config(run: Path) -> Path | None:
     """The config a run was last started or resumed with: ``config.yaml``, or its newest ``config-resumed-<n>.yaml``
     (:class:`SaveConfigToRunDir` writes one when a resume changes the config); None for a run without one."""
-    numbered = (re.fullmatch(r"config-resumed-(\d+)\.yaml", path.name) for path in run.iterdir())
-    resumed = [(int(match[1]), run / match[0]) for match in numbered if match]
+    resumed = [(int(number), path) for path, number in _numbered(run / "config.yaml", "-resumed")]
     if resumed:
         return max(resumed)[1]
     first = run / "config.yaml"
@@ -318,6 +333,21 @@ def with_own_config(args: list[str], config: Path) -> list[str]:
     return [*kept[:at], f"--config={config}", *kept[at:]]
 
 
+def record_environment(folder: Path) -> Path:
+    """Write :func:`describe_environment` to ``folder/environment.json``; a resumed run whose environment
+    differs (an upgrade between a job and its requeue) adds ``environment-resumed-<n>.json`` beside it."""
+    text = json.dumps(describe_environment(), indent=2) + "\n"
+    path = folder / "environment.json"
+    if path.exists():
+        first = json.loads(path.read_text())
+        now = json.loads(text)
+        if {k: v for k, v in first.items() if k != "command"} == {k: v for k, v in now.items() if k != "command"}:
+            return path
+        path = next_numbered(path)
+    path.write_text(text)
+    return path
+
+
 def keep_csv_metrics(trainer: L.Trainer) -> None:
     """Move a CSVLogger's existing ``metrics.csv`` aside (``metrics-<n>.csv``) before a resumed run writes.
 
@@ -328,8 +358,7 @@ def keep_csv_metrics(trainer: L.Trainer) -> None:
         if trainer.is_global_zero and isinstance(logger, CSVLogger):
             metrics = Path(logger.log_dir, "metrics.csv")
             if metrics.is_file():
-                number = 1 + len(list(metrics.parent.glob("metrics-*.csv")))
-                metrics.rename(metrics.with_name(f"metrics-{number}.csv"))
+                metrics.rename(next_numbered(metrics, tag=""))
 
 
 def profile_into_run_dir(trainer: L.Trainer) -> None:
@@ -437,5 +466,4 @@ class SaveConfigToRunDir(SaveConfigCallback):
             if path.read_bytes() == first.read_bytes():
                 path.unlink()
                 return
-            number = 1 + len(list(folder.glob(f"{first.stem}-resumed-*{first.suffix}")))
-            path.rename(folder / f"{first.stem}-resumed-{number}{first.suffix}")
+            path.rename(next_numbered(first))

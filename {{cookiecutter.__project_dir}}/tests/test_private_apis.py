@@ -1,0 +1,181 @@
+"""Every private API of another library this project relies on, in one place: where, why, the version seen.
+
+A private name (a leading underscore) has no deprecation period: any release of Lightning, torch,
+jsonargparse{{ ", optuna" if cookiecutter.use_sweeps == "yes" else "" }}{{ " or LitServe" if cookiecutter.use_serving == "yes" else "" }} may drop or reshape it, and the code
+that used it then fails in a run, far from the cause, or (an override no longer called) silently
+stops doing its job. Each row is one use; its test checks what the use relies on and fails naming
+the row, so `make test` after an upgrade says which use to rework. Uses a public API serves are not
+here: they were replaced (``LightningModule._trainer`` by ``self.trainer``).
+"""
+
+import argparse
+import importlib.util
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.cli import LightningCLI
+
+
+@dataclass(frozen=True)
+class PrivateUse:
+    name: str  # the private name, as the library spells it
+    where: str  # the file of this project that uses it
+    why: str  # what it does for us, and why no public API does it
+    seen: str  # the releases it was checked against
+    holds: Callable[[], bool]  # what the use relies on
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def calls(owner: type, method: str) -> bool:
+    """``owner``'s own code still calls ``self.<method>(`` (an override that is never called does nothing)."""
+    return f"self.{method}(" in inspect.getsource(owner)
+
+
+def parameters(function: Callable) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def _foreach_inf_norms() -> bool:
+    tensors = [torch.tensor([1.0, -3.0]), torch.tensor([float("nan")]), torch.ones(2, 2)]
+    norms = torch._foreach_norm(tensors, float("inf"))
+    return len(norms) == 3 and norms[0].item() == 3.0 and norms[1].isnan().item() and norms[2].item() == 1.0
+{%- if cookiecutter.use_sweeps == "yes" %}
+
+
+def _optuna_trial_id() -> bool:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study()
+    trial = study.ask()
+    (frozen,) = study.get_trials(deepcopy=False)
+    return frozen._trial_id == trial._trial_id and hasattr(study._storage, "set_trial_state_values")
+{%- endif %}
+
+
+def _jsonargparse_import_path_policy() -> bool:
+    from jsonargparse import _common
+
+    return {"import_path_verdicts", "import_paths_enforced"} <= set(_common.parsing_settings)
+
+
+PRIVATE_USES = [
+    PrivateUse(
+        "lightning.pytorch.cli.LightningCLI._parse_ckpt_path",
+        "engine/training_cli.py",
+        "overridden: Lightning's reads the checkpoint a second time and rebuilds the model from every saved "
+        "argument; ours takes the copy read once and checked by the trust rule, less the optimizer and schedule",
+        "lightning 2.6.0 to 2.6.6",
+        lambda: parameters(LightningCLI._parse_ckpt_path) == ["self"] and calls(LightningCLI, "_parse_ckpt_path"),
+    ),
+    PrivateUse(
+        "lightning.pytorch.cli.LightningCLI._run_subcommand",
+        "engine/training_cli.py",
+        "wrapped: a data or config mistake found once fit started is one line, and the unstarted run folder removed",
+        "lightning 2.6.0 to 2.6.6",
+        lambda: (
+            parameters(LightningCLI._run_subcommand) == ["self", "subcommand"]
+            and calls(LightningCLI, "_run_subcommand")
+        ),
+    ),
+    PrivateUse(
+        "the _instantiator and _class_path keys of a LightningCLI model's saved hyperparameters",
+        "engine/trust.py, engine/training_cli.py",
+        "a checkpoint's class and the function Lightning rebuilds it with: checked by the trust rule before any load",
+        "lightning 2.6.6 (2.6.6 refuses any other _instantiator itself: CVE-2026-58659)",
+        lambda: all(
+            f'"{key}"' in inspect.getsource(importlib.import_module("lightning.pytorch.cli"))
+            for key in ("_instantiator", "_class_path")
+        ),
+    ),
+    PrivateUse(
+        "lightning.pytorch.callbacks.RichProgressBar._get_train_description",
+        "engine/callbacks/progress.py",
+        "overridden: where a step limit stops the epoch (Lightning's counts to max_epochs, which a step limit "
+        "may never reach)",
+        "lightning 2.6.0 to 2.6.6",
+        lambda: (
+            parameters(RichProgressBar._get_train_description) == ["self", "current_epoch"]
+            and calls(RichProgressBar, "_get_train_description")
+        ),
+    ),
+    PrivateUse(
+        "argparse.ArgumentParser._actions",
+        "engine/training_cli.py",
+        "the option keys of the CLI's parser and its subcommands': a mistyped key's one-line error names the "
+        "closest accepted one; argparse has no public list of its actions",
+        "Python 3.10 to 3.13, jsonargparse 4.53",
+        lambda: all(hasattr(action, "dest") for action in argparse.ArgumentParser(prog="p")._actions),
+    ),
+    PrivateUse(
+        "jsonargparse._common.parsing_settings (import_path_verdicts, import_paths_enforced)",
+        "engine/trust.py",
+        "jsonargparse's own import-path policy, set to deny what the trust rule does not admit while a "
+        "checkpoint's or run folder's classes are built (a second guard beside the rule's own walk)",
+        "jsonargparse 4.53",
+        _jsonargparse_import_path_policy,
+    ),
+    PrivateUse(
+        "torch._foreach_norm",
+        "engine/callbacks/finite.py",
+        "each gradient's largest magnitude in one fused call (as clip_grad_norm_ does): the non-finite guard "
+        "names the parameters at fault; torch.nn.utils.get_total_norm gives only the total",
+        "torch 2.6 to 2.13",
+        _foreach_inf_norms,
+    ),
+{%- if cookiecutter.use_serving == "yes" %}
+    PrivateUse(
+        "torch._inductor.aoti_compile_and_package, torch._inductor.aoti_load_package",
+        "engine/export.py",
+        "make export --aoti: AOTInductor's documented entry points, in a private module",
+        "torch 2.9 to 2.13",
+        lambda: (
+            callable(getattr(importlib.import_module("torch._inductor"), "aoti_compile_and_package", None))
+            and callable(getattr(importlib.import_module("torch._inductor"), "aoti_load_package", None))
+        ),
+    ),
+    PrivateUse(
+        "the loggers torch.onnx._internal.exporter._registration and torch.utils._pytree",
+        "engine/quiet.py",
+        "silenced while make export runs (their notes are for torch's developers); a renamed module is heard again",
+        "torch 2.9 to 2.13",
+        lambda: all(
+            importlib.util.find_spec(name) is not None
+            for name in ("torch.onnx._internal.exporter._registration", "torch.utils._pytree")
+        ),
+    ),
+{%- if cookiecutter.task == "language-model" %}
+    PrivateUse(
+        "litserve.specs.openai.OpenAISpec._encode_response",
+        "serving/openai_api.py",
+        "each streamed piece encoded as LitServe's OpenAI spec does, around our own scores and errors",
+        "litserve 0.2.19",
+        lambda: (
+            parameters(importlib.import_module("litserve.specs.openai").OpenAISpec._encode_response)
+            == ["self", "output"]
+        ),
+    ),
+{%- endif %}
+{%- endif %}
+{%- if cookiecutter.use_sweeps == "yes" %}
+    PrivateUse(
+        "optuna.trial.FrozenTrial._trial_id",
+        "commands/sweep.py",
+        "a trial that died before reporting anything is marked failed in the storage, which takes the storage's "
+        "trial id (the public number is per study)",
+        "optuna 4.9",
+        _optuna_trial_id,
+    ),
+{%- endif %}
+]
+
+
+@pytest.mark.parametrize("use", PRIVATE_USES, ids=str)
+def test_a_private_api_this_project_relies_on_is_still_what_it_uses(use: PrivateUse) -> None:
+    assert use.holds(), f"{use.name} changed ({use.where}: {use.why}; seen in {use.seen}): rework that use"
