@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.precision import fall_back_to_fp16_without_bf16
-from {{ cookiecutter.package_name }}.engine.runs import choose_run
+from {{ cookiecutter.package_name }}.engine.runs import choose_run, configured_loggers
 
 
 def prepare(config, subcommand: str | None) -> None:
@@ -91,8 +91,7 @@ def wandb_is_configured() -> bool:
 
 def prepare_loggers(trainer_config) -> None:
     """Create the loggers' save folders, and make wandb log offline when it has no credentials."""
-    loggers = trainer_config.get("logger")
-    for logger in loggers if isinstance(loggers, list) else [loggers]:
+    for logger in configured_loggers(trainer_config):
         save_dir = getattr(getattr(logger, "init_args", None), "save_dir", None)
         if save_dir:
             # wandb looks for a git repository from its save folder, and warns if it is missing.

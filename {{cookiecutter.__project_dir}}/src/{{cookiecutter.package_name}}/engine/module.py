@@ -60,6 +60,15 @@ def adamw(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05)
 
 
+def logger_writes(trainer: L.Trainer, step: int) -> bool:
+    """Whether Lightning's logger writes the metrics of optimizer step ``step`` (counted from 1 since the
+    fit started): when it is a multiple of ``log_every_n_steps`` (0: never), as Lightning's
+    ``should_update_logs`` decides. Inside ``training_step`` that is ``global_step + 1``; in a
+    callback's ``on_train_batch_end``, once the optimizer stepped, ``global_step``."""
+    every = trainer.log_every_n_steps
+    return bool(every) and step % every == 0
+
+
 class TrainingModule(ShippableModel, L.LightningModule):
     """Base LightningModule: optimizer and schedule from the config, compile, channels-last, FSDP clipping.
 
@@ -196,17 +205,11 @@ class TrainingModule(ShippableModel, L.LightningModule):
             self.net.compile(mode=self.hparams.compile_mode)
 
     # ---- steps and logging ----------------------------------------------------------------------
-    def _logger_writes_this_step(self) -> bool:
-        # Lightning writes when its count of optimizer steps since the start of the fit, plus one,
-        # is a multiple of log_every_n_steps (0: never).
-        every = self.trainer.log_every_n_steps
-        return bool(every) and (self.trainer.global_step + 1) % every == 0
-
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         loss = self.shared_step(batch, self.train_metrics)
         # Only on the steps the logger writes: each self.log costs Lightning about as much as a small
         # model's step (measured on a 2-core CPU).
-        if self._logger_writes_this_step():
+        if logger_writes(self.trainer, self.trainer.global_step + 1):
             self.log("train/loss", loss, prog_bar=True)
         return loss
 
@@ -262,7 +265,7 @@ class TrainingModule(ShippableModel, L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # The gradient norm before clipping (after AMP unscaling), on the steps the logger writes only:
         # Lightning's grad_norm walks every parameter. Under FSDP it is this process's shard's norm.
-        if self._logger_writes_this_step():
+        if logger_writes(self.trainer, self.trainer.global_step + 1):
             norms = grad_norm(self, norm_type=2)
             if norms:
                 self.log("train/grad_norm", norms["grad_2.0_norm_total"])
@@ -295,11 +298,9 @@ class TrainingModule(ShippableModel, L.LightningModule):
         """
         key = "optimizer"
         try:
-            optimizer = self.optimizer_factory(parameter_groups(self.named_parameters()))
+            optimizer = self._optimizer(fused=False)
             key = "lr_scheduler"
-            if self.lr_scheduler_factory is not None:
-                run_length = {"total_steps": 1000} if accepts(self.lr_scheduler_factory, "total_steps") else {}
-                self.lr_scheduler_factory(optimizer, **run_length)
+            self._schedule(optimizer, total_steps=1000)
         except (ValueError, TypeError) as error:
             config = self.hparams.get(key)
             class_path = config.get("class_path") if isinstance(config, dict) else ""
@@ -316,12 +317,20 @@ class TrainingModule(ShippableModel, L.LightningModule):
         ``fused=True`` asks for the fused kernel when the optimizer class has one, unless the config
         chose the kernel itself (``fused`` or ``foreach`` in the optimizer's ``init_args``).
         """
+        optimizer = self._optimizer(fused)
+        return optimizer, self._schedule(optimizer, total_steps)
+
+    def _optimizer(self, fused: bool) -> torch.optim.Optimizer:
         config = self.hparams.get("optimizer")
         chosen = (config.get("init_args") or {}) if isinstance(config, dict) else {}
         own_choice = any(chosen.get(key) is not None for key in ("fused", "foreach"))
         extra = {"fused": True} if fused and not own_choice and accepts(self.optimizer_factory, "fused") else {}
-        optimizer = self.optimizer_factory(parameter_groups(self.named_parameters()), **extra)
+        return self.optimizer_factory(parameter_groups(self.named_parameters()), **extra)
+
+    def _schedule(
+        self, optimizer: torch.optim.Optimizer, total_steps: int
+    ) -> torch.optim.lr_scheduler.LRScheduler | None:
         if self.lr_scheduler_factory is None:
-            return optimizer, None
+            return None
         run_length = {"total_steps": max(1, total_steps)} if accepts(self.lr_scheduler_factory, "total_steps") else {}
-        return optimizer, self.lr_scheduler_factory(optimizer, **run_length)
+        return self.lr_scheduler_factory(optimizer, **run_length)

@@ -148,9 +148,15 @@ def read_test_metrics(run: Path) -> dict | None:
     return summary
 
 
-def _first_logger(trainer_config):
+def configured_loggers(trainer_config) -> list:
+    """The ``trainer.logger`` entries of a parsed config as a list: none, one, or several (a list given);
+    ``false``/``null`` give none."""
     loggers = trainer_config.get("logger")
-    logger = loggers[0] if isinstance(loggers, list) and loggers else loggers
+    return [logger for logger in (loggers if isinstance(loggers, list) else [loggers]) if logger]
+
+
+def _first_logger(trainer_config):
+    logger = next(iter(configured_loggers(trainer_config)), None)
     return logger if getattr(logger, "init_args", None) is not None else None
 
 
@@ -455,8 +461,7 @@ class SaveConfigToRunDir(SaveConfigCallback):
             path = folder / f"{path.stem}.new{path.suffix}"
         record_environment(folder)
         config = self.config.clone()
-        loggers = config.trainer.get("logger")
-        for logger in loggers if isinstance(loggers, list) else [loggers]:
+        for logger in configured_loggers(config.trainer):
             for key in ("version", "id"):
                 if getattr(logger, "init_args", None) is not None and logger.init_args.get(key) is not None:
                     logger.init_args[key] = None

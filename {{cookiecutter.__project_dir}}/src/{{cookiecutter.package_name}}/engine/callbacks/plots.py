@@ -19,6 +19,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from {{ cookiecutter.package_name }}.engine.module import logger_writes
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
 
 
@@ -38,9 +39,9 @@ class RunPlots(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         # The module logs train/loss on the steps the logger writes (TrainingModule.training_step);
         # the optimizer step has been counted by now, hence global_step rather than global_step + 1.
-        every, step = trainer.log_every_n_steps, trainer.global_step
         recorded = self.history.get("train/loss", [(-1, 0.0)])[-1][0]
-        if every and step % every == 0 and step != recorded:  # once per step under gradient accumulation
+        step = trainer.global_step
+        if logger_writes(trainer, step) and step != recorded:  # once per step under gradient accumulation
             self._record(trainer, ["train/loss"])
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -6,6 +6,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 
+from {{ cookiecutter.package_name }}.engine.module import logger_writes
+
 
 class ThrottledRichProgressBar(RichProgressBar):
     """Lightning's ``RichProgressBar`` updating its training bar at most ``refresh_rate`` times a second.
@@ -77,6 +79,5 @@ class ThrottledRichProgressBar(RichProgressBar):
         self._last_train_update = now
         # In this hook global_step already counts this step: the logger reads this step's metrics
         # when it is a multiple of log_every_n_steps (Lightning's should_update_logs).
-        every = trainer.log_every_n_steps
-        self._read = last or (every > 0 and trainer.global_step % every == 0)
+        self._read = last or logger_writes(trainer, trainer.global_step)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
