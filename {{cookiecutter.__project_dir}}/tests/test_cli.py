@@ -1,13 +1,16 @@
 """The config system: printing, presets, and bad configs that fail before training."""
 
+import importlib
 import json
 import logging
 import math
 import os
+import pkgutil
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -127,6 +130,37 @@ def test_a_step_limited_run_shows_a_bar_that_ends_at_its_last_step(tmp_path: Pat
     assert cli.trainer.global_step == 3
     assert bar._epoch_stops_at == 3 < cli.trainer.num_training_batches  # the bar counted to step 3 of 10
     assert bar._get_train_description(0) == "Epoch 0 (stops at step 3)"
+
+
+def test_the_bar_shows_a_short_epochs_speed_not_zero(tmp_path: Path) -> None:
+    # rich estimates speed from the updates of the last 30 s; a throttled bar updates a short epoch
+    # once or twice, and Lightning's column then showed "0.00it/s" for every epoch of the digits run.
+    # From the second epoch on, the first batch comes within a quarter second of the last redraw.
+    cli = main(["fit", *shrunk_args(tmp_path), "--test_after_fit=false", "--trainer.max_epochs=3"])
+    bar = cli.trainer.progress_bar_callback
+    (speed,) = [column for column in bar.configure_columns(cli.trainer) if "Speed" in type(column).__name__]
+    (task,) = [task for task in bar.progress.tasks if task.description.startswith("Epoch")]
+    assert task.completed == cli.trainer.num_training_batches and task.speed is None  # what rich had
+    shown = speed.render(task).plain
+    assert shown.endswith("it/s") and float(shown.removesuffix("it/s")) > 0, shown
+    assert speed.render(SimpleNamespace(speed=None, completed=0, elapsed=None)).plain == ""  # not started: nothing
+
+
+def test_every_commands_help_opens_with_a_whole_sentence(capsys: pytest.CaptureFixture) -> None:
+    # jsonargparse's --help shows a docstring's first line: `generate --help` once ended "(bytes, or the".
+    import {{ cookiecutter.package_name }}.commands as commands
+
+    for found in pkgutil.iter_modules(commands.__path__):
+        module = importlib.import_module(f"{commands.__name__}.{found.name}")
+        defined = [getattr(module, name, None) for name in (f"main_{found.name}", "main")]
+        defined = [function for function in defined if getattr(function, "__module__", None) == module.__name__]
+        if not defined:
+            continue
+        main_function = defined[0]
+        with pytest.raises(SystemExit):
+            main_function(["--help"])
+        description = capsys.readouterr().out.split("\n\n")[1]
+        assert description.rstrip().endswith((".", ")")), (found.name, description)
 
 
 def test_a_new_run_is_named_after_its_config_and_start_time(tmp_path: Path) -> None:

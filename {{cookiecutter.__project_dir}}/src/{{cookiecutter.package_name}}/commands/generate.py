@@ -32,8 +32,9 @@ def generate(
     device: str = "auto",
     trust: str | None = None,
 ) -> str:
-    """Print and return ``prompt`` continued by up to ``max_new_tokens`` sampled tokens (bytes, or the
-    pretrained model's tokens; a sampled end-of-text token ends the text).
+    """Print and return ``prompt`` continued by up to ``max_new_tokens`` sampled tokens.
+
+    Tokens are bytes{{ ", or the pretrained model's tokens" if cookiecutter.use_pretrained == "yes" else "" }}; a sampled end-of-text token ends the text.
 
     Args:
         prompt: the text to continue (at most the model's block_size tokens).

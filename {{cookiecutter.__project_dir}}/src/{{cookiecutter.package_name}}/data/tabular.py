@@ -174,7 +174,9 @@ def _column_report(prep: dict[str, Any], dropped: list[str], source: str, consta
     dropped, constant. A line names columns up to about 160 characters, then counts the rest (a table of a
     thousand columns is not a line of thirty thousand characters; ``export.json`` lists them all)."""
     numeric = [name + (" (+ missing indicator)" if c["indicator"] else "") for name, c in prep["numeric"].items()]
-    categories = [f"{name} ({len(values)} values)" for name, values in prep["categorical"].items()]
+    categories = [
+        f"{name} ({len(values)} value{'s' * (len(values) != 1)})" for name, values in prep["categorical"].items()
+    ]
     uses = [
         ("numeric, standardised with training statistics", numeric),
         ("categorical, one-hot over training values", categories),

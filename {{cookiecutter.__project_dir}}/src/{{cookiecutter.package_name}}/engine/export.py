@@ -358,7 +358,9 @@ def _class_path(obj: Any) -> str:
 
 
 def _shape(tensor: torch.Tensor, dynamic: dict[int, Any]) -> list[int | str]:
-    names = {axis: getattr(dim, "__name__", str(dim)) for axis, dim in dynamic.items()}
+    """The shape with each free axis named: a named ``Dim`` by its name ("batch"), an unnamed one
+    (``Dim.DYNAMIC``) by its range ("1 to 128")."""
+    names = {axis: getattr(dim, "__name__", None) or f"{dim.min} to {dim.max}" for axis, dim in dynamic.items()}
     return [names.get(axis, size) for axis, size in enumerate(tensor.shape)]
 
 

@@ -310,12 +310,17 @@ class LanguageModel(TrainingModule):
         return {"completions": outputs}
 
     def score(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-        """Next-token accuracy and bits per token of next-token probabilities (N, V) for the tokens (N,) that follow
-        (``next_byte_acc`` and ``bits_per_byte`` for byte tokens)."""
+        """Accuracy and bits per token of next-token probabilities (N, V) for the tokens (N,) that follow
+        (``last_byte_acc`` and ``last_bits_per_byte`` for byte tokens).
+
+        ``make export`` scores the exported graph with it, whose output is the distribution after the last
+        position of each test window only: a prediction with a full window of context. Training's
+        ``test/bpb`` averages every position, the first ones with little context, so it is higher for
+        the same checkpoint: hence ``last_``."""
         chosen = outputs.gather(-1, targets.unsqueeze(-1)).squeeze(-1).clamp_min(1e-12)  # (N,)
         accuracy = (outputs.argmax(dim=-1) == targets).float().mean().item()
         unit = "byte" if self.tokenizer.source is None else "token"
-        return {f"next_{unit}_acc": accuracy, f"bits_per_{unit}": (-chosen.log2()).mean().item()}
+        return {f"last_{unit}_acc": accuracy, f"last_bits_per_{unit}": (-chosen.log2()).mean().item()}
 {%- endif %}
 
     @torch.no_grad()

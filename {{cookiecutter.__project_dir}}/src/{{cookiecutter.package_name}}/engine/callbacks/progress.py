@@ -5,6 +5,8 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import ProcessingSpeedColumn
+from rich.text import Text
 
 from {{ cookiecutter.package_name }}.engine.module import logger_writes
 
@@ -55,6 +57,12 @@ class ThrottledRichProgressBar(RichProgressBar):
             return f"Epoch {current_epoch} (stops at step {trainer.max_steps})"
         return super()._get_train_description(current_epoch)
 
+    def configure_columns(self, trainer: L.Trainer) -> list:
+        return [
+            _AverageSpeed(style=self.theme.processing_speed) if isinstance(column, ProcessingSpeedColumn) else column
+            for column in super().configure_columns(trainer)
+        ]
+
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         if trainer.training and not self._read and self._shown is not None:
             return dict(self._shown)  # a fresh read would wait for the GPU (see the class docstring)
@@ -81,3 +89,17 @@ class ThrottledRichProgressBar(RichProgressBar):
         # when it is a multiple of log_every_n_steps (Lightning's should_update_logs).
         self._read = last or logger_writes(trainer, trainer.global_step)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
+class _AverageSpeed(ProcessingSpeedColumn):
+    """Batches a second, over the task's whole time when rich has too few updates to estimate it.
+
+    rich estimates a task's speed from the updates of its last 30 s; a throttled bar updates a short
+    epoch once or twice, and Lightning's column then shows "0.00it/s".
+    """
+
+    def render(self, task: Any) -> Text:
+        speed = task.speed
+        if speed is None and task.elapsed:
+            speed = task.completed / task.elapsed
+        return Text("" if speed is None else f"{speed:>.2f}it/s", style=self.style)
