@@ -3,7 +3,7 @@
 Not a list of names an answer prunes (``pruned_names_left``), but a rule over every file: a ``make <target>``
 written as code names a target of the bake's Makefile; a repository path (``configs/...``, ``docs/...``,
 ``scripts/...``, ``src/...``, ``tests/...``, ``evals/...``) exists; a dotted name rooted in the bake's package
-(``engine.callbacks.ModelSummary``, ``serving.api``, ``<package>.data.digits.DigitsDataModule``) names a module,
+(``engine.callbacks.PredictionWriter``, ``serving.api``, ``<package>.data.digits.DigitsDataModule``) names a module,
 and a class, function or assignment in it, that the bake holds; a ``--model.init_args.x``, ``--data.init_args.x``,
 ``--model.init_args.net.init_args.x`` or ``--trainer.x`` option names an ``__init__`` argument of a class of the bake
 at that position (its models, its DataModules, its nets) or of Lightning's ``Trainer``.
@@ -35,7 +35,7 @@ PACKAGES = ("engine", "data", "models", "nets", "serving", "commands")
 # A CLI option into a config position: --trainer.max_epochs, --model.init_args.net.init_args.n_layer.
 OPTION = re.compile(r"(?<![\w-])--((?:model|data|trainer)\.[\w.]*\w)")
 # The classes that may stand at a position the bake's own code fills, by the modules that define them.
-POSITIONS = {"model": ("models", "engine/module.py"), "data": ("data", "engine/data.py"), "net": ("nets",)}
+POSITIONS = {"model": ("models", "engine/module.py"), "data": ("data", "engine/datamodule.py"), "net": ("nets",)}
 TEXT_SUFFIXES = {".md", ".py", ".yaml", ".yml", ".toml", ".sbatch", ".sh", ".cfg", ".txt", ".jsonl"}
 
 
@@ -95,7 +95,17 @@ def _file_names(project: Path) -> set[str]:
     names = {path.name for path in project.rglob("*") if path.is_file()} | WRITTEN_BY_LIGHTNING
     for path in [*project.glob("src/**/*.py"), *project.glob("scripts/**/*.py"), project / "Makefile"]:
         if path.suffix == ".py":
-            strings = [node.value for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)]
+            tree = ast.parse(path.read_text())
+            documents = {  # a docstring is text about files, not code that writes or reads them
+                id(node.body[0].value)
+                for node in ast.walk(tree)
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.body
+                and isinstance(node.body[0], ast.Expr)
+            }
+            strings = [
+                node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and id(node) not in documents
+            ]
             names |= {name for text in strings if isinstance(text, str) for name in FILE_NAME.findall(text)}
         else:
             names |= set(FILE_NAME.findall(path.read_text()))

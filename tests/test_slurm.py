@@ -141,7 +141,7 @@ def steps_per_epoch(world_size: int) -> int:
 
 def expected_batch_labels(step: int, rank: int, world_size: int = 2, seed: int = 42) -> list[int]:
     """Labels of the batch an uninterrupted run trains ``rank`` on at ``step`` (the default config's seed)."""
-    ResumableSampler = importlib.import_module(f"{PACKAGE}.engine.data").ResumableSampler
+    ResumableSampler = importlib.import_module(f"{PACKAGE}.engine.datamodule").ResumableSampler
     data = importlib.import_module(f"{PACKAGE}.data").DigitsDataModule()
     data.setup("fit")
     epoch, batch = divmod(step, steps_per_epoch(world_size))

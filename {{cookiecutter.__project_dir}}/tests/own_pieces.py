@@ -17,7 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 {%- endif %}
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule{% if cookiecutter.task == "image-classification" and cookiecutter.use_serving == "yes" %}, TrainingModule{% endif %}
-from {{ cookiecutter.package_name }}.engine.data import split_indices
+from {{ cookiecutter.package_name }}.engine.datamodule import split_indices
 
 
 class OwnDataModule(ResumableDataModule):

@@ -22,9 +22,9 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, Ri
 from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.engine.callbacks import ModelSummary, PreemptionCheckpoint
-from {{ cookiecutter.package_name }}.engine.config import wandb_is_configured
+from {{ cookiecutter.package_name }}.engine.callbacks import ModelSummaryWithoutZeroFlops, PreemptionCheckpoint
 from {{ cookiecutter.package_name }}.engine.precision import fall_back_to_fp16_without_bf16
+from {{ cookiecutter.package_name }}.engine.run_config import wandb_is_configured
 from {{ cookiecutter.package_name }}.engine.runs import RUN_NAME_VARIABLE, new_run_name, run_dir
 
 PRESETS = sorted(path.stem for path in (CONFIGS / "presets").glob("*.yaml"))
@@ -212,7 +212,7 @@ def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> No
     assert any(isinstance(c, PreemptionCheckpoint) for c in trainer.callbacks)
     assert trainer.gradient_clip_val == 1.0
     (summary,) = [c for c in trainer.callbacks if isinstance(c, LightningModelSummary)]
-    assert isinstance(summary, ModelSummary)  # ours: no column of zero FLOPs
+    assert isinstance(summary, ModelSummaryWithoutZeroFlops)  # ours: no column of zero FLOPs
     quiet = main([*cli_args, "--trainer.enable_progress_bar=false"], run=False).trainer  # summary: false too
     assert quiet.progress_bar_callback is None
     assert not any(isinstance(c, LightningModelSummary) for c in quiet.callbacks)
@@ -232,7 +232,7 @@ def test_the_model_summary_shows_flops_only_when_lightning_counted_them(capsys: 
         module = L.LightningModule()
         module.net, module.example_input_array = net, example
         module.forward = net.forward
-        ModelSummary().on_fit_start(L.Trainer(logger=False, enable_progress_bar=False), module)
+        ModelSummaryWithoutZeroFlops().on_fit_start(L.Trainer(logger=False, enable_progress_bar=False), module)
         shown = capsys.readouterr().out
         assert "Total params: 46" in shown
         assert ("FLOPs" in shown) is flops_shown, shown

@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.data.image_transforms import Standardize
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
+from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
 
 _PIXEL_MAX = 16.0  # digits pixels are integer counts in [0, 16]

@@ -63,7 +63,7 @@ from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 {% if cookiecutter.use_serving == "yes" -%}
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 {% endif -%}
-from {{ cookiecutter.package_name }}.engine.data import check_fractions, listed, split_indices
+from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions, listed, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (

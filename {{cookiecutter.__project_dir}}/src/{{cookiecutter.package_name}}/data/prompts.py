@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from {{ cookiecutter.package_name }}.data.text import LanguageDataModule
 from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate
-from {{ cookiecutter.package_name }}.engine.data import check_fractions, split_indices
+from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
 
 IGNORE = -100  # the target of a position the loss skips (torch.nn.functional.cross_entropy's ignore_index)

@@ -46,7 +46,7 @@ from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
-from {{ cookiecutter.package_name }}.engine.data import check_fractions, listed, split_indices
+from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions, listed, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import MAPPING, ArrayRecords, PreparedWriter, fingerprint, open_prepared

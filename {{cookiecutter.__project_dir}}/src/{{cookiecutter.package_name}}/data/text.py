@@ -57,7 +57,7 @@ from {{ cookiecutter.package_name }}.data.tokenizer import (
     saved_bpe,
 )
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.data import check_fractions
+from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (

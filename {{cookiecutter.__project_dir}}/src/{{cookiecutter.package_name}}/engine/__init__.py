@@ -1,23 +1,36 @@
 """The reusable training core: every guarantee a task keeps when its data, model or net is replaced.
 
-- :class:`TrainingModule` (``module.py``): optimizer and schedule from the config, compile,
-  channels-last, precision rules, cheap logging. Task LightningModules inherit it.
-- :class:`ResumableDataModule` (``data.py``): loaders that resume exactly mid-epoch for any
-  map-style data set. Task LightningDataModules inherit it.
+**For your own task you need what this list names; you need not read the rest of this package.**
+
+- ``TrainingModule``: inherit it for your LightningModule and write ``shared_step(batch, metrics)``
+  (the loss; update the torchmetrics given). The optimizer and schedule come from the config;
+  compile, channels-last, precision rules, exact resume and cheap logging come with it
+  (``models/`` holds this task's own, to copy).
+- ``ResumableDataModule``: inherit it for your LightningDataModule and set ``self.train_set``,
+  ``self.val_set``, ``self.test_set`` (anything with ``__len__`` and ``__getitem__``) in
+  ``setup``; loaders that resume exactly mid-epoch, under DDP too, come with it. Its helpers
+  ``split_indices`` (seeded, stratified train/val/test) and ``check_fractions`` are in
+  ``datamodule.py``.
+- ``errors.ConfigError`` and ``errors.DataError``: raise them with a message naming the field and
+  the fix; the CLI prints the message as one line and exits with status 2, before anything is written.
+- ``contract.py``: what ``make predict``{{ ', export and serve' if cookiecutter.use_serving == 'yes' else '' }} ask of a trained model's DataModule and task module,
+  each hook with a default that works for a data set of tensors (override ``read_inputs`` to read
+  your own files, ``raw_description`` to say what one input is).
+
+The rest is the machinery that keeps those promises, each file one job: ``training_cli.py`` (the CLI:
+options, resume, the trust rule, test after fit), ``runs.py`` (run folders, the config and
+environment each run records), ``checkpoints.py`` (atomic writes, clear load errors), ``trust.py``
+(what a checkpoint or run folder may name, checked before every load), ``inference.py`` (a
+checkpoint alone -> model, DataModule and a raw-input ``Predictor``), ``run_config.py`` (fix-ups
+before anything is built), ``launch.py`` (srun/torchrun checks), ``precision.py``, ``optim.py``
+(parameter groups, ``WarmupCosine``), ``environment.py``, ``quiet.py`` and ``callbacks/``
+(pre-emption, RNG state, non-finite stop, plots, the predictions writer, the progress bar).
 {%- if cookiecutter.use_prepared == "yes" %}
-- ``prepared.py``: prepared data sets (``make prepare``): fixed-size records in shards, written
-  atomically, checked before training, read from disk with memory flat in their size.
+``prepared.py``: prepared data sets (``make prepare``).
 {%- endif %}
-- ``runs.py`` (run folders, resume, test after fit), ``checkpoints.py`` (atomic writes, clear load
-  errors), ``launch.py`` (srun/torchrun checks), ``precision.py``, ``optim.py``, ``config.py``
-  (fix-ups before anything is built) and ``callbacks/`` (pre-emption, RNG state, NaN stop, plots,
-  the predictions writer).
-- ``trust.py`` (which names a checkpoint may make the program import: checked before every load),
-  ``contract.py`` (what a trained model needs of its DataModule and task module, with defaults) and
-  ``inference.py`` (a checkpoint alone -> model, DataModule and a raw-input ``Predictor``): ``make predict``.
 {%- if cookiecutter.use_serving == 'yes' %}
-- ``export.py`` (ONNX, torch.export, AOTInductor, int8, each checked against eager PyTorch): ``make
-  export``; the HTTP APIs of ``make serve`` live in ``serving/``.
+``export.py``: ONNX, torch.export, AOTInductor, int8, each checked against eager PyTorch; the HTTP
+APIs of ``make serve`` live in ``serving/``.
 {%- endif %}
 """
 
@@ -25,7 +38,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .data import ResumableDataModule
+    from .datamodule import ResumableDataModule
     from .module import TrainingModule
     from .optim import WarmupCosine
 
@@ -33,7 +46,7 @@ __all__ = ["ResumableDataModule", "TrainingModule", "WarmupCosine"]
 
 # Imported when first asked for (PEP 562): ``engine.errors`` stays importable without Lightning,
 # so a plain-PyTorch net can raise its ConfigError.
-_SOURCES = {"ResumableDataModule": ".data", "TrainingModule": ".module", "WarmupCosine": ".optim"}
+_SOURCES = {"ResumableDataModule": ".datamodule", "TrainingModule": ".module", "WarmupCosine": ".optim"}
 
 
 def __getattr__(name: str):

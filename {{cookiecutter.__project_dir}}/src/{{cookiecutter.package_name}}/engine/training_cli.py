@@ -20,14 +20,14 @@ import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from {{ cookiecutter.package_name }}.engine import config as run_config
+from {{ cookiecutter.package_name }}.engine import run_config
 from {{ cookiecutter.package_name }}.engine.checkpoints import (
     FITS_FIX,
     check_fits,
     check_optimizer_continues,
     read_checkpoint,
 )
-from {{ cookiecutter.package_name }}.engine.data import ResumableDataModule
+from {{ cookiecutter.package_name }}.engine.datamodule import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.errors import (
     ConfigError,
     UserError,

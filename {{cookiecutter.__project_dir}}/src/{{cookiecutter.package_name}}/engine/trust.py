@@ -32,7 +32,7 @@ A name is judged by what it resolves to (the object's own module), not by its pr
 - :func:`loading` wraps the parsing and building itself, so that a form nobody listed is refused too:
   jsonargparse's own import-path policy denies every value that names or resolves to something
   outside the rule; a ``sys.meta_path`` finder refuses to import any module that is neither in the
-  rule nor installed code (a planted ``labtools.py`` in the working folder is neither); and an
+  rule nor installed code (a module planted in the working folder, say ``labtools``, is neither); and an
   audit hook refuses to open, while the arguments are parsed, any file whose path the arguments
   name (a YAML config that names a class).
 """

@@ -8,13 +8,13 @@ from .predictions import PredictionWriter
 from .preemption import PreemptionCheckpoint
 from .progress import ThrottledRichProgressBar
 from .random_state import RandomStateCheckpoint
-from .summary import ModelSummary
+from .summary import ModelSummaryWithoutZeroFlops
 
 __all__ = [
 {%- if cookiecutter.use_pretrained == "yes" %}
     "BackboneFreeze",
 {%- endif %}
-    "ModelSummary",
+    "ModelSummaryWithoutZeroFlops",
     "NonFiniteError",
     "PredictionWriter",
     "PreemptionCheckpoint",

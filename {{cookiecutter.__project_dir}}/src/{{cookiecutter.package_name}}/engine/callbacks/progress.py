@@ -50,7 +50,7 @@ class ThrottledRichProgressBar(RichProgressBar):
 
     def _get_train_description(self, current_epoch: int) -> str:
         # Lightning's "Epoch 0/4" counts to max_epochs, which a step limit may never reach (and with
-        # max_epochs lifted to -1 by engine.config.let_max_steps_decide it would say "Epoch 0/-2").
+        # max_epochs lifted to -1 by engine.run_config.let_max_steps_decide it would say "Epoch 0/-2").
         trainer = self.trainer
         by_steps = trainer.max_epochs is None or trainer.max_epochs < 0
         if self._epoch_stops_at is not None and (by_steps or self._epoch_stops_at < trainer.num_training_batches):

@@ -6,7 +6,7 @@ from lightning.pytorch.callbacks import RichModelSummary
 from lightning.pytorch.utilities.model_summary.model_summary import get_formatted_model_size, get_human_readable_count
 
 
-class ModelSummary(RichModelSummary):
+class ModelSummaryWithoutZeroFlops(RichModelSummary):
     """Lightning's ``RichModelSummary``; the FLOPs column and total only when they were counted.
 
     Lightning counts FLOPs by running the LightningModule's ``example_input_array`` through it.
