@@ -74,6 +74,7 @@ PACKAGE_FILES += ["engine/datamodule.py"]
 PACKAGE_FILES += ["engine/environment.py"]
 PACKAGE_FILES += ["engine/module.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
+PACKAGE_FILES += ["engine/run_files.py"]
 PACKAGE_FILES += ["engine/runs.py", "serving/__init__.py", "serving/api.py", "serving/connections.py"]
 PACKAGE_FILES += ["engine/prepared.py", "engine/trust.py", "engine/training_cli.py"]
 PACKAGE_FILES += [

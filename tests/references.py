@@ -195,6 +195,7 @@ def _modules(source: Path, places: tuple[str, ...]) -> list[Path]:
         path
         for place in places
         for path in ([source / place] if place.endswith(".py") else (source / place).rglob("*.py"))
+        if path.is_file()
     ]
 
 

@@ -38,7 +38,8 @@ def demo_project(root: Path) -> Path:
     (engine / "__init__.py").write_text('__all__ = ["TrainingModule"]\n')
     (engine / "module.py").write_text("class TrainingModule:\n    def shared_step(self):\n        pass\n")
     (root / "src" / "demo" / "sweep.py").write_text('BEST = "best.yaml"  # what a sweep writes\n')
-    (engine / "data.py").write_text("class ResumableDataModule:\n    def __init__(self, batch_size=32):\n        pass")
+    base = "class ResumableDataModule:\n    def __init__(self, batch_size=32):\n        pass\n"
+    (engine / "datamodule.py").write_text(base)
     for folder, source in (
         ("models", "class Classifier(TrainingModule):\n    def __init__(self, net, lr=1e-3, **kwargs):"),
         ("nets", "class MLP:\n    def __init__(self, width: int = 64):"),

@@ -319,7 +319,7 @@ def fit_stopped_by_signal(args: list[str], step: int, name: str = "SIGTERM", tim
 def resume_as_printed(interrupted: Path) -> list[str]:
     """The ``fit`` arguments an interrupted run prints to continue it: its own config, ``--resume=true`` and, when
     the config names modules of the user's own (a test's callback), the ``--trust`` that vouches for them."""
-    from {{ cookiecutter.package_name }}.engine.runs import own_config
+    from {{ cookiecutter.package_name }}.engine.run_files import own_config
     from {{ cookiecutter.package_name }}.engine.trust import modules_beyond_the_rule
 
     config = own_config(interrupted.parent.parent)

@@ -13,7 +13,7 @@ import yaml
 from conftest import CONFIGS, ROOT, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.engine import config as run_config
+from {{ cookiecutter.package_name }}.engine import run_config
 
 
 def test_a_yaml_syntax_error_names_its_file_line_and_column(tmp_path: Path) -> None:

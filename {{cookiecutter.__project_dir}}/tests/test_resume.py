@@ -12,7 +12,8 @@ from test_preemption import SignalAtStep
 from {{ cookiecutter.package_name }}.cli import CLI, main
 from {{ cookiecutter.package_name }}.engine.callbacks import RunPlots
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
-from {{ cookiecutter.package_name }}.engine.runs import own_config, run_dir
+from {{ cookiecutter.package_name }}.engine.run_files import own_config
+from {{ cookiecutter.package_name }}.engine.runs import run_dir
 
 # Three epochs, deterministic algorithms; the test after fit is not part of the comparison.
 EXACT = ["--trainer.max_epochs=3", "--trainer.deterministic=true", "--test_after_fit=false"]

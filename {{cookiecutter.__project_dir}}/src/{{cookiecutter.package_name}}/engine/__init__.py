@@ -13,17 +13,18 @@
   ``datamodule.py``.
 - ``errors.ConfigError`` and ``errors.DataError``: raise them with a message naming the field and
   the fix; the CLI prints the message as one line and exits with status 2, before anything is written.
-- ``contract.py``: what ``make predict``{{ ', export and serve' if cookiecutter.use_serving == 'yes' else '' }} ask of a trained model's DataModule and task module,
-  each hook with a default that works for a data set of tensors (override ``read_inputs`` to read
-  your own files, ``raw_description`` to say what one input is).
+- ``contract.py``: the hooks ``make predict``{{ ', export and serve' if cookiecutter.use_serving == 'yes' else '' }} call on a trained model's DataModule and task
+  module, each with a default that works for a data set of tensors (override ``read_inputs`` to read
+  your own files{{ ', ``raw_description`` to say what one input is' if cookiecutter.use_serving == 'yes' else '' }}).
 
-The rest is the machinery that keeps those promises, each file one job: ``training_cli.py`` (the CLI:
-options, resume, the trust rule, test after fit), ``runs.py`` (run folders, the config and
-environment each run records), ``checkpoints.py`` (atomic writes, clear load errors), ``trust.py``
-(what a checkpoint or run folder may name, checked before every load), ``inference.py`` (a
-checkpoint alone -> model, DataModule and a raw-input ``Predictor``), ``run_config.py`` (fix-ups
-before anything is built), ``launch.py`` (srun/torchrun checks), ``precision.py``, ``optim.py``
-(parameter groups, ``WarmupCosine``), ``environment.py``, ``quiet.py`` and ``callbacks/``
+The rest is the machinery that keeps those promises, each file one job: ``training_cli.py`` (the
+CLI: options, resume, the trust rule, test after fit), ``runs.py`` (run folders: naming, finding,
+resuming), ``run_files.py`` (what a run writes in its folder: config, environment, metrics),
+``checkpoints.py`` (atomic writes, clear load errors), ``trust.py`` (what a checkpoint or run folder
+may name, checked before every load), ``inference.py`` (a checkpoint alone -> model, DataModule and
+a raw-input ``Predictor``), ``run_config.py`` (fix-ups before anything is built), ``launch.py``
+(srun/torchrun checks), ``precision.py``, ``optim.py`` (parameter groups, ``WarmupCosine``),
+``environment.py``, ``quiet.py`` and ``callbacks/``
 (pre-emption, RNG state, non-finite stop, plots, the predictions writer, the progress bar).
 {%- if cookiecutter.use_prepared == "yes" %}
 ``prepared.py``: prepared data sets (``make prepare``).

@@ -360,8 +360,14 @@ def _class_path(obj: Any) -> str:
 def _shape(tensor: torch.Tensor, dynamic: dict[int, Any]) -> list[int | str]:
     """The shape with each free axis named: a named ``Dim`` by its name ("batch"), an unnamed one
     (``Dim.DYNAMIC``) by its range ("1 to 128")."""
-    names = {axis: getattr(dim, "__name__", None) or f"{dim.min} to {dim.max}" for axis, dim in dynamic.items()}
+    names = {axis: _axis_name(dim) for axis, dim in dynamic.items()}
     return [names.get(axis, size) for axis, size in enumerate(tensor.shape)]
+
+
+def _axis_name(dim: Any) -> str:
+    if isinstance(dim, str):
+        return dim
+    return getattr(dim, "__name__", None) or f"{dim.min} to {dim.max}"
 
 
 def model_card(record: dict[str, Any]) -> str:

@@ -31,7 +31,7 @@ LOGGING_INTERVAL = r"The number of training batches \(\d+\) is smaller than the 
 
 
 # lightning 2.6 when a run continues in its own folder (make resume, a requeued SLURM job): the
-# CSV logger says "Previous log files in this directory will be deleted" (engine.runs moves
+# CSV logger says "Previous log files in this directory will be deleted" (engine.run_files moves
 # metrics.csv aside first, so nothing is lost) and ModelCheckpoint that the folder is not empty.
 RESUME_WARNINGS = (
     r"Experiment logs directory .* exists and is not empty",

@@ -47,18 +47,20 @@ from {{ cookiecutter.package_name }}.engine.quiet import (
     silence_predict_warnings,
     silence_srun_hint,
 )
-from {{ cookiecutter.package_name }}.engine.runs import (
+from {{ cookiecutter.package_name }}.engine.run_files import (
     SaveConfigToRunDir,
-    announce_run,
     evaluate_best_checkpoint,
     keep_csv_metrics,
     own_config,
     profile_into_run_dir,
-    remove_unstarted_run_dir,
     report_profiler_files,
+    with_own_config,
+)
+from {{ cookiecutter.package_name }}.engine.runs import (
+    announce_run,
+    remove_unstarted_run_dir,
     run_dir,
     run_to_resume,
-    with_own_config,
 )
 from {{ cookiecutter.package_name }}.engine.trust import (
     LIGHTNING_OWN,

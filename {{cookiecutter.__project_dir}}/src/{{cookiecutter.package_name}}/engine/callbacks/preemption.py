@@ -27,7 +27,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
-from {{ cookiecutter.package_name }}.engine.runs import own_config, run_dir
+from {{ cookiecutter.package_name }}.engine.run_files import own_config
+from {{ cookiecutter.package_name }}.engine.runs import run_dir
 from {{ cookiecutter.package_name }}.engine.trust import modules_beyond_the_rule
 
 
