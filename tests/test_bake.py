@@ -325,11 +325,22 @@ def f(x):
     assert code_lines(source) == 5  # import, def, and the three lines of the return
 
 
+# Issue 63's bounds for the user's room (every line of src/ outside engine/) and the entry point: cli.py holds the
+# task's links only (80 lines), the room what a user reads to own the project. The room's bound is the issue's
+# where a bake meets it (tabular: 974 measured); image classification (1,069) and the language model (1,743)
+# are held at their measured size until their data modules shrink (docs/benchmarks.md, third stop of 2026-11-28).
+USERS_ROOM_LINES = {"image-classification": 1080, "tabular": 1000, "language-model": 1750}
+
+
 @pytest.mark.parametrize("task", MINIMAL_CODE_LINES)
 def test_a_minimal_bake_keeps_its_code_within_the_size_bound(cookies, task: str) -> None:
     project = bake(cookies, task=task, **MINIMAL)
     counted = sum(code_lines(file.read_text()) for file in (project / "src").rglob("*.py"))
     assert counted <= MINIMAL_CODE_LINES[task], f"{task}: {counted} lines of code in src/"
+    package = project / "src" / project.name.replace("-", "_")
+    assert len((package / "cli.py").read_text().splitlines()) <= 80
+    room = sum(len(file.read_text().splitlines()) for file in package.rglob("*.py") if "engine" not in file.parts)
+    assert room <= USERS_ROOM_LINES[task], f"{task}: the user's room is {room} lines"
 
 
 def check_first_read(project: Path) -> None:
