@@ -33,7 +33,29 @@ class CheckpointError(UserError, RuntimeError):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """TorchCheckpointIO whose saves replace the target only once the new file is complete on disk."""
+    """TorchCheckpointIO whose saves replace the target only once the new file is complete on disk, and
+    whose next load of a checkpoint the CLI already read and checked returns that copy (:meth:`hand_over`)."""
+
+    _handed: tuple[str, dict[str, Any]] | None = None
+
+    def hand_over(self, path: _PATH, checkpoint: dict[str, Any]) -> None:
+        """The next :meth:`load_checkpoint` of ``path`` returns ``checkpoint`` instead of reading the file again.
+
+        The CLI reads a checkpoint once, on the CPU with ``weights_only=True``, to check it before anything
+        is built; Lightning's restore would read the whole file a second time (a language model's
+        gigabytes). The copy is handed over once and dropped when taken or replaced.
+        """
+        self._handed = (os.path.realpath(path), checkpoint)
+
+    def load_checkpoint(
+        self, path: _PATH, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        handed, self._handed = self._handed, None
+        if handed is not None and "://" not in str(path) and handed[0] == os.path.realpath(path):
+            return handed[1]
+        if map_location is None:
+            return super().load_checkpoint(path, weights_only=weights_only)
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if "://" in str(path):  # remote storage (s3://, gs://): its own semantics

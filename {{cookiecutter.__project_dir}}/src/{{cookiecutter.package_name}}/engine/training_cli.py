@@ -18,11 +18,13 @@ from typing import Literal
 import lightning as L
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info
 
 from {{ cookiecutter.package_name }}.engine import run_config
 from {{ cookiecutter.package_name }}.engine.checkpoints import (
     FITS_FIX,
+    AtomicCheckpointIO,
     check_fits,
     check_optimizer_continues,
     read_checkpoint,
@@ -274,6 +276,19 @@ class TrainingCLI(LightningCLI):
                 self.datamodule.check_checkpoint_state(state)
             check_fits(checkpoint, self.model, ckpt_path, self._fits_fix())
 
+    def _hand_over_checkpoint(self) -> None:
+        # Checked: the copy read once goes to the checkpoint plugin, which hands it to Lightning's restore
+        # instead of a second read and then lets it go; it is not held for the whole run here. Only where
+        # the strategy restores through the plugin (single device, DDP): FSDP and DeepSpeed read shards
+        # themselves, and a copy never taken would stay in memory for the whole run.
+        ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
+        strategy = self.trainer.strategy
+        through_plugin = type(strategy).load_checkpoint is Strategy.load_checkpoint
+        checkpoint_io = strategy.checkpoint_io if through_plugin else None
+        if self._checkpoints and ckpt_path in self._checkpoints and isinstance(checkpoint_io, AtomicCheckpointIO):
+            checkpoint_io.hand_over(ckpt_path, self._checkpoints[ckpt_path])
+        self._checkpoints = None
+
     def _fits_fix(self) -> str:
         if self.resumed_with is None:
             return FITS_FIX
@@ -286,15 +301,15 @@ class TrainingCLI(LightningCLI):
 
     def before_validate(self) -> None:
         self._check_ckpt_path()
-        self._checkpoints = None  # checked: its weights are not held in memory for the whole run
+        self._hand_over_checkpoint()
 
     def before_test(self) -> None:
         self._check_ckpt_path()
-        self._checkpoints = None
+        self._hand_over_checkpoint()
 
     def before_predict(self) -> None:
         self._check_ckpt_path()
-        self._checkpoints = None
+        self._hand_over_checkpoint()
         silence_predict_warnings()
 
     def before_fit(self) -> None:
@@ -304,7 +319,7 @@ class TrainingCLI(LightningCLI):
         ckpt_path = self.config_init.fit.get("ckpt_path")
         if _is_checkpoint_file(ckpt_path):  # fit continues the optimizer and schedule too
             check_optimizer_continues(self._read_checkpoint(ckpt_path), self.model, ckpt_path)
-        self._checkpoints = None  # checked: a language model's gigabytes are not held for the whole run
+        self._hand_over_checkpoint()
         if ckpt_path and self.trainer.is_global_zero:
             replace_resume_warnings(str(run_dir(self.trainer)))
         announce_run(self.trainer)
