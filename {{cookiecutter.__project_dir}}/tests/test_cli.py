@@ -250,7 +250,7 @@ def test_the_model_summary_shows_flops_only_when_lightning_counted_them(capsys: 
 
 
 def test_every_preset_is_in_the_suite() -> None:
-    assert PRESETS == ["ddp", "debug", "fsdp", "gpu", "profile", "trace"]
+    assert PRESETS == ["ddp", "debug", "ema", "fsdp", "gpu", "profile", "trace"]
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -258,7 +258,11 @@ def test_presets_stack_on_the_default(capsys: pytest.CaptureFixture, preset: str
     preset_path = CONFIGS / "presets" / f"{preset}.yaml"
     printed = yaml.safe_load(print_config(capsys, f"--config={CONFIGS / 'default.yaml'}", f"--config={preset_path}"))
     for key, value in yaml.safe_load(preset_path.read_text())["trainer"].items():
-        if isinstance(value, dict):  # a class_path block: the class must survive the merge
+        if key.endswith("+"):  # appended to the default's list, which stays
+            classes = [entry["class_path"] for entry in printed["trainer"][key.removesuffix("+")]]
+            default = yaml.safe_load(print_config(capsys, f"--config={CONFIGS / 'default.yaml'}"))["trainer"]
+            assert classes == [entry["class_path"] for entry in default[key.removesuffix("+")] + value]
+        elif isinstance(value, dict):  # a class_path block: the class must survive the merge
             assert printed["trainer"][key]["class_path"] == value["class_path"]
         else:
             assert printed["trainer"][key] == value, key

@@ -14,6 +14,7 @@ from test_preemption import SignalAtStep
 from {{ cookiecutter.package_name }}.cli import CLI, main
 from {{ cookiecutter.package_name }}.engine.callbacks import RunPlots
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
+from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.engine.run_files import own_config
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
 
@@ -110,6 +111,35 @@ def test_stop_at_an_epoch_boundary_resumes_exactly(reference: CLI, tmp_path: Pat
     with whole_reads_of(last) as reads:
         main(["test", *args, f"--ckpt_path={last}"])
     assert reads == [str(last)]
+
+
+@pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_the_ema_preset_ships_the_averaged_weights_and_resumes_both_exactly(tmp_path: Path) -> None:
+    ema = f"--config={CONFIGS / 'presets' / 'ema.yaml'}"
+    straight = main(["fit", *shrunk_args(tmp_path / "straight"), *EXACT, ema])
+    best = Path(straight.trainer.checkpoint_callback.best_model_path)
+    checkpoint = torch.load(best, map_location="cpu", weights_only=True)
+    averaged, live = checkpoint["state_dict"], checkpoint["current_model_state"]
+    assert averaged.keys() == live.keys()
+    assert any(not torch.equal(averaged[key], live[key]) for key in averaged)  # two sets of weights
+    # What make predict, export and serve build from the checkpoint: the averaged weights.
+    shipped = load_trained(best).model.state_dict()
+    assert all(torch.equal(shipped[key], averaged[key]) for key in averaged)
+
+    args = [*shrunk_args(tmp_path / "resumed"), *EXACT, ema]
+    stopped = main(args, run=False)
+    stopped.trainer.callbacks.append(StopAfterEpoch(epoch=0))
+    stopped.trainer.fit(stopped.model, datamodule=stopped.datamodule)
+    resumed = main(["fit", *args, "--resume=true"])
+    assert_same_end_state(straight, resumed)  # the models end holding the averaged weights
+    last, expected = (
+        torch.load(run_dir(cli.trainer) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        for cli in (resumed, straight)
+    )
+    for key in ("state_dict", "current_model_state", "averaging_state"):  # the live ones and the average's count
+        assert last[key].keys() == expected[key].keys()
+        assert all(torch.equal(last[key][name], expected[key][name]) for name in expected[key]), key
 
 
 @contextlib.contextmanager
