@@ -49,7 +49,7 @@ from typing import Any
 import kornia.augmentation as K
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from PIL import Image, ImageOps, UnidentifiedImageError
 from sklearn.model_selection import train_test_split
 from torch import nn
@@ -337,7 +337,8 @@ class ImageFolderDataModule(ResumableDataModule):
         parts = self._split_parts()
         decoded = {split: self._decode(items)[:2] for split, items in parts.items()}
         self._report_skipped(f"data.root={self.hparams.root}")
-        rank_zero_info(self._read_report(parts))
+        if rank_zero_only.rank == 0:  # other processes would stat every file for a line they do not print
+            rank_zero_info(self._read_report(parts))
         self.mean, self.std = self.pretrained_stats or channel_stats(pixel_sums(decoded["train"][0].numpy()))
         self.train_set, self.val_set, self.test_set = (TensorDataset(*decoded[split]) for split in SPLITS)
         self.check_batch_size()
