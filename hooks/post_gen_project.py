@@ -92,9 +92,12 @@ TASK_FILES = {
 }
 
 
-# The files of hyperparameter sweeps (use_sweeps): the command, its config, its tests, its SLURM array.
+# The files of hyperparameter search (use_sweeps): make sweep (command, config, tests, SLURM array),
+# make find-lr and make find-batch-size (command, tests).
 SWEEP_FILES = [
     "src/{package}/commands/sweep.py",
+    "src/{package}/commands/find.py",
+    "tests/test_find.py",
     "configs/sweep.yaml",
     "tests/test_sweep.py",
     "scripts/slurm/sweep.sbatch",

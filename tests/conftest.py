@@ -67,7 +67,7 @@ DOCS = ["install", "configs", "performance", "clusters", "troubleshooting", "shi
 PROJECT_FILES += [f"docs/{name}.md" for name in DOCS]
 # The reusable core and the CLI: in every bake, whatever the task.
 PACKAGE_FILES = ["__init__.py", "__main__.py", "cli.py", "commands/__init__.py"]
-PACKAGE_FILES += [f"commands/{name}.py" for name in ("bench", "export", "predict", "serve", "sweep", "prepare")]
+PACKAGE_FILES += [f"commands/{name}.py" for name in ("bench", "export", "predict", "serve", "sweep", "find", "prepare")]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "run_config", "contract", "launch")]
 PACKAGE_FILES += ["engine/datamodule.py"]
@@ -83,7 +83,7 @@ PACKAGE_FILES += [
 ]
 PACKAGE_FILES += ["engine/callbacks/random_state.py", "engine/callbacks/summary.py"]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
-TEST_FILES += ["test_private_apis.py"]
+TEST_FILES += ["test_private_apis.py", "test_find.py"]
 TEST_FILES += ["own_pieces.py", "test_environment.py", "test_ship.py", "test_sweep.py", "test_prepared.py"]
 TEST_FILES += ["test_trust.py", "test_precision.py", "test_init_from.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
@@ -156,8 +156,9 @@ def expected_files(
         files |= {"tests/test_slurm_script.py"}
     if task == "language-model":
         files |= {"docs/language-model.md", *EVAL_FILES}
-    if not use_sweeps:  # the sweep command, its config, its tests and its SLURM array
+    if not use_sweeps:  # the sweep command, its config, its tests and its SLURM array; the finders and their tests
         files -= {"configs/sweep.yaml", f"src/{package}/commands/sweep.py", "tests/test_sweep.py"}
+        files -= {f"src/{package}/commands/find.py", "tests/test_find.py"}
         files -= {"scripts/slurm/sweep.sbatch"}
     if not use_benchmark:  # make bench's command
         files -= {f"src/{package}/commands/bench.py"}

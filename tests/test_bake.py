@@ -139,6 +139,7 @@ PRUNED_NAMES = {
 
 
 SWEEP_NAMES = r"[Oo]ptuna|make sweep|sweep\.yaml|commands\.sweep|sweep\.sbatch|extra sweep|\bsweep,"
+SWEEP_NAMES += r"|find-lr|find-batch-size|commands\.find"
 BENCHMARK_NAMES = r"make bench\b|commands\.bench|\bbench\.py|``bench``|`bench`|overhead_ratio"
 SERVING_NAMES = (
     r"make (serve|export)\b|serve-bench|\bserving\b|[Ll]it[Ss]erve|\bonnx|\bONNX\b|engine\.export"
