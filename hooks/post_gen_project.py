@@ -93,11 +93,13 @@ TASK_FILES = {
 
 
 # The files of hyperparameter search (use_sweeps): make sweep (command, config, tests, SLURM array),
-# make find-lr and make find-batch-size (command, tests).
+# make find-lr and make find-batch-size, make cv (commands, tests).
 SWEEP_FILES = [
     "src/{package}/commands/sweep.py",
     "src/{package}/commands/find.py",
     "tests/test_find.py",
+    "src/{package}/commands/cv.py",
+    "tests/test_cv.py",
     "configs/sweep.yaml",
     "tests/test_sweep.py",
     "scripts/slurm/sweep.sbatch",
@@ -161,6 +163,8 @@ PRETRAINED_FILES = [
 
 # The files some task families share (pretrained Hugging Face models), and those families.
 SHARED_TASK_FILES = {
+    "src/{package}/commands/cv.py": ("image-classification", "tabular"),
+    "tests/test_cv.py": ("image-classification", "tabular"),
     "src/{package}/nets/hf.py": ("image-classification", "language-model"),
     "src/{package}/nets/hub.py": ("image-classification", "language-model"),
 }
@@ -174,10 +178,10 @@ def prune() -> None:
                 (PROJECT / relative.format(package=PACKAGE)).unlink()
     for relative, tasks in SHARED_TASK_FILES.items():
         if ANSWERS["task"] not in tasks:
-            (PROJECT / relative.format(package=PACKAGE)).unlink()
+            (PROJECT / relative.format(package=PACKAGE)).unlink(missing_ok=True)
     if ANSWERS["use_sweeps"] != "yes":
         for relative in SWEEP_FILES:
-            (PROJECT / relative.format(package=PACKAGE)).unlink(missing_ok=True)  # sweep.sbatch: with SLURM only
+            (PROJECT / relative.format(package=PACKAGE)).unlink(missing_ok=True)  # sweep.sbatch: with SLURM only; cv
     if ANSWERS["use_benchmark"] != "yes":
         for relative in BENCHMARK_FILES:
             (PROJECT / relative.format(package=PACKAGE)).unlink()

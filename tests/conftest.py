@@ -92,8 +92,9 @@ TASK_PACKAGE_FILES = {
         *("data/digits.py", "data/image_folder.py", "models/classifier.py", "nets/cnn.py", "nets/mlp.py"),
         *("nets/pretrained.py", "nets/hf.py", "nets/hf_image.py", "nets/timm_net.py"),
         *("nets/hub.py", "nets/image_preprocessing.py", "data/image_files.py", "data/image_transforms.py"),
+        "commands/cv.py",
     ],
-    "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py"],
+    "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py", "commands/cv.py"],
     "language-model": [
         *("data/text.py", "data/corpora/moby_dick.txt.gz", "models/language_model.py", "nets/gpt.py"),
         *("data/prompts.py", "data/tokenizer.py", "nets/causal_lm.py", "commands/generate.py"),
@@ -107,9 +108,9 @@ TASK_TEST_FILES = {
     "image-classification": [
         *("test_data.py", "test_ddp.py", "test_faults.py", "test_fsdp.py"),
         *("test_gpu.py", "test_image_folder.py", "test_model.py", "test_nets.py", "test_train.py"),
-        *("test_transfer.py", "test_hf_image.py"),
+        *("test_transfer.py", "test_hf_image.py", "test_cv.py"),
     ],
-    "tabular": ["test_tabular.py"],
+    "tabular": ["test_tabular.py", "test_cv.py"],
     "language-model": ["test_language_model.py", "test_finetune.py", "test_tokenizer.py", "test_openai_api.py"],
 }
 TASK_CONFIG_FILES = {
@@ -159,6 +160,7 @@ def expected_files(
     if not use_sweeps:  # the sweep command, its config, its tests and its SLURM array; the finders and their tests
         files -= {"configs/sweep.yaml", f"src/{package}/commands/sweep.py", "tests/test_sweep.py"}
         files -= {f"src/{package}/commands/find.py", "tests/test_find.py"}
+        files -= {f"src/{package}/commands/cv.py", "tests/test_cv.py"}
         files -= {"scripts/slurm/sweep.sbatch"}
     if not use_benchmark:  # make bench's command
         files -= {f"src/{package}/commands/bench.py"}

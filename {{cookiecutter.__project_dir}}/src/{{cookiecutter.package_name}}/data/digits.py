@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.data.image_transforms import Standardize
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions, split_indices
+from {{ cookiecutter.package_name }}.engine.datamodule import check_folds, check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
 
 _PIXEL_MAX = 16.0  # digits pixels are integer counts in [0, 16]
@@ -39,6 +39,8 @@ class DigitsDataModule(ResumableDataModule):
         test_fraction: share of all samples held out for testing.
         split_seed: seed of the split, independent of ``seed_everything`` so that changing the
             training seed never changes which samples are test samples.
+        num_folds, fold: k-fold cross-validation{{ " (``make cv``)" if cookiecutter.use_sweeps == "yes" and cookiecutter.task != "language-model" else "" }}: validate on fold ``fold`` (from 0) of ``num_folds``
+            of what the test split leaves (:func:`engine.datamodule.split_indices`); None: ``val_fraction``.
         num_workers: DataLoader worker processes. 0 (the default) serves batches from the main
             process: the whole set is a tensor in memory, and workers would only add start-up
             and inter-process copies.
@@ -47,7 +49,7 @@ class DigitsDataModule(ResumableDataModule):
 
     Raises:
         ValueError: if a fraction is outside (0, 1), the fractions leave no training data, or
-            ``batch_size`` / ``num_workers`` is out of range.
+            ``batch_size`` / ``num_workers`` / ``num_folds`` / ``fold`` is out of range.
     """
 
     num_classes = 10
@@ -61,12 +63,15 @@ class DigitsDataModule(ResumableDataModule):
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         split_seed: int = 0,
+        num_folds: int | None = None,
+        fold: int = 0,
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
     ) -> None:
         super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
         check_fractions(val_fraction, test_fraction)
+        check_folds(num_folds, fold)
         self.save_hyperparameters()
         self.mean: float | None = None
         self.std: float | None = None
@@ -81,7 +86,9 @@ class DigitsDataModule(ResumableDataModule):
         images = torch.as_tensor(images, dtype=torch.float32).reshape(-1, *self.image_shape) / _PIXEL_MAX
         labels = torch.as_tensor(labels, dtype=torch.int64)
 
-        splits = split_indices(labels.numpy(), len(labels), hp.val_fraction, hp.test_fraction, hp.split_seed)
+        splits = split_indices(
+            labels.numpy(), len(labels), hp.val_fraction, hp.test_fraction, hp.split_seed, hp.num_folds, hp.fold
+        )
         self.split_indices = {name: torch.as_tensor(rows) for name, rows in splits.items()}
         train_images = images[self.split_indices["train"]]
         self.mean = train_images.mean().item()

@@ -63,7 +63,7 @@ from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 {% if cookiecutter.use_serving == "yes" -%}
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 {% endif -%}
-from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions, listed, split_indices
+from {{ cookiecutter.package_name }}.engine.datamodule import check_folds, check_fractions, fold_of, listed, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
@@ -111,6 +111,8 @@ class ImageFolderDataModule(ResumableDataModule):
         horizontal_flip: mirror half the training images (wrong for text or digits).
         val_fraction, test_fraction: shares held out when the folder has no such split.
         split_seed: seed of the split, independent of the training seed.
+        num_folds, fold: k-fold cross-validation{{ " (``make cv``)" if cookiecutter.use_sweeps == "yes" and cookiecutter.task != "language-model" else "" }}: validate on fold ``fold`` (from 0) of ``num_folds``
+            of the training images (not with a ``val/`` folder); None: ``val_fraction``.
         skip_unreadable: leave out files Pillow cannot read (broken, truncated, decompression
             bombs) instead of stopping, in ``root`` and in ``INPUTS=``; one log line counts them
             and names the first ten.
@@ -153,6 +155,8 @@ class ImageFolderDataModule(ResumableDataModule):
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         split_seed: int = 0,
+        num_folds: int | None = None,
+        fold: int = 0,
         skip_unreadable: bool = False,
 {%- if cookiecutter.use_prepared == "yes" %}
         prepared: str | None = None,
@@ -169,6 +173,11 @@ class ImageFolderDataModule(ResumableDataModule):
     ) -> None:
         super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
         check_fractions(val_fraction, test_fraction)
+        check_folds(num_folds, fold)
+{%- if cookiecutter.use_prepared == "yes" %}
+        if prepared is not None and num_folds is not None:
+            raise ConfigError("data.num_folds: a prepared folder keeps the splits it was prepared with; use data.root")
+{%- endif %}
         self.pretrained_stats = given_stats(mean, std{{ ", pretrained" if cookiecutter.use_pretrained == "yes" else "" }})
 {%- if cookiecutter.use_pretrained == "yes" %}
         if pretrained is not None:  # sizes and statistics the backbone was pretrained with, in place of the data's
@@ -347,6 +356,9 @@ class ImageFolderDataModule(ResumableDataModule):
         """The files of each split: the folder's own splits, or seeded, stratified cuts of its pool."""
         self._find_files()
         hp = self.hparams
+        folds = (hp.num_folds, hp.fold)
+        if hp.num_folds is not None and "val" in self.files:
+            raise ConfigError(f"data.num_folds: {hp.root} has its own val/ folder; move its images into train/")
         if "all" in self.files:
             pool = self.files["all"]
             labels = np.array([label for _, label in pool])
@@ -354,7 +366,7 @@ class ImageFolderDataModule(ResumableDataModule):
             if counts.min() < 3:
                 rare = [self.class_names[i] for i in np.flatnonzero(counts < 3)]
                 raise DataError(f"data.root: class folder(s) {rare} have fewer than 3 images, too few to split")
-            rows = split_indices(labels, len(pool), hp.val_fraction, hp.test_fraction, hp.split_seed)
+            rows = split_indices(labels, len(pool), hp.val_fraction, hp.test_fraction, hp.split_seed, *folds)
             parts = {split: [pool[i] for i in rows[split]] for split in SPLITS}
         else:
             parts = dict(self.files)
@@ -363,7 +375,10 @@ class ImageFolderDataModule(ResumableDataModule):
                 train = parts["train"]
                 labels = np.array([label for _, label in train])
                 if len(missing) == 2:
-                    rows = split_indices(labels, len(train), hp.val_fraction, hp.test_fraction, hp.split_seed)
+                    rows = split_indices(labels, len(train), hp.val_fraction, hp.test_fraction, hp.split_seed, *folds)
+                elif hp.num_folds is not None:  # test/ given: the folds are train/'s
+                    train_rows, val_rows = fold_of(np.arange(len(train)), labels, *folds, hp.split_seed)
+                    rows = {"train": train_rows, "val": val_rows}
                 else:  # one cut for the one missing split
                     fraction = hp.val_fraction if missing == ["val"] else hp.test_fraction
                     rows = dict(

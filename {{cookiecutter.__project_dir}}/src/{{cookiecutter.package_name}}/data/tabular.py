@@ -46,8 +46,8 @@ from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
-from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions, listed, split_indices
-from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine.datamodule import check_folds, check_fractions, listed, split_indices
+from {{ cookiecutter.package_name }}.engine.errors import {{ "ConfigError, " if cookiecutter.use_prepared == "yes" else "" }}DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import MAPPING, ArrayRecords, PreparedWriter, fingerprint, open_prepared
 {%- endif %}
@@ -228,6 +228,8 @@ class TabularDataModule(ResumableDataModule):
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
         val_fraction, test_fraction: shares of the rows held out for validation and testing.
         split_seed: seed of the split, independent of the training seed.
+        num_folds, fold: k-fold cross-validation{{ " (``make cv``)" if cookiecutter.use_sweeps == "yes" and cookiecutter.task != "language-model" else "" }}: validate on fold ``fold`` (from 0) of ``num_folds``
+            of what the test split leaves (:func:`engine.datamodule.split_indices`); None: ``val_fraction``.
 {%- if cookiecutter.use_prepared == "yes" %}
         prepared: a folder ``make prepare`` wrote from this table: encoded rows are read from disk
             (the target, dropped columns, task and split settings must be the ones it was prepared with).
@@ -253,6 +255,8 @@ class TabularDataModule(ResumableDataModule):
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         split_seed: int = 0,
+        num_folds: int | None = None,
+        fold: int = 0,
 {%- if cookiecutter.use_prepared == "yes" %}
         prepared: str | None = None,
 {%- endif %}
@@ -266,6 +270,11 @@ class TabularDataModule(ResumableDataModule):
     ) -> None:
         super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
         check_fractions(val_fraction, test_fraction)
+        check_folds(num_folds, fold)
+{%- if cookiecutter.use_prepared == "yes" %}
+        if prepared is not None and num_folds is not None:
+            raise ConfigError("data.num_folds: a prepared table keeps the splits it was prepared with; use data.path")
+{%- endif %}
         self.save_hyperparameters()
         self.preprocessing: dict[str, Any] | None = None  # fitted on the training split, see encode()
         self.frame: pd.DataFrame | None = None
@@ -417,12 +426,12 @@ class TabularDataModule(ResumableDataModule):
                     f"{source}: class(es) {rare} of {target!r} have fewer than 3 rows, too few for a train/val/test "
                     "split; add rows, merge classes, or use data.target_type=regression for a numeric target"
                 )
-            self.split_rows = split_indices(codes, len(frame), hp.val_fraction, hp.test_fraction, hp.split_seed)
+            self.split_rows = self._split(codes, len(frame))
         else:
             if not pd.api.types.is_numeric_dtype(labels):
                 raise DataError(f"data.target_type=regression: the target column {target!r} of {source} is not numeric")
             classes = []
-            self.split_rows = split_indices(None, len(frame), hp.val_fraction, hp.test_fraction, hp.split_seed)
+            self.split_rows = self._split(None, len(frame))
 
         train = frame.iloc[self.split_rows["train"]]
         prep: dict[str, Any] = {"task": task, "target": target, "classes": classes}
@@ -455,6 +464,11 @@ class TabularDataModule(ResumableDataModule):
         return prep
 
     # ---- encoding -----------------------------------------------------------------------------
+    def _split(self, labels: np.ndarray | None, rows: int) -> dict[str, np.ndarray]:
+        """The split of ``rows`` rows by this module's settings, stratified by class indices ``labels``."""
+        hp = self.hparams
+        return split_indices(labels, rows, hp.val_fraction, hp.test_fraction, hp.split_seed, hp.num_folds, hp.fold)
+
     def encode(self, frame: pd.DataFrame) -> torch.Tensor:
         """Raw rows (a DataFrame with the training columns; the target column may be absent) -> (B, F) float32.
 
@@ -645,8 +659,7 @@ class TabularDataModule(ResumableDataModule):
             if prep["task"] == "classification":  # class indices, as _fit stratified by
                 index = {name: i for i, name in enumerate(prep["classes"])}
                 labels = frame[prep["target"]].astype(str).map(index).to_numpy()
-            hp = self.hparams
-            self.split_rows = split_indices(labels, len(frame), hp.val_fraction, hp.test_fraction, hp.split_seed)
+            self.split_rows = self._split(labels, len(frame))
         features, targets = self.encode(frame), self.encode_target(frame)
         self.train_set, self.val_set, self.test_set = (
             TensorDataset(features[rows], targets[rows]) for rows in self.split_rows.values()

@@ -28,7 +28,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from sklearn.model_selection import train_test_split
+from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from {{ cookiecutter.package_name }}.engine.contract import ShippableData
@@ -51,8 +51,30 @@ def check_fractions(val_fraction: float, test_fraction: float) -> None:
         )
 
 
+{% if cookiecutter.task != "language-model" -%}
+def check_folds(num_folds: int | None, fold: int) -> None:
+    """Refuse a k-fold setting that names no fold of the folds.
+
+    Raises:
+        ValueError: names ``data.num_folds`` / ``data.fold`` and the values that work.
+    """
+    if num_folds is None:
+        return
+    if num_folds < 2:
+        raise ConfigError(f"data.num_folds must be at least 2 (or null: one validation split), got {num_folds}")
+    if not 0 <= fold < num_folds:
+        raise ConfigError(f"data.fold must be one of 0 to {num_folds - 1} (data.num_folds={num_folds}), got {fold}")
+
+
+{% endif -%}
 def split_indices(
-    labels: np.ndarray | None, size: int, val_fraction: float, test_fraction: float, seed: int
+    labels: np.ndarray | None,
+    size: int,
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+    num_folds: int | None = None,
+    fold: int = 0,
 ) -> dict[str, np.ndarray]:
     """Seeded train/val/test row indices of ``size`` samples, stratified by ``labels`` when given.
 
@@ -60,16 +82,32 @@ def split_indices(
     rest, so with ``labels`` every split keeps the class proportions of the whole set. The split
     depends on ``seed`` alone, never on the training seed, so test samples stay test samples.
     Pass ``labels=None`` for a regression target (a plain random split).
+
+    With ``num_folds`` (k-fold cross-validation{{ ", ``make cv``" if cookiecutter.use_sweeps == "yes" and cookiecutter.task != "language-model" else "" }}), the test cut is the same and validation
+    is fold ``fold`` of ``num_folds`` seeded folds of the rest (scikit-learn's ``StratifiedKFold``, or
+    ``KFold`` without labels); ``val_fraction`` is unused. Over the folds, every sample outside the test
+    set is validated on exactly once, and the test set is in no fold.
     """
     indices = np.arange(size)
     rest, test = train_test_split(indices, test_size=test_fraction, stratify=labels, random_state=seed)
+    rest_labels = None if labels is None else labels[rest]
+    if num_folds is not None:
+        train, val = fold_of(rest, rest_labels, num_folds, fold, seed)
+        return {"train": train, "val": val, "test": test}
     train, val = train_test_split(
-        rest,
-        test_size=val_fraction / (1.0 - test_fraction),
-        stratify=None if labels is None else labels[rest],
-        random_state=seed,
+        rest, test_size=val_fraction / (1.0 - test_fraction), stratify=rest_labels, random_state=seed
     )
     return {"train": train, "val": val, "test": test}
+
+
+def fold_of(
+    indices: np.ndarray, labels: np.ndarray | None, num_folds: int, fold: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, val)`` of ``indices``: validation is fold ``fold`` of ``num_folds`` seeded folds (stratified by
+    ``labels`` when given, scikit-learn's ``StratifiedKFold``; else ``KFold``), training the other folds."""
+    splitter = (KFold if labels is None else StratifiedKFold)(num_folds, shuffle=True, random_state=seed)
+    train, val = list(splitter.split(indices, labels))[fold]
+    return indices[train], indices[val]
 
 
 def listed(names: Sequence[str], room: int = 160) -> str:
