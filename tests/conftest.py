@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE_SYNTAX = re.compile(r"\{\{|\}\}|\{%|%\}")
-PRESETS = ("ddp", "debug", "ema", "fsdp", "gpu", "profile", "trace")
+PRESETS = ("ddp", "debug", "ema", "fsdp", "fsdp2", "gpu", "profile", "trace")
 # Bakes resolve no uv.lock (6 s of package-index queries each), session and module fixtures'
 # bakes included; test_bake.py's lock tests turn it on.
 os.environ["TORCH_TEMPLATE_LOCK"] = "0"
@@ -74,7 +74,7 @@ PACKAGE_FILES += ["engine/datamodule.py"]
 PACKAGE_FILES += ["engine/environment.py"]
 PACKAGE_FILES += ["engine/module.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
-PACKAGE_FILES += ["engine/run_files.py"]
+PACKAGE_FILES += ["engine/run_files.py", "engine/sharding.py"]
 PACKAGE_FILES += ["engine/runs.py", "serving/__init__.py", "serving/api.py", "serving/connections.py"]
 PACKAGE_FILES += ["engine/prepared.py", "engine/trust.py", "engine/training_cli.py"]
 PACKAGE_FILES += [

@@ -252,7 +252,7 @@ def test_the_model_summary_shows_flops_only_when_lightning_counted_them(capsys: 
 
 
 def test_every_preset_is_in_the_suite() -> None:
-    assert PRESETS == ["ddp", "debug", "ema", "fsdp", "gpu", "profile", "trace"]
+    assert PRESETS == ["ddp", "debug", "ema", "fsdp", "fsdp2", "gpu", "profile", "trace"]
 
 
 @pytest.mark.parametrize("preset", PRESETS)

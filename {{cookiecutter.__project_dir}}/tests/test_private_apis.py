@@ -66,7 +66,24 @@ def _jsonargparse_import_path_policy() -> bool:
     return {"import_path_verdicts", "import_paths_enforced"} <= set(_common.parsing_settings)
 
 
+def _model_parallel_sizes() -> bool:
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+    source = inspect.getsource(ModelParallelStrategy.setup_environment)
+    sizes_read = "self._data_parallel_size" in source and "self._tensor_parallel_size" in source
+    return strategy._data_parallel_size == "auto" and strategy._save_distributed_checkpoint is True and sizes_read
+
+
 PRIVATE_USES = [
+    PrivateUse(
+        "ModelParallelStrategy._data_parallel_size and ._save_distributed_checkpoint",
+        "engine/sharding.py",
+        "FSDP2Strategy sets the data-parallel size to the world size, known only once the Trainer has set the "
+        "devices and nodes (the public 'auto' means across nodes), and reads whether checkpoints are folders",
+        "lightning 2.6.6",
+        _model_parallel_sizes,
+    ),
     PrivateUse(
         "lightning.pytorch.cli.LightningCLI._parse_ckpt_path",
         "engine/training_cli.py",

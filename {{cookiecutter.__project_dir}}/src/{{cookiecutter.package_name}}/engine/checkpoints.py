@@ -119,6 +119,11 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint. `ls {path.parent}` shows the ones there are.")
+    if (path / "meta.pt").is_file():  # the fsdp2 preset's distributed checkpoint: shards in a folder
+        raise CheckpointError(
+            f"{path}: a distributed checkpoint (a folder of shards); gather it into one file first: "
+            f"python -m {__package__}.sharding {path} (then give {path}.consolidated)"
+        )
     if not path.is_file():  # a FIFO would block the read forever
         raise CheckpointError(f"{path}: not a regular file, so not a checkpoint")
     _check_members(path)

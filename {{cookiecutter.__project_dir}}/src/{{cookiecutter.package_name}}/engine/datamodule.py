@@ -207,6 +207,7 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
         self.predict_truth: list[Any] | None = None  # its true label or value, when known (``truth``)
         self._predicting_transformed_inputs = False
         self._resume_at = (0, 0)  # (epoch, batches of it done), from a checkpoint
+        self._train_sampler: ResumableSampler | None = None  # the training loader's, once it exists
         # Makes a batch of samples (torch's default stacks them); samples of different lengths
         # need their own, e.g. one that pads. A module-level function or a functools.partial of
         # one, so that loader workers can receive it.
@@ -276,7 +277,8 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
             epoch, batches_done = self._resume_at
             rank = self.trainer.global_rank if self.trainer is not None else 0
             skip = batches_done * self.batch_size  # of this process's share: every process ran as many batches
-            sampler = ResumableSampler(dataset, world_size, rank, torch.initial_seed(), epoch, skip=skip)
+            sampler = ResumableSampler(dataset, world_size, rank, torch.initial_seed(), epoch, skip)
+            self._train_sampler = sampler
             shuffle = False
         return ResumableDataLoader(
             dataset,
@@ -307,6 +309,10 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume_at = (state_dict.get("epoch", 0), state_dict.get("batches_done", 0))
+        # A strategy that restores after setup (FSDP2's) has built the training loader already, to count its
+        # batches for the schedule: that loader's sampler skips what was trained on (Lightning sets its epoch).
+        if self._train_sampler is not None:
+            self._train_sampler.skip = self._resume_at[1] * self.batch_size
 
     def check_checkpoint_state(self, state: dict[str, Any]) -> None:
         """Refuse a checkpoint whose saved DataModule ``state`` cannot go on with this data (e.g. a

@@ -26,9 +26,10 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import grad_norm
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torchmetrics import MetricCollection
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, net_differences, read_checkpoint
@@ -40,6 +41,7 @@ from {{ cookiecutter.package_name }}.engine.precision import (
     clip_gradients_without_scaler,
     fused_optimizer_allowed,
 )
+from {{ cookiecutter.package_name }}.engine.sharding import is_sharded, shard_net
 
 try:  # set while LightningCLI instantiates the model: the net then arrives with its config
     from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
@@ -204,6 +206,17 @@ class TrainingModule(ShippableModel, L.LightningModule):
             # eager. https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.compile
             self.net.compile(mode=self.hparams.compile_mode)
 
+    def configure_model(self) -> None:
+        # The fsdp2 preset (ModelParallelStrategy) gives the module a device mesh: shard the net over it.
+        if self.device_mesh is None or is_sharded(self.net):
+            return
+        if any(isinstance(callback, WeightAveraging) for callback in self.trainer.callbacks):
+            raise ConfigError(
+                "configs/presets/ema.yaml does not combine with the fsdp2 preset: Lightning's WeightAveraging "
+                "keeps a whole, unsharded copy of the model on every process; leave one of them out"
+            )
+        shard_net(self.net, self.device_mesh["data_parallel"], self.trainer.precision)
+
     # ---- steps and logging ----------------------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         loss = self.shared_step(batch, self.train_metrics)
@@ -263,12 +276,14 @@ class TrainingModule(ShippableModel, L.LightningModule):
         metrics.reset()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # The gradient norm before clipping (after AMP unscaling), on the steps the logger writes only:
-        # Lightning's grad_norm walks every parameter. Under FSDP it is this process's shard's norm.
+        # The gradient norm before clipping (after AMP unscaling), on the steps the logger writes only
+        # (it walks every parameter). Under FSDP1 it is this process's shard's norm; FSDP2's DTensor
+        # gradients give the whole model's.
         if logger_writes(self.trainer, self.trainer.global_step + 1):
-            norms = grad_norm(self, norm_type=2)
-            if norms:
-                self.log("train/grad_norm", norms["grad_2.0_norm_total"])
+            grads = [param.grad for param in self.parameters() if param.grad is not None]
+            if grads:
+                norm = torch.nn.utils.get_total_norm(grads, 2.0)
+                self.log("train/grad_norm", norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
     # ---- optimisation ---------------------------------------------------------------------------
     def configure_gradient_clipping(

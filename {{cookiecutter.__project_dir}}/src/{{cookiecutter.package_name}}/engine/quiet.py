@@ -94,10 +94,17 @@ class _DropRankZeroNoise(logging.Filter):
         return not any(noise in message for noise in RANK_ZERO_NOISE)
 
 
+# Lightning 2.6's WeightAveraging (the ema preset) warns whenever the model overrides configure_model, as
+# TrainingModule does for the fsdp2 preset alone: without a device mesh the hook builds nothing. The ema
+# preset with fsdp2 is refused in one line instead (TrainingModule.configure_model).
+WEIGHT_AVERAGING_OVERRIDE = "You're using the WeightAveraging callback with a model that overrides"
+
+
 def silence_dependency_noise() -> None:
     """Filter the messages above; safe to call more than once."""
     warnings.filterwarnings("ignore", message=LEAFSPEC, category=FutureWarning)
     warnings.filterwarnings("ignore", message=LOGGING_INTERVAL)
+    warnings.filterwarnings("ignore", message=WEIGHT_AVERAGING_OVERRIDE)
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(existing, _DropRankZeroNoise) for existing in logger.filters):
         logger.addFilter(_DropRankZeroNoise())

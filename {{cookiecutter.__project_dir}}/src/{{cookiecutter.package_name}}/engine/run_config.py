@@ -50,7 +50,7 @@ def let_max_steps_decide(trainer_config) -> None:
 
 
 def check_hardware(trainer_config) -> None:
-    """Stop in one line when the config asks for a GPU (accelerator gpu/cuda, or FSDP) this machine lacks.
+    """Stop in one line when the config asks for a GPU (accelerator gpu/cuda, or FSDP1) this machine lacks.
 
     Lightning would stop too, but later and under a long traceback.
 
@@ -62,7 +62,10 @@ def check_hardware(trainer_config) -> None:
     accelerator = str(trainer_config.get("accelerator") or "auto")
     strategy = trainer_config.get("strategy")
     strategy_name = str(getattr(strategy, "class_path", strategy) or "")
-    if "fsdp" in strategy_name.lower():
+    # Lightning's FSDPStrategy (FSDP1; "fsdp" and its "fsdp_*" aliases) runs on CUDA only; the fsdp2 preset's
+    # strategy (engine.sharding.FSDP2Strategy) runs on CPU processes too.
+    name = strategy_name.rsplit(".", 1)[-1].lower()
+    if name in ("fsdp", "fsdpstrategy") or name.startswith("fsdp_"):
         raise ConfigError(
             f"trainer.strategy={strategy_name} (configs/presets/fsdp.yaml) shards the model across CUDA GPUs, and "
             "this machine has none: use configs/presets/ddp.yaml to train on several CPU processes instead."

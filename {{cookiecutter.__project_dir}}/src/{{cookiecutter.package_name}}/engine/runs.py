@@ -112,6 +112,12 @@ def best_checkpoint(root: str | Path = "logs") -> Path:
     """
     found = [path for path in Path(root).glob("**/checkpoints/*.ckpt") if path.is_file()]
     if not found:
+        if sharded := sorted(Path(root).glob("**/checkpoints/*.ckpt/meta.pt"), key=lambda path: path.stat().st_mtime):
+            folder = sharded[-1].parent  # the fsdp2 preset's: gathered into one file on request
+            raise MissingFileError(
+                f"no single-file checkpoint under {root}/, only distributed ones: gather one with "
+                f"python -m {__package__}.sharding {folder}, then pass CKPT={folder}.consolidated"
+            )
         raise MissingFileError(f"no checkpoint under {root}/: train first (make train) or pass one (CKPT=path)")
     run = max(found, key=lambda path: path.stat().st_mtime).parent.parent
     named = (read_test_metrics(run) or {}).get("checkpoint")

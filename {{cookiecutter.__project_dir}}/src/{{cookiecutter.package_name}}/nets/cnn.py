@@ -44,6 +44,8 @@ class CNN(nn.Module):
         ValueError: if ``channels`` is empty, a size is not positive or ``dropout`` is outside [0, 1).
     """
 
+    _no_split_modules = ("ConvBlock",)  # the FSDP units of the fsdp2 preset (engine.sharding)
+
     def __init__(
         self,
         in_channels: int = 1,

@@ -156,6 +156,8 @@ class GPT(nn.Module):
         ValueError: ``n_head`` does not divide ``n_embd``, or a size is not positive.
     """
 
+    _no_split_modules = ("Block",)  # the FSDP units of the fsdp2 preset (engine.sharding)
+
     def __init__(
         self,
         vocab_size: int = 256,

@@ -4,6 +4,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from torch.distributed.tensor import DTensor
 
 
 class NonFiniteError(RuntimeError):
@@ -67,6 +68,7 @@ class StopOnNonFinite(L.Callback):
         self.on_device = on_device
         self._loss: torch.Tensor | None = None
         self._named: list[tuple[str, torch.nn.Parameter]] = []
+        self._sharded = False
         self._pending: _Check | None = None
         self._skipping: list[torch.optim.Optimizer] = []
 
@@ -76,6 +78,8 @@ class StopOnNonFinite(L.Callback):
         # Frozen ones too: a layer unfrozen later (a fine-tuning callback) gets gradients from then on;
         # parameters without a gradient are skipped at each step.
         self._named = list(pl_module.named_parameters())
+        # FSDP2 (the fsdp2 preset): gradients are DTensor shards; each process checks its own shard's values.
+        self._sharded = any(isinstance(param, DTensor) for _, param in self._named)
         self._pending = None
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
@@ -90,7 +94,7 @@ class StopOnNonFinite(L.Callback):
             for name, param in self._named:
                 if param.grad is not None:
                     names.append(name)
-                    tensors.append(param.grad)
+                    tensors.append(param.grad.to_local() if self._sharded else param.grad)
         if not tensors:
             return
         # The largest magnitude of each tensor: NaN or inf in any makes the vector non-finite, and
