@@ -458,4 +458,10 @@ def test_make_bench_times_both_paths_of_the_default_config_and_ends_with_the_ove
     assert figures["overhead_ratio"] == pytest.approx(figures["project_step_ms"] / figures["plain_step_ms"])
     assert figures["project_step_ms"] > 0 and figures["plain_step_ms"] > 0 and figures["first_step_s"] > 0
     assert figures["loader_samples_per_s"] > 0 and figures["train_samples_per_s"] > 0
+    # Eager ops per step of each path, and which Lightning hook or plain-loop stage dispatched them.
+    assert figures["eager_ops_ratio"] == pytest.approx(
+        figures["project_eager_ops_per_step"] / figures["plain_eager_ops_per_step"]
+    )
+    assert any(part.startswith("[Strategy]") for part in figures["project_eager_ops_by_part"])
+    assert any(part.startswith("plain: ") for part in figures["plain_eager_ops_by_part"])
 {%- endif %}

@@ -32,6 +32,16 @@ setup (decoding, for image folders). For token windows (a DataModule with ``bloc
 arithmetic (forward and backward FLOPs of a batch, counted once) per second through the project's
 path; on a GPU each variant also gets its model FLOPs utilisation (``*_mfu``).
 
+What each path does on the host, whatever the device: ``project_eager_ops_per_step`` and
+``plain_eager_ops_per_step`` count the ``aten::`` calls dispatched from Python per optimizer step
+(torch.profiler over a window of steps in a run of its own: not one inside another op, not inside a
+torch.compile graph), ``eager_ops_ratio`` is their ratio, and ``*_eager_ops_by_op`` /
+``*_eager_ops_by_part`` break them down by op and by the Lightning hook (or plain-loop stage) that
+dispatched them ("[Callback]StopOnNonFinite.on_before_optimizer_step", "plain: clipping"). The window
+is averaged per step and may hold an epoch's end (validation, checkpoints), as a run does. Each op
+costs the host a few microseconds: on a GPU whose kernels are fast, their count is what separates
+the two paths.
+
 Usage: ``python -m {{ cookiecutter.package_name }}.commands.bench [--config FILE ...] [--steps N] [--repeats R] [CLI arguments ...]``
 (``make bench`` passes the Makefile's ``CONFIG``; the config path is relative to the working folder.)
 """
@@ -52,6 +62,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.fabric.utilities.throughput import get_available_flops, measure_flops
+from lightning.pytorch.profilers import Profiler
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.precision import fused_optimizer_allowed
@@ -87,6 +98,91 @@ class FirstStepTime(L.Callback):
         raise SystemExit(0)
 
 
+class HookRanges(Profiler):
+    """Lightning's profiler interface, marking every hook it times as a ``torch.profiler`` range (its name).
+
+    Lightning wraps each hook, loop stage and strategy call in ``profiler.profile(name)``
+    ("[Callback]StopOnNonFinite.on_before_optimizer_step", "[LightningModule]...training_step", ...):
+    as ranges, they tell which of them dispatched each eager op (:func:`eager_ops`).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._open: dict[str, list[Any]] = {}
+
+    def start(self, action_name: str) -> None:
+        scope = torch.profiler.record_function(action_name)
+        scope.__enter__()
+        self._open.setdefault(action_name, []).append(scope)
+
+    def stop(self, action_name: str) -> None:
+        scopes = self._open.get(action_name)
+        if scopes:
+            scopes.pop().__exit__(None, None, None)
+
+    def summary(self) -> str:
+        return ""
+
+
+class OpWindow:
+    """Records ``torch.profiler`` events over optimizer steps ``first`` to ``first + count`` (CPU activity)."""
+
+    def __init__(self, first: int, count: int) -> None:
+        self.first, self.count, self.step, self.profile = first, count, 0, None
+
+    def after_step(self) -> None:
+        self.step += 1
+        if self.step == self.first:
+            self.profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.profile.__enter__()
+        elif self.step == self.first + self.count and self.profile is not None:
+            self.profile.__exit__(None, None, None)
+
+
+class OpWindowCallback(L.Callback):
+    """:class:`OpWindow` driven by Lightning's ``on_train_batch_end``."""
+
+    def __init__(self, window: OpWindow) -> None:
+        self.window = window
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.window.after_step()
+
+
+# Ranges inside which ops run as a compiled graph (torch.compile), not dispatched one by one from Python.
+COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph", "TorchDynamo Cache Lookup")
+
+
+def eager_ops(window: OpWindow) -> dict[str, Any]:
+    """Eager ops per step of a recorded window: every ``aten::`` call dispatched from Python (not one inside
+    another op, not inside a compiled graph), in total, by op and by the innermost Lightning hook (or
+    plain-loop stage) around it."""
+    by_name: dict[str, int] = {}
+    by_part: dict[str, int] = {}
+    for event in window.profile.events():
+        if not event.name.startswith("aten::"):
+            continue
+        part, parent, nested = "(outside any hook)", event.cpu_parent, False
+        while parent is not None:
+            if parent.name.startswith("aten::") or parent.name.startswith(COMPILED):
+                nested = True
+                break
+            if part == "(outside any hook)" and not parent.name.startswith("ProfilerStep"):
+                part = parent.name
+            parent = parent.cpu_parent
+        if nested:
+            continue
+        by_name[event.name] = by_name.get(event.name, 0) + 1
+        by_part[part] = by_part.get(part, 0) + 1
+    per_step = {name: count / window.count for name, count in by_name.items()}
+    parts = {name: count / window.count for name, count in by_part.items()}
+    return {
+        "eager_ops_per_step": sum(per_step.values()),
+        "eager_ops_by_op": dict(sorted(per_step.items(), key=lambda item: -item[1])[:12]),
+        "eager_ops_by_part": dict(sorted(parts.items(), key=lambda item: -item[1])[:12]),
+    }
+
+
 def project_args(config: list[Path], folder: Path, steps: int, extra: list[str]) -> list[str]:
     return [
         *(f"--config={path}" for path in config),
@@ -116,7 +212,9 @@ def flops_per_step(cli) -> int | None:
     return flops
 
 
-def run_project(config: list[Path], steps: int, extra: list[str], every: int = 1) -> dict[str, Any]:
+def run_project(
+    config: list[Path], steps: int, extra: list[str], every: int = 1, ops: OpWindow | None = None
+) -> dict[str, Any]:
     """``fit`` through the project's CLI, as ``make train`` runs it: step intervals (s) and what they measured.
 
     Returns ``intervals``, ``batch_size``, ``tokens_per_sample`` (when the DataModule serves token
@@ -127,6 +225,9 @@ def run_project(config: list[Path], steps: int, extra: list[str], every: int = 1
         cli = main(project_args(config, Path(folder), steps, extra), run=False)
         timer = StepTimes(every)
         cli.trainer.callbacks.append(timer)
+        if ops is not None:  # the ops of a window of steps, each under the Lightning hook that dispatched it
+            cli.trainer.callbacks.append(OpWindowCallback(ops))
+            cli.trainer.profiler = HookRanges()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         if "wandb" in sys.modules:  # close the run now, not at exit (it prints after overhead_ratio)
             sys.modules["wandb"].finish()
@@ -142,7 +243,9 @@ def run_project(config: list[Path], steps: int, extra: list[str], every: int = 1
     }
 
 
-def run_plain(config: list[Path], steps: int, extra: list[str], every: int = 1) -> list[float]:
+def run_plain(
+    config: list[Path], steps: int, extra: list[str], every: int = 1, ops: OpWindow | None = None
+) -> list[float]:
     """Step intervals (s) of a plain PyTorch loop doing the project's work (see the module docstring).
 
     As :class:`StepTimes`: timed (and on CUDA, synchronised) at every ``every``-th step.
@@ -171,19 +274,25 @@ def run_plain(config: list[Path], steps: int, extra: list[str], every: int = 1) 
             train_loader.sampler.set_epoch(epoch)
         for batch in train_loader:
             batch = data.transform_batch(move_data_to_device(batch, device), training=True)
-            with torch.autocast(device.type, dtype=half, enabled=half is not None):
+            forward = torch.profiler.record_function("plain: forward and loss")
+            with forward, torch.autocast(device.type, dtype=half, enabled=half is not None):
                 loss = model.shared_step(batch, train_metrics)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(params, trainer.gradient_clip_val)
-            scaler.step(optimizer)
-            scaler.update()
-            if scheduler is not None:
-                scheduler.step()
+            with torch.profiler.record_function("plain: backward"):
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+            with torch.profiler.record_function("plain: clipping"):
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(params, trainer.gradient_clip_val)
+            with torch.profiler.record_function("plain: optimizer and schedule"):
+                scaler.step(optimizer)
+                scaler.update()
+                if scheduler is not None:
+                    scheduler.step()
             step += 1
             if trainer.log_every_n_steps and step % trainer.log_every_n_steps == 0:
                 logged.append((loss.item(), optimizer.param_groups[0]["lr"]))
+            if ops is not None:
+                ops.after_step()
             if step % every == 0:
                 if device.type == "cuda":
                     torch.cuda.synchronize()
@@ -247,7 +356,7 @@ def first_step_seconds(config: list[Path], extra: list[str]) -> float:
 def run_in_fresh_process(
     config: list[Path], path: str, steps: int, extra: list[str], every: int = 1
 ) -> dict[str, float]:
-    """Run ``path`` ("project", "plain" or "loader") for ``steps`` steps in a new Python process.
+    """Run ``path`` ("project", "plain", "loader" or their "_ops" counts) for ``steps`` steps in a new Python process.
 
     Returns its figures: median step time (ms), batch size and tokens per sample, or the loader's
     samples/s and setup time.
@@ -278,6 +387,15 @@ def worker(config: list[Path], path: str, steps: int, extra: list[str], every: i
     """The body of one fresh-process run: prints ``RESULT`` and the run's figures as JSON."""
     if path == "loader":
         print(RESULT + json.dumps(run_loader(config, steps, extra)), flush=True)
+        return
+    if path.endswith("_ops"):  # a window of steps under torch.profiler: eager ops, not time
+        window = OpWindow(first=max(1, steps // 2), count=max(1, min(20, steps - max(1, steps // 2))))
+        run = run_project if path == "project_ops" else run_plain
+        run(config, steps, extra, every, ops=window)
+        if window.profile is not None and window.step < window.first + window.count:  # a run shorter than it
+            window.profile.__exit__(None, None, None)
+            window.count = max(1, window.step - window.first)
+        print(RESULT + json.dumps(eager_ops(window)), flush=True)
         return
     if path == "project":
         figures = run_project(config, steps, extra, every)
@@ -337,7 +455,9 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         default=1,
         help="time (and on CUDA, wait for the GPU) every N steps only; a step's time is the interval / N (default 1)",
     )
-    parser.add_argument("--worker", choices=["project", "plain", "loader"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--worker", choices=["project", "plain", "loader", "project_ops", "plain_ops"], help=argparse.SUPPRESS
+    )
     args, extra = parser.parse_known_args(argv)
     configs = args.config or [Path("configs/default.yaml")]
     for path in configs:
@@ -388,6 +508,11 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
     if tokens is not None:  # language models are measured in tokens
         result["train_tokens_per_s"] = result["train_samples_per_s"] * tokens
         result["plain_tokens_per_s"] = batch_size * tokens / (statistics.median(plain) / 1000)
+    # What each path dispatches per step outside a compiled graph (torch.profiler), and which hook did.
+    for path in ("project", "plain"):
+        counted = run_in_fresh_process(config, f"{path}_ops", args.steps, extra)
+        result.update({f"{path}_{name}": value for name, value in counted.items()})
+    result["eager_ops_ratio"] = result["project_eager_ops_per_step"] / result["plain_eager_ops_per_step"]
     result.update(run_in_fresh_process(config, "loader", args.steps, extra))
     # How far the loader is ahead of training: below about 2, the data sets the speed.
     result["loader_headroom"] = result["loader_samples_per_s"] / result["train_samples_per_s"]
