@@ -10,10 +10,12 @@ import pytest
 import torch
 from conftest import CONFIGS, shrunk_args, user_error
 from test_preemption import SignalAtStep
+from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.cli import CLI, main
 from {{ cookiecutter.package_name }}.engine.callbacks import RunPlots
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
+from {{ cookiecutter.package_name }}.engine.datamodule import ResumableDataModule, TensorBatches
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.engine.run_files import own_config
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
@@ -194,3 +196,21 @@ def test_the_gpu_preset_resumes_exactly_mid_epoch(tmp_path: Path) -> None:
         interrupted.trainer.fit(interrupted.model, datamodule=interrupted.datamodule)
     resumed = main(["fit", *args, "--resume=true"])
     assert_same_end_state(reference, resumed)
+
+
+def test_an_in_memory_split_is_fetched_a_batch_at_a_time_with_the_batches_of_sample_by_sample_collation() -> None:
+    features, labels = torch.randn(23, 3, 4), torch.arange(23)
+    data = ResumableDataModule(batch_size=5)
+    data.train_set = TensorDataset(features, labels)
+    for ours, theirs in (
+        (data.loader(data.train_set), DataLoader(data.train_set, batch_size=5)),
+        (data.train_dataloader(), DataLoader(data.train_set, batch_size=5, sampler=data.train_dataloader().sampler)),
+    ):
+        assert isinstance(ours.dataset, TensorBatches)  # one index op per tensor for a whole batch
+        batches, expected = list(ours), list(theirs)
+        assert len(batches) == len(expected) == 5
+        for batch, reference in zip(batches, expected, strict=True):
+            assert type(batch) is type(reference) is list
+            assert all(torch.equal(a, b) for a, b in zip(batch, reference, strict=True))
+    data.collate_fn = lambda samples: samples  # a DataModule's own collation is kept, sample by sample
+    assert not isinstance(data.loader(data.train_set).dataset, TensorBatches)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from {{ cookiecutter.package_name }}.engine.contract import ShippableData
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
@@ -153,6 +153,36 @@ class ResumableSampler(DistributedSampler):
             order = order.repeat(repeats)
         own = order[: self.total_size][self.rank : self.total_size : self.num_replicas].numpy()
         return map(int, own[skip:])
+
+
+class TensorBatches(Dataset):
+    """A ``TensorDataset`` served a batch at a time: one indexing op per tensor for the whole batch.
+
+    A DataLoader fetches a batch with ``dataset.__getitems__(indices)`` when the dataset has it
+    (``torch.utils.data._utils.fetch``), else sample by sample, then stacks the samples (collate): for
+    a ``TensorDataset`` that is an index op per tensor per sample and a stack per tensor, host work
+    that grows with the batch (305 of the 695 ops a digits step dispatched, ``make bench``). Here the
+    batch comes indexed and stacked at once, and :func:`whole_batch` passes it through as the
+    collate function: the same values in the same order, a list of tensors as default collation gives.
+    """
+
+    def __init__(self, tensors: TensorDataset) -> None:
+        self.tensors = tensors.tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        return tuple(tensor[index] for tensor in self.tensors)
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        rows = torch.as_tensor(indices)
+        return [tensor[rows] for tensor in self.tensors]
+
+
+def whole_batch(batch: Any) -> Any:
+    """The collate function of :class:`TensorBatches`: its batch is already whole."""
+    return batch
 
 
 class ResumableDataLoader(DataLoader):
@@ -280,6 +310,9 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
             sampler = ResumableSampler(dataset, world_size, rank, torch.initial_seed(), epoch, skip)
             self._train_sampler = sampler
             shuffle = False
+        collate_fn = self.collate_fn
+        if type(dataset) is TensorDataset and collate_fn is None:  # in memory: a batch in one op per tensor
+            dataset, collate_fn = TensorBatches(dataset), whole_batch
         return ResumableDataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -291,7 +324,7 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
-            collate_fn=self.collate_fn,
+            collate_fn=collate_fn,
         )
 
     def state_dict(self) -> dict[str, Any]:
