@@ -100,7 +100,7 @@ class StopOnNonFinite(L.Callback):
         # The largest magnitude of each tensor: NaN or inf in any makes the vector non-finite, and
         # unlike a norm it cannot overflow on large finite values.
         # One stack (it promotes mixed dtypes) and one conversion: a .float() per tensor dispatched an op per
-        # parameter every step (148 of a 12-block GPT's, make bench's eager-op count).
+        # parameter every step (148 of a 12-block GPT's, counted by torch.profiler).
         largest = torch.stack(torch._foreach_norm(tensors, float("inf"))).float()
         bad = (~torch.isfinite(largest).all()).float()
         # Every process skips and stops together: a NaN seen by one rank alone would leave the others waiting.
