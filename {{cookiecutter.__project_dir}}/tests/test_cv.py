@@ -4,25 +4,14 @@ parent folder, and an interrupted cross-validation that continues at its fold an
 import json
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 from conftest import shrunk_args, user_error
+from test_resume import StopAfterEpoch
 
 from {{ cookiecutter.package_name }}.cli import main as cli_main
 from {{ cookiecutter.package_name }}.commands import cv
 from {{ cookiecutter.package_name }}.engine.datamodule import split_indices
-
-
-class StopAfterEpoch(L.Callback):
-    """Ends fit after the given epoch, as a job that ended there would (last.ckpt is saved first)."""
-
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def on_train_epoch_end(self, trainer: L.Trainer, *args) -> None:
-        if trainer.current_epoch == self.epoch:
-            trainer.should_stop = True
 
 
 def test_the_folds_validate_every_non_test_sample_once_and_keep_the_test_split_out() -> None:
