@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE_SYNTAX = re.compile(r"\{\{|\}\}|\{%|%\}")
-PRESETS = ("ddp", "debug", "ema", "fsdp", "fsdp2", "gpu", "profile", "trace")
+PRESETS = ("cuda-graphs", "ddp", "debug", "ema", "fsdp", "fsdp2", "gpu", "profile", "trace")
 # Bakes resolve no uv.lock (6 s of package-index queries each), session and module fixtures'
 # bakes included; test_bake.py's lock tests turn it on.
 os.environ["TORCH_TEMPLATE_LOCK"] = "0"

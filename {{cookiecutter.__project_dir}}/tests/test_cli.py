@@ -201,6 +201,19 @@ def test_the_progress_bar_reads_training_metrics_only_where_the_logger_does(
         return lightnings_own(self, trainer, pl_module)
 
     monkeypatch.setattr(RichProgressBar, "get_metrics", counted)
+    # Lightning turns every stored progress-bar value into a number at each batch end (its result
+    # collection): a logged prog_bar=True loss would be read, and waited for, at every step.
+    from lightning.pytorch.trainer.connectors.logger_connector import result
+
+    converted: list[int] = []
+
+    def convert(value):
+        if cli.trainer.training:
+            converted.append(cli.trainer.global_step)
+        return lightnings_convert(value)
+
+    lightnings_convert = result.convert_tensors_to_scalars
+    monkeypatch.setattr(result, "convert_tensors_to_scalars", convert)
     every_redraw = ["--trainer.log_every_n_steps=4", "--trainer.limit_train_batches=10", "--test_after_fit=false"]
     cli = main([*cli_args, *every_redraw], run=False)
     cli.trainer.progress_bar_callback._refresh_rate = 10**6  # a redraw is due at every batch
@@ -210,6 +223,7 @@ def test_the_progress_bar_reads_training_metrics_only_where_the_logger_does(
     # The first redraw (nothing read yet), the logger's steps (4, 8), the last batch and the epoch's end.
     assert sorted(set(reads)) == sorted({1, *range(4, steps + 1, 4), steps}), reads
     assert "train/loss" in cli.trainer.progress_bar_callback._shown
+    assert converted == []
 
 
 def test_default_trainer_has_the_documented_callbacks(cli_args: list[str]) -> None:
@@ -252,14 +266,17 @@ def test_the_model_summary_shows_flops_only_when_lightning_counted_them(capsys: 
 
 
 def test_every_preset_is_in_the_suite() -> None:
-    assert PRESETS == ["ddp", "debug", "ema", "fsdp", "fsdp2", "gpu", "profile", "trace"]
+    assert PRESETS == ["cuda-graphs", "ddp", "debug", "ema", "fsdp", "fsdp2", "gpu", "profile", "trace"]
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_presets_stack_on_the_default(capsys: pytest.CaptureFixture, preset: str) -> None:
     preset_path = CONFIGS / "presets" / f"{preset}.yaml"
     printed = yaml.safe_load(print_config(capsys, f"--config={CONFIGS / 'default.yaml'}", f"--config={preset_path}"))
-    for key, value in yaml.safe_load(preset_path.read_text())["trainer"].items():
+    preset_config = yaml.safe_load(preset_path.read_text())
+    for key, value in preset_config.get("model", {}).get("init_args", {}).items():
+        assert printed["model"]["init_args"][key] == value, key
+    for key, value in preset_config.get("trainer", {}).items():
         if key.endswith("+"):  # appended to the default's list, which stays
             classes = [entry["class_path"] for entry in printed["trainer"][key.removesuffix("+")]]
             default = yaml.safe_load(print_config(capsys, f"--config={CONFIGS / 'default.yaml'}"))["trainer"]

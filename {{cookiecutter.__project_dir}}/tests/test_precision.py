@@ -2,9 +2,10 @@
 
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
-from conftest import shrunk_args
+from conftest import CONFIGS, shrunk_args
 
 from {{ cookiecutter.package_name }}.cli import main
 
@@ -32,3 +33,79 @@ def test_a_fused_optimizer_trains_under_bf16_mixed_with_its_gradients_clipped(tm
     assert cli.trainer.optimizers[0].defaults["fused"]
     moved = [torch.linalg.vector_norm(p.detach() - before[name]) for name, p in cli.model.named_parameters()]
     assert torch.linalg.vector_norm(torch.stack(moved)).item() == pytest.approx(clip, rel=0.02)
+
+
+class NormBeforeClipping(L.Callback):
+    """Each step's total gradient norm as torch computes it, before the guard, the logging and clipping."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        # One norm per tensor, not torch._foreach_norm: the test counts the calls of that.
+        norms = [torch.linalg.vector_norm(p.grad) for p in pl_module.parameters() if p.grad is not None]
+        self.norms.append(torch.linalg.vector_norm(torch.stack(norms)).item())
+
+
+def test_the_gradient_norms_are_computed_once_a_step_for_the_guard_the_log_and_clipping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # engine.gradients: the non-finite guard, the logged train/grad_norm and clipping read one
+    # computation a step (each walked every gradient before: three norm passes on a logging step).
+    steps = 3
+    args = [
+        *shrunk_args(tmp_path),
+        "--trainer.gradient_clip_val=1e-3",
+        "--trainer.log_every_n_steps=1",
+        f"--trainer.max_steps={steps}",
+        "--test_after_fit=false",
+    ]
+    cli = main(args, run=False)
+    watch = NormBeforeClipping()
+    cli.trainer.callbacks.insert(0, watch)
+    assert any(type(c).__name__ == "StopOnNonFinite" for c in cli.trainer.callbacks)
+    logged: list[float] = []
+    log = cli.model.log
+
+    def keep_norm(name: str, value, **kwargs) -> None:
+        if name == "train/grad_norm":
+            logged.append(value.item())
+        log(name, value, **kwargs)
+
+    cli.model.log = keep_norm
+    norm_passes = []
+    real = torch._foreach_norm
+    monkeypatch.setattr(torch, "_foreach_norm", lambda *a, **kw: norm_passes.append(1) or real(*a, **kw))
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert len(norm_passes) == steps
+    # The logged norm is the one before clipping; above the clip value, so every step was clipped.
+    assert logged == pytest.approx(watch.norms[:steps], rel=1e-5)
+    assert min(watch.norms) > 1e-3
+
+
+class StepLosses(L.Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, *args) -> None:
+        self.losses.append(outputs["loss"].item())
+
+
+@pytest.mark.slow
+def test_the_cuda_graphs_preset_trains_to_the_eager_losses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a CPU, compile_mode reduce-overhead compiles without graphs; the run still takes the preset's
+    # path (the compiled net, each step marked for CUDA graph trees) with clipping and the NaN guard on.
+    marks = []
+    mark = torch.compiler.cudagraph_mark_step_begin
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1) or mark())
+    steps, losses = 4, {}
+    for name, preset in (("eager", []), ("graphs", [f"--config={CONFIGS / 'presets' / 'cuda-graphs.yaml'}"])):
+        args = [*shrunk_args(tmp_path / name), *preset, f"--trainer.max_steps={steps}", "--test_after_fit=false"]
+        cli = main(args, run=False)
+        record = StepLosses()
+        cli.trainer.callbacks.append(record)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        losses[name] = torch.tensor(record.losses)
+    assert cli.model.hparams.compile_mode == "reduce-overhead" and len(marks) == steps
+    assert len(losses["eager"]) == steps
+    torch.testing.assert_close(losses["graphs"], losses["eager"], rtol=1e-3, atol=1e-5)

@@ -42,10 +42,21 @@ def parameters(function: Callable) -> list[str]:
     return list(inspect.signature(function).parameters)
 
 
-def _foreach_inf_norms() -> bool:
-    tensors = [torch.tensor([1.0, -3.0]), torch.tensor([float("nan")]), torch.ones(2, 2)]
-    norms = torch._foreach_norm(tensors, float("inf"))
-    return len(norms) == 3 and norms[0].item() == 3.0 and norms[1].isnan().item() and norms[2].item() == 1.0
+def _foreach_norms_and_scaling() -> bool:
+    tensors = [torch.tensor([3.0, -4.0]), torch.tensor([float("nan")]), torch.ones(2, 2)]
+    norms = torch._foreach_norm(tensors, 2.0)
+    fine = len(norms) == 3 and norms[0].item() == 5.0 and norms[1].isnan().item() and norms[2].item() == 2.0
+    torch._foreach_mul_(tensors, torch.tensor(0.5))
+    return fine and tensors[0].tolist() == [1.5, -2.0] and tensors[2].sum().item() == 2.0
+
+
+def _version_counter() -> bool:
+    tensor = torch.zeros(2)
+    before = tensor._version
+    tensor.mul_(2)
+    view = tensor[:1]
+    view.add_(1)
+    return isinstance(before, int) and tensor._version == before + 2 and view._version == tensor._version
 {%- if cookiecutter.use_sweeps == "yes" %}
 
 
@@ -140,12 +151,20 @@ PRIVATE_USES = [
         _jsonargparse_import_path_policy,
     ),
     PrivateUse(
-        "torch._foreach_norm",
-        "engine/callbacks/finite.py",
-        "each gradient's largest magnitude in one fused call (as clip_grad_norm_ does): the non-finite guard "
-        "names the parameters at fault; torch.nn.utils.get_total_norm gives only the total",
+        "torch._foreach_norm, torch._foreach_mul_",
+        "engine/gradients.py",
+        "each gradient's 2-norm in one fused call, and clipping's scaling (as clip_grad_norm_ does): the "
+        "non-finite guard names the parameters at fault; torch.nn.utils.get_total_norm gives only the total",
         "torch 2.6 to 2.13",
-        _foreach_inf_norms,
+        _foreach_norms_and_scaling,
+    ),
+    PrivateUse(
+        "torch.Tensor._version",
+        "engine/gradients.py",
+        "the in-place version counter: the step's norms are shared while the gradients are unchanged, and "
+        "taken afresh once anything (clipping) changed them; no public API says a tensor was modified",
+        "torch 2.6 to 2.13",
+        _version_counter,
     ),
 {%- if cookiecutter.use_serving == "yes" %}
     PrivateUse(

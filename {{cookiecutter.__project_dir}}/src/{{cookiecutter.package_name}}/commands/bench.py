@@ -140,7 +140,11 @@ class OpWindow:
 
 
 class OpWindowCallback(L.Callback):
-    """:class:`OpWindow` driven by Lightning's ``on_train_batch_end``."""
+    """:class:`OpWindow` driven by Lightning's ``on_train_batch_end``; marks where validation runs start and end.
+
+    Lightning's evaluation loop is no profiler range of its own (a validation batch's transfer sits
+    under no validation range), so the validation runs of the window are told apart by time.
+    """
 
     def __init__(self, window: OpWindow) -> None:
         self.window = window
@@ -148,23 +152,49 @@ class OpWindowCallback(L.Callback):
     def on_train_batch_end(self, *args: Any) -> None:
         self.window.after_step()
 
+    def on_validation_start(self, *args: Any) -> None:
+        with torch.profiler.record_function(VALIDATION_STARTS):
+            pass
+
+    def on_validation_end(self, *args: Any) -> None:
+        with torch.profiler.record_function(VALIDATION_ENDS):
+            pass
+
 
 # Ranges inside which ops run as a compiled graph (torch.compile), not dispatched one by one from Python.
 COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph", "TorchDynamo Cache Lookup")
+# Validation is not a training step's work: the plain loop's runs inside a range, Lightning's between marks.
+VALIDATION = "plain: validation"
+VALIDATION_STARTS, VALIDATION_ENDS = "bench: validation starts", "bench: validation ends"
+
+
+def validation_runs(events: list) -> list[tuple[float, float]]:
+    """The (start, end) times of the validation runs between :class:`OpWindowCallback`'s marks (an open one ends never)."""
+    runs: list[tuple[float, float]] = []
+    for event in sorted(events, key=lambda event: event.time_range.start):
+        if event.name == VALIDATION_STARTS:
+            runs.append((event.time_range.start, float("inf")))
+        elif event.name == VALIDATION_ENDS and runs:
+            runs[-1] = (runs[-1][0], event.time_range.end)
+    return runs
 
 
 def eager_ops(window: OpWindow) -> dict[str, Any]:
     """Eager ops per step of a recorded window: every ``aten::`` call dispatched from Python (not one inside
-    another op, not inside a compiled graph), in total, by op and by the innermost Lightning hook (or
-    plain-loop stage) around it."""
+    another op, not inside a compiled graph, not in a validation run that falls in the window), in total,
+    by op and by the innermost Lightning hook (or plain-loop stage) around it."""
     by_name: dict[str, int] = {}
     by_part: dict[str, int] = {}
-    for event in window.profile.events():
+    events = window.profile.events()
+    validation = validation_runs(events)
+    for event in events:
         if not event.name.startswith("aten::"):
+            continue
+        if any(start <= event.time_range.start <= end for start, end in validation):
             continue
         part, parent, nested = "(outside any hook)", event.cpu_parent, False
         while parent is not None:
-            if parent.name.startswith("aten::") or parent.name.startswith(COMPILED):
+            if parent.name.startswith(("aten::", *COMPILED, VALIDATION)):
                 nested = True
                 break
             if part == "(outside any hook)" and not parent.name.startswith("ProfilerStep"):
@@ -302,7 +332,8 @@ def run_plain(
         train_metrics.compute()
         train_metrics.reset()
         model.eval()
-        with torch.no_grad(), torch.autocast(device.type, dtype=half, enabled=half is not None):
+        validation = torch.profiler.record_function("plain: validation")
+        with validation, torch.no_grad(), torch.autocast(device.type, dtype=half, enabled=half is not None):
             for batch in val_loader:
                 model.shared_step(data.transform_batch(move_data_to_device(batch, device), training=False), val_metrics)
         val_metrics.compute()

@@ -29,18 +29,15 @@ import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.fsdp import FullyShardedDataParallel
 from torchmetrics import MetricCollection
 
 from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, net_differences, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.contract import ShippableModel
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.optim import WarmupCosine, accepts, parameter_groups
-from {{ cookiecutter.package_name }}.engine.precision import (
-    clip_gradients_under_fsdp,
-    clip_gradients_without_scaler,
-    fused_optimizer_allowed,
-)
+from {{ cookiecutter.package_name }}.engine.gradients import gradient_norms
+from {{ cookiecutter.package_name }}.engine.precision import fused_optimizer_allowed
 from {{ cookiecutter.package_name }}.engine.sharding import is_sharded, shard_net
 
 try:  # set while LightningCLI instantiates the model: the net then arrives with its config
@@ -219,11 +216,16 @@ class TrainingModule(ShippableModel, L.LightningModule):
 
     # ---- steps and logging ----------------------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.hparams.compile and self.hparams.compile_mode == "reduce-overhead":
+            # CUDA graph trees: the last step's graph outputs are dead, their memory is the next replay's.
+            torch.compiler.cudagraph_mark_step_begin()
         loss = self.shared_step(batch, self.train_metrics)
         # Only on the steps the logger writes: each self.log costs Lightning about as much as a small
-        # model's step (measured on a 2-core CPU).
+        # model's step (measured on a 2-core CPU). Not prog_bar=True: Lightning turns a stored progress-bar
+        # value into a number at every later batch end, a GPU wait each step (H200 profile); the bar
+        # (callbacks.ThrottledRichProgressBar) shows train/loss from the logged values when it reads them.
         if logger_writes(self.trainer, self.trainer.global_step + 1):
-            self.log("train/loss", loss, prog_bar=True)
+            self.log("train/loss", loss)
         return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
@@ -276,14 +278,12 @@ class TrainingModule(ShippableModel, L.LightningModule):
         metrics.reset()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # The gradient norm before clipping (after AMP unscaling), on the steps the logger writes only
-        # (it walks every parameter). Under FSDP1 it is this process's shard's norm; FSDP2's DTensor
-        # gradients give the whole model's.
+        # The gradient norm before clipping (after AMP unscaling), on the steps the logger writes only;
+        # the whole model's under FSDP. Computed once a step with the guard's and clipping's (engine.gradients).
         if logger_writes(self.trainer, self.trainer.global_step + 1):
-            grads = [param.grad for param in self.parameters() if param.grad is not None]
-            if grads:
-                norm = torch.nn.utils.get_total_norm(grads, 2.0)
-                self.log("train/grad_norm", norm.full_tensor() if isinstance(norm, DTensor) else norm)
+            norms = gradient_norms(self)
+            if norms is not None:
+                self.log("train/grad_norm", norms.total)
 
     # ---- optimisation ---------------------------------------------------------------------------
     def configure_gradient_clipping(
@@ -292,10 +292,17 @@ class TrainingModule(ShippableModel, L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        if clip_gradients_under_fsdp(self.trainer, gradient_clip_val, gradient_clip_algorithm):
+        # By norm from the step's shared norms (engine.gradients), for every optimizer: Lightning's
+        # mixed-precision plugin refuses fused AdamW with clipping, a rule for float16's loss scaler,
+        # whose unscaling fused optimizers do inside their step (engine.precision allows them only without one).
+        if not gradient_clip_val:
             return
-        if not clip_gradients_without_scaler(self.trainer, optimizer, gradient_clip_val, gradient_clip_algorithm):
-            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
+        elif isinstance(self.trainer.model, FullyShardedDataParallel):
+            self.trainer.model.clip_grad_norm_(gradient_clip_val)  # FSDP1's own: its flat shards
+        else:
+            gradient_norms(self).clip_(gradient_clip_val)
 
     def configure_optimizers(self) -> dict[str, Any]:
         fused = fused_optimizer_allowed(self, str(self.trainer.precision))

@@ -1,4 +1,4 @@
-"""Precision rules in one place: bf16 fallback, when a fused optimizer is allowed, gradient clipping under FSDP.
+"""Precision rules in one place: bf16 fallback, and when a fused optimizer is allowed.
 
 Measured on an H100 and written down in docs/performance.md ("The GPU fast path"):
 - ``bf16-mixed`` needs a GPU with bfloat16 (Ampere or later); older GPUs get ``16-mixed`` with
@@ -7,19 +7,12 @@ Measured on an H100 and written down in docs/performance.md ("The GPU fast path"
   ``16-mixed``: there the loss scaler unscales the gradients inside the fused step, so they could
   not be clipped before it. Lightning's mixed-precision plugin refuses a fused optimizer with
   gradient clipping for ``bf16-mixed`` too, although bf16 has no loss scaler and nothing to
-  unscale: :func:`clip_gradients_without_scaler` clips those runs itself, as the plugin's own base
-  class does.
-- Under FSDP each process holds a shard of the gradients: only the FSDP module computes their
-  global norm (Lightning's FSDP precision plugin refuses norm clipping).
+  unscale: ``TrainingModule.configure_gradient_clipping`` clips every run itself (engine.gradients).
 """
 
 import lightning as L
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_warn
-from torch.distributed.fsdp import FullyShardedDataParallel
-
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from lightning.pytorch.utilities import rank_zero_warn
 
 
 def fall_back_to_fp16_without_bf16(trainer_config) -> None:
@@ -47,38 +40,3 @@ def fused_optimizer_allowed(module: L.LightningModule, precision: str) -> bool:
     """
     on_cuda = all(p.is_cuda for p in module.parameters())
     return on_cuda and str(precision) not in ("16-mixed", "16")
-
-
-def clip_gradients_without_scaler(
-    trainer: L.Trainer, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None, algorithm: str | None
-) -> bool:
-    """Clip a fused optimizer's gradients under ``bf16-mixed``; False (nothing done) in any other case.
-
-    Lightning's ``MixedPrecision.clip_gradients`` refuses every optimizer that unscales gradients
-    inside its step (fused AdamW), a rule for float16's loss scaler. Without a scaler (bf16) the
-    gradients are already true gradients, and the base ``Precision.clip_gradients`` (what the plugin
-    calls after its check) clips them correctly.
-    """
-    plugin = trainer.precision_plugin
-    if not gradient_clip_val or not isinstance(plugin, MixedPrecision) or plugin.scaler is not None:
-        return False
-    if not getattr(optimizer, "_step_supports_amp_scaling", False):  # not fused: the plugin's own path
-        return False
-    Precision.clip_gradients(plugin, optimizer, gradient_clip_val, GradClipAlgorithmType(algorithm or "norm"))
-    return True
-
-
-def clip_gradients_under_fsdp(trainer: L.Trainer, gradient_clip_val: float | None, algorithm: str | None) -> bool:
-    """Clip by the global gradient norm through the FSDP module; False (nothing done) when not under FSDP.
-
-    https://pytorch.org/docs/stable/fsdp.html#torch.distributed.fsdp.FullyShardedDataParallel.clip_grad_norm_
-
-    Raises:
-        ValueError: FSDP with ``gradient_clip_algorithm`` other than "norm".
-    """
-    if not isinstance(trainer.model, FullyShardedDataParallel) or not gradient_clip_val:
-        return False
-    if algorithm not in (None, "norm"):
-        raise ConfigError(f"trainer.gradient_clip_algorithm={algorithm!r}: FSDP clips by norm; set it to norm")
-    trainer.model.clip_grad_norm_(gradient_clip_val)
-    return True

@@ -4,7 +4,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.distributed.tensor import DTensor
+
+from {{ cookiecutter.package_name }}.engine.gradients import gradient_norms
 
 
 class NonFiniteError(RuntimeError):
@@ -12,12 +13,12 @@ class NonFiniteError(RuntimeError):
 
 
 class _Check:
-    """One step's verdict, still on the device: its step, the max-abs value of each checked tensor, and a host copy."""
+    """One step's verdict, still on the device: its step, the loss and each gradient's 2-norm, and a host copy."""
 
     def __init__(
-        self, step: int, epoch: int, names: list[str], largest: torch.Tensor, bad: torch.Tensor, wait: bool
+        self, step: int, epoch: int, names: list[str], values: torch.Tensor, bad: torch.Tensor, wait: bool
     ) -> None:
-        self.step, self.epoch, self.names, self.largest = step, epoch, names, largest
+        self.step, self.epoch, self.names, self.values = step, epoch, names, values
         self.event = None
         if wait or not bad.is_cuda:
             self.host = bad.cpu()  # the host waits here for the GPU to reach this step's check
@@ -41,7 +42,8 @@ class StopOnNonFinite(L.Callback):
     included) hold a dead model. This raises :class:`NonFiniteError` instead; the weights and the
     optimizer state keep their last good values, and no checkpoint is written after the bad step.
 
-    The check is one max-abs reduction over the loss and every gradient (foreach kernels). How the
+    The check reads each gradient's 2-norm, computed once a step and shared with clipping and the
+    logged ``train/grad_norm`` (:mod:`engine.gradients`, foreach kernels), and the loss. How the
     host learns its verdict:
 
     - **On the device** (``on_device=True``, used when the optimizer can skip a step itself: fused
@@ -67,19 +69,10 @@ class StopOnNonFinite(L.Callback):
     def __init__(self, on_device: bool = True) -> None:
         self.on_device = on_device
         self._loss: torch.Tensor | None = None
-        self._named: list[tuple[str, torch.nn.Parameter]] = []
-        self._sharded = False
         self._pending: _Check | None = None
         self._skipping: list[torch.optim.Optimizer] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Listed once, after the strategy has wrapped the model: walking ``pl_module.parameters()``
-        # every step (metric modules included) cost more than the check itself (measured).
-        # Frozen ones too: a layer unfrozen later (a fine-tuning callback) gets gradients from then on;
-        # parameters without a gradient are skipped at each step.
-        self._named = list(pl_module.named_parameters())
-        # FSDP2 (the fsdp2 preset): gradients are DTensor shards; each process checks its own shard's values.
-        self._sharded = any(isinstance(param, DTensor) for _, param in self._named)
         self._pending = None
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
@@ -89,30 +82,27 @@ class StopOnNonFinite(L.Callback):
         self._raise_if_a_step_was_bad(trainer)  # the previous step's verdict, done on the GPU by now
         loss_scaled = trainer.precision in ("16-mixed", "16")
         names = [] if self._loss is None else ["loss"]
-        tensors = [] if self._loss is None else [self._loss.float()]
-        if not loss_scaled:
-            for name, param in self._named:
-                if param.grad is not None:
-                    names.append(name)
-                    tensors.append(param.grad.to_local() if self._sharded else param.grad)
-        if not tensors:
+        values = [] if self._loss is None else [self._loss.float().reshape(1)]
+        # Each gradient's 2-norm, shared with clipping and the logged norm (engine.gradients): NaN or
+        # inf anywhere in a gradient makes its norm non-finite. FSDP: this process's shards.
+        norms = None if loss_scaled else gradient_norms(pl_module)
+        if norms is not None:
+            names += norms.names
+            values.append(norms.norms)
+        if not values:
             return
-        # The largest magnitude of each tensor: NaN or inf in any makes the vector non-finite, and
-        # unlike a norm it cannot overflow on large finite values.
-        # One stack (it promotes mixed dtypes) and one conversion: a .float() per tensor dispatched an op per
-        # parameter every step (148 of a 12-block GPT's, counted by torch.profiler).
-        largest = torch.stack(torch._foreach_norm(tensors, float("inf"))).float()
-        bad = (~torch.isfinite(largest).all()).float()
+        checked = torch.cat(values)
+        bad = (~torch.isfinite(checked).all()).float()
         # Every process skips and stops together: a NaN seen by one rank alone would leave the others waiting.
         if trainer.world_size > 1:
             bad = (trainer.strategy.reduce(bad, reduce_op="sum") > 0).float()
         on_device = self.on_device and getattr(optimizer, "_step_supports_amp_scaling", False) and not loss_scaled
-        self._pending = _Check(trainer.global_step, trainer.current_epoch, names, largest, bad, wait=not on_device)
+        self._pending = _Check(trainer.global_step, trainer.current_epoch, names, checked, bad, wait=not on_device)
         if not on_device:
             self._raise_if_a_step_was_bad(trainer)
             return
         # A fused optimizer skips the step (weights and state unchanged) where found_inf is 1.
-        optimizer.found_inf = bad.to(tensors[-1].device)
+        optimizer.found_inf = bad.to(checked.device)
         self._skipping.append(optimizer)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
@@ -130,10 +120,10 @@ class StopOnNonFinite(L.Callback):
         check, self._pending = self._pending, None
         if check is None or not check.bad():
             return
-        largest = check.largest.cpu()
-        bad = [name for name, finite in zip(check.names, torch.isfinite(largest).tolist(), strict=True) if not finite]
+        values = check.values.cpu()
+        bad = [name for name, finite in zip(check.names, torch.isfinite(values).tolist(), strict=True) if not finite]
         if bad and bad[0] == "loss":
-            what = f"loss ({largest[0].item()})"
+            what = f"loss ({values[0].item()})"
         elif bad:
             count = len(check.names) - (check.names[0] == "loss")
             what = f"gradient of {bad[0]}" + (f" (and {len(bad) - 1} more of {count})" if len(bad) > 1 else "")

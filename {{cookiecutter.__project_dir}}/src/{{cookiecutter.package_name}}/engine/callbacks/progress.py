@@ -4,6 +4,7 @@ import time
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import ProcessingSpeedColumn
 from rich.text import Text
@@ -70,6 +71,10 @@ class ThrottledRichProgressBar(RichProgressBar):
         # already says it, so the bar shows only the metrics.
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
+        # train/loss is logged without prog_bar (engine.module): it is read here, at the reads above only.
+        loss = trainer.logged_metrics.get("train/loss")
+        if loss is not None and trainer.state.fn == "fit":
+            metrics["train/loss"] = loss.item() if isinstance(loss, torch.Tensor) else loss
         self._shown, self._read = metrics, True
         return metrics
 
