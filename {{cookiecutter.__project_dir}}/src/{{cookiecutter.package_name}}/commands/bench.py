@@ -169,7 +169,7 @@ VALIDATION_STARTS, VALIDATION_ENDS = "bench: validation starts", "bench: validat
 
 
 def validation_runs(events: list) -> list[tuple[float, float]]:
-    """The (start, end) times of the validation runs between :class:`OpWindowCallback`'s marks (an open one ends never)."""
+    """The (start, end) times of the validation runs between :class:`OpWindowCallback`'s marks (open: no end)."""
     runs: list[tuple[float, float]] = []
     for event in sorted(events, key=lambda event: event.time_range.start):
         if event.name == VALIDATION_STARTS:

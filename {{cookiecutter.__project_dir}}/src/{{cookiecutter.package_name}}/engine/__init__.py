@@ -23,8 +23,8 @@ resuming), ``run_files.py`` (what a run writes in its folder: config, environmen
 ``checkpoints.py`` (atomic writes, clear load errors), ``trust.py`` (what a checkpoint or run folder
 may name, checked before every load), ``inference.py`` (a checkpoint alone -> model, DataModule and
 a raw-input ``Predictor``), ``run_config.py`` (fix-ups before anything is built), ``launch.py``
-(srun/torchrun checks), ``precision.py``, ``gradients.py`` (a step's gradient norms, computed once), ``optim.py`` (parameter groups, ``WarmupCosine``),
-``environment.py``, ``quiet.py`` and ``callbacks/``
+(srun/torchrun checks), ``precision.py``, ``gradients.py`` (a step's gradient norms, computed once),
+``optim.py`` (parameter groups, ``WarmupCosine``), ``environment.py``, ``quiet.py`` and ``callbacks/``
 (pre-emption, RNG state, non-finite stop, plots, the predictions writer, the progress bar).
 {%- if cookiecutter.use_prepared == "yes" %}
 ``prepared.py``: prepared data sets (``make prepare``).

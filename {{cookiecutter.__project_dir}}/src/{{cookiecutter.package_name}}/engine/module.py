@@ -35,8 +35,8 @@ from torchmetrics import MetricCollection
 from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, net_differences, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.contract import ShippableModel
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.optim import WarmupCosine, accepts, parameter_groups
 from {{ cookiecutter.package_name }}.engine.gradients import gradient_norms
+from {{ cookiecutter.package_name }}.engine.optim import WarmupCosine, accepts, parameter_groups
 from {{ cookiecutter.package_name }}.engine.precision import fused_optimizer_allowed
 from {{ cookiecutter.package_name }}.engine.sharding import is_sharded, shard_net
 
