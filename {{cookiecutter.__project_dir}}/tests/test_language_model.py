@@ -24,6 +24,7 @@ from conftest import (
     shrunk_args,
     user_error,
 )
+from torch.utils.data import default_collate
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands.generate import main as generate_main
@@ -34,6 +35,7 @@ from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_mai
 from {{ cookiecutter.package_name }}.data import TextDataModule
 from {{ cookiecutter.package_name }}.data.text import TokenWindows, checked_text_files, read_text
 from {{ cookiecutter.package_name }}.engine.callbacks import StopOnNonFinite
+from {{ cookiecutter.package_name }}.engine.datamodule import whole_batch
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.models import LanguageModel
 from {{ cookiecutter.package_name }}.models.language_model import BitsPerByte, Perplexity, decode, greedy
@@ -138,6 +140,25 @@ def test_windows_tile_evaluation_text_without_overlap() -> None:
     assert len(windows) == 9  # 9 full windows of 10 + 1 tokens fit in 100
     assert torch.equal(torch.cat([windows[i][1] for i in range(len(windows))]), tokens[1:91].long())
     assert len(TokenWindows(tokens, block_size=10, stride=5)) == 18
+
+
+def test_a_batch_of_windows_comes_whole_as_default_collation_would_give_it() -> None:
+    # One gather for the batch instead of a slice, a conversion and a stack per window (engine WholeBatches).
+    tokens, counts = torch.randint(0, 256, (500,), dtype=torch.uint8), torch.randint(1, 4, (500,), dtype=torch.uint8)
+    for windows in (TokenWindows(tokens, 16, 7), TokenWindows(tokens, 16, 7, token_bytes=counts)):
+        indices = [5, 0, 30, 12]
+        whole = windows.__getitems__(indices)
+        expected = default_collate([windows[index] for index in indices])
+        assert len(whole) == len(expected)
+        for ours, theirs in zip(whole, expected, strict=True):
+            assert ours.shape == (4, 16) and ours.dtype == theirs.dtype and ours.is_contiguous()
+            assert torch.equal(ours, theirs)
+    data = TextDataModule(batch_size=4, block_size=16)
+    data.setup("fit")
+    loader = data.train_dataloader()
+    assert loader.collate_fn is whole_batch
+    inputs, targets = next(iter(loader))[:2]
+    assert inputs.shape == targets.shape == (4, 16) and torch.equal(inputs[:, 1:], targets[:, :-1])
 
 
 BAD_TEXT = {

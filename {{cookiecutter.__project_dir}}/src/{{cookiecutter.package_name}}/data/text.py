@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.data.tokenizer import (
     BPE,
@@ -57,7 +57,7 @@ from {{ cookiecutter.package_name }}.data.tokenizer import (
     saved_bpe,
 )
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions
+from {{ cookiecutter.package_name }}.engine.datamodule import WholeBatches, check_fractions
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
@@ -74,7 +74,7 @@ BUNDLED = "moby_dick.txt.gz"
 SPLITS = ("train", "val", "test")
 
 
-class TokenWindows(Dataset):
+class TokenWindows(WholeBatches):
     """Windows of a 1-D token tensor: item i is (inputs (T,), targets (T,)) starting at ``i * stride``.
 
     With ``token_bytes`` (N,) (the text bytes each token stands for) an item also holds the targets'
@@ -82,6 +82,7 @@ class TokenWindows(Dataset):
 {%- if cookiecutter.use_prepared == "yes" %}
     Both may be tensors in memory or :class:`engine.prepared.DiskArray` s on disk (a prepared corpus).
 {%- endif %}
+    A batch comes whole (``__getitems__``, :class:`engine.datamodule.WholeBatches`): (B, T) each.
     """
 
     def __init__(
@@ -102,6 +103,20 @@ class TokenWindows(Dataset):
         if self.token_bytes is None:
             return window[:-1], window[1:]
         return window[:-1], window[1:], _long(self.token_bytes[start + 1 : start + self.block_size + 1])
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        # In memory, the batch's windows in one gather: a slice, a conversion and a stack per window
+        # were host work that grows with the batch.
+{%- if cookiecutter.use_prepared == "yes" %} On disk, window by window (one read each).
+        if not isinstance(self.tokens, torch.Tensor) or isinstance(self.token_bytes, DiskArray):
+            return [torch.stack(parts) for parts in zip(*(self[index] for index in indices), strict=True)]
+{%- endif %}
+        rows = torch.as_tensor(indices)[:, None] * self.stride + torch.arange(self.block_size + 1)  # (B, T + 1)
+        windows = self.tokens[rows].long()
+        batch = [windows[:, :-1].contiguous(), windows[:, 1:].contiguous()]
+        if self.token_bytes is not None:
+            batch.append(self.token_bytes[rows[:, 1:]].long())
+        return batch
 
 
 def _long(values: torch.Tensor | np.ndarray) -> torch.Tensor:

@@ -155,7 +155,13 @@ class ResumableSampler(DistributedSampler):
         return map(int, own[skip:])
 
 
-class TensorBatches(Dataset):
+class WholeBatches(Dataset):
+    """A data set whose ``__getitems__(indices)`` returns the batch already collated, as default collation
+    of its items would: :meth:`ResumableDataModule.loader` then gives it :func:`whole_batch` as collate
+    function (unless the DataModule sets its own ``collate_fn``)."""
+
+
+class TensorBatches(WholeBatches):
     """A ``TensorDataset`` served a batch at a time: one indexing op per tensor for the whole batch.
 
     A DataLoader fetches a batch with ``dataset.__getitems__(indices)`` when the dataset has it
@@ -181,7 +187,7 @@ class TensorBatches(Dataset):
 
 
 def whole_batch(batch: Any) -> Any:
-    """The collate function of :class:`TensorBatches`: its batch is already whole."""
+    """The collate function of :class:`WholeBatches` data sets: their batch is already whole."""
     return batch
 
 
@@ -312,7 +318,9 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
             shuffle = False
         collate_fn = self.collate_fn
         if type(dataset) is TensorDataset and collate_fn is None:  # in memory: a batch in one op per tensor
-            dataset, collate_fn = TensorBatches(dataset), whole_batch
+            dataset = TensorBatches(dataset)
+        if isinstance(dataset, WholeBatches) and collate_fn is None:
+            collate_fn = whole_batch
         return ResumableDataLoader(
             dataset,
             batch_size=self.batch_size,
