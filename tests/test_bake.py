@@ -302,7 +302,10 @@ def unused_code(project: Path) -> list[str]:
 # Then +38 / +38 / +36 for engine/gradients.py (issue 65: one gradient-norm computation a step shared by the
 # NaN guard, clipping and the logged norm; clipping of its own replaces engine.precision's two clipping paths) and
 # the cuda-graphs step mark; measured 3,680 / 3,668 / 4,031.
-MINIMAL_CODE_LINES = {"image-classification": 3680, "tabular": 3670, "language-model": 4035}
+# Then +16 / +16 / +23 for no host wait a step under DDP (PreemptionCheckpoint reads the processes' agreement a
+# step late through callbacks.finite.HostCopy, shared with the NaN guard) and a batch fetched whole
+# (engine.datamodule.WholeBatches; the language model's TokenWindows.__getitems__); measured 3,696 / 3,684 / 4,054.
+MINIMAL_CODE_LINES = {"image-classification": 3696, "tabular": 3684, "language-model": 4054}
 
 
 def code_lines(source: str) -> int:
@@ -346,7 +349,9 @@ def f(x):
 # where a bake meets it (tabular: 974 measured); image classification (1,069) and the language model (1,743)
 # are held at their measured size until their data modules shrink (docs/benchmarks.md, third stop of 2026-11-28).
 # Image classification +10 (1,088 measured) for the DataModules' k-fold arguments (data.num_folds, data.fold).
-USERS_ROOM_LINES = {"image-classification": 1090, "tabular": 1000, "language-model": 1750}
+# Language model +5 (1,751 measured) for TokenWindows.__getitems__ (a batch of windows in one gather: the gather
+# is the data set's own, so it lives with it).
+USERS_ROOM_LINES = {"image-classification": 1090, "tabular": 1000, "language-model": 1755}
 
 
 @pytest.mark.parametrize("task", MINIMAL_CODE_LINES)

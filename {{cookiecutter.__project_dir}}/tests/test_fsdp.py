@@ -125,7 +125,8 @@ def test_fsdp2_on_two_cpu_processes_matches_data_parallel_and_resumes_exactly(tm
         if isinstance(value, torch.Tensor) and value.is_floating_point() and ".running_" not in key:
             assert torch.allclose(value, fsdp2["state_dict"][key], atol=5e-3), key
 
-    # Stopped by SIGTERM after step 7 (mid-epoch 2) on both processes, resumed: the straight run's state.
+    # Stopped by SIGTERM after step 7 on both processes (saved at step 8, mid-epoch 2), resumed: the straight
+    # run's state.
     args = [*shrunk_args(tmp_path / "stopped"), *exact, *FSDP2_ON_CPU]
     interrupted = fit_stopped_by_signal(args, step=7)
     assert interrupted.is_dir()

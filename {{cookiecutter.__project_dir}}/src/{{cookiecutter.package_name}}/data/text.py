@@ -82,7 +82,6 @@ class TokenWindows(WholeBatches):
 {%- if cookiecutter.use_prepared == "yes" %}
     Both may be tensors in memory or :class:`engine.prepared.DiskArray` s on disk (a prepared corpus).
 {%- endif %}
-    A batch comes whole (``__getitems__``, :class:`engine.datamodule.WholeBatches`): (B, T) each.
     """
 
     def __init__(
@@ -104,19 +103,15 @@ class TokenWindows(WholeBatches):
             return window[:-1], window[1:]
         return window[:-1], window[1:], _long(self.token_bytes[start + 1 : start + self.block_size + 1])
 
-    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
-        # In memory, the batch's windows in one gather: a slice, a conversion and a stack per window
-        # were host work that grows with the batch.
-{%- if cookiecutter.use_prepared == "yes" %} On disk, window by window (one read each).
-        if not isinstance(self.tokens, torch.Tensor) or isinstance(self.token_bytes, DiskArray):
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:  # a batch in one gather, not one per window
+{%- if cookiecutter.use_prepared == "yes" %}
+        if not isinstance(self.tokens, torch.Tensor) or isinstance(self.token_bytes, DiskArray):  # on disk: a read each
             return [torch.stack(parts) for parts in zip(*(self[index] for index in indices), strict=True)]
 {%- endif %}
         rows = torch.as_tensor(indices)[:, None] * self.stride + torch.arange(self.block_size + 1)  # (B, T + 1)
         windows = self.tokens[rows].long()
         batch = [windows[:, :-1].contiguous(), windows[:, 1:].contiguous()]
-        if self.token_bytes is not None:
-            batch.append(self.token_bytes[rows[:, 1:]].long())
-        return batch
+        return batch if self.token_bytes is None else [*batch, self.token_bytes[rows[:, 1:]].long()]
 
 
 def _long(values: torch.Tensor | np.ndarray) -> torch.Tensor:

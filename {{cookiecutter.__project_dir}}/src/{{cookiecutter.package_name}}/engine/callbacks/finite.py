@@ -12,6 +12,29 @@ class NonFiniteError(RuntimeError):
     """A NaN or infinite loss or gradient; the message names the step and the tensor."""
 
 
+class HostCopy:
+    """A device scalar copied to the host without waiting for the GPU (page-locked memory and an event).
+
+    :meth:`value` waits for that copy only, not for the work queued after it: read a step later, the
+    GPU is done with it. ``wait=True``, or a CPU tensor, copies at once.
+    """
+
+    def __init__(self, value: torch.Tensor, wait: bool = False) -> None:
+        self.event = None
+        if wait or not value.is_cuda:
+            self.host = value.cpu()
+            return
+        self.host = torch.empty((), dtype=value.dtype, pin_memory=True)
+        self.host.copy_(value, non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def value(self) -> float:
+        if self.event is not None and not self.event.query():
+            self.event.synchronize()
+        return self.host.item()
+
+
 class _Check:
     """One step's verdict, still on the device: its step, the loss and each gradient's 2-norm, and a host copy."""
 
@@ -19,20 +42,10 @@ class _Check:
         self, step: int, epoch: int, names: list[str], values: torch.Tensor, bad: torch.Tensor, wait: bool
     ) -> None:
         self.step, self.epoch, self.names, self.values = step, epoch, names, values
-        self.event = None
-        if wait or not bad.is_cuda:
-            self.host = bad.cpu()  # the host waits here for the GPU to reach this step's check
-            return
-        # Copied to page-locked host memory without waiting; the event says when the copy is there.
-        self.host = torch.empty((), dtype=bad.dtype, pin_memory=True)
-        self.host.copy_(bad, non_blocking=True)
-        self.event = torch.cuda.Event()
-        self.event.record()
+        self.verdict = HostCopy(bad, wait)  # with wait, the host waits here for the GPU to reach this check
 
     def bad(self) -> bool:
-        if self.event is not None and not self.event.query():
-            self.event.synchronize()  # waits for this step's check only, not for the work queued after it
-        return bool(self.host)
+        return bool(self.verdict.value())
 
 
 class StopOnNonFinite(L.Callback):

@@ -6,7 +6,8 @@ SLURM auto-requeue saves the checkpoint inside the signal handler, that is at wh
 process happens to be. Under DDP that deadlocks: one process enters the checkpoint's barrier while
 another waits in the training loop's per-step broadcast, and both wait forever (seen with
 Lightning 2.6 and gloo). This callback only records the signal in the handler; the processes
-then agree at the next batch boundary (one all-reduce) and all save the same, complete step.
+then agree at a batch boundary (one all-reduce a step, read a step later so that no step waits
+for the GPU) and all save the same, complete step.
 See https://lightning.ai/docs/pytorch/stable/clouds/cluster_advanced.html for Lightning's SLURM
 requeue, which this replaces.
 """
@@ -25,6 +26,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from {{ cookiecutter.package_name }}.engine.callbacks.finite import HostCopy
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
 from {{ cookiecutter.package_name }}.engine.run_files import own_config
@@ -63,6 +65,8 @@ def _quiet_about_the_stopped_wandb_service(unraisable: Any, default: Any = sys._
 class PreemptionCheckpoint(Checkpoint):
     """On a signal, save ``checkpoints/interrupted-step<N>.ckpt`` at the next batch boundary, then stop.
 
+    Under DDP and FSDP at the one after: the processes' agreement is read a step late (no step waits for the GPU).
+
     A ``Checkpoint`` callback, so Lightning runs its hooks after every other callback's: the step it
     saves at is complete (``callbacks.RunPlots`` has recorded that step's logged loss).
 
@@ -95,6 +99,7 @@ class PreemptionCheckpoint(Checkpoint):
         self.received: int = 0  # number of the signal to act on, 0 for none
         self.saved_path: Path | None = None
         self._previous: dict[signal.Signals, Any] = {}
+        self._agreed: HostCopy | None = None  # the processes' last all-reduced signal, on its way to the host
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum  # acted on at the next batch boundary, never inside the handler
@@ -117,25 +122,32 @@ class PreemptionCheckpoint(Checkpoint):
         if isinstance(environment, SLURMEnvironment):
             environment.auto_requeue = False  # this callback requeues
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # After the Trainer registered its SIGTERM handler, which broadcasts from inside the
-        # handler under DDP; ours replaces it while training runs, and the Trainer restores the
-        # original handlers when fit ends.
-        self._install(self.stop_signals)
-
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
             for signum, handler in self._previous.items():
                 signal.signal(signum, handler)
             self._previous.clear()
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After the Trainer registered its SIGTERM handler, which broadcasts from inside the
+        # handler under DDP; ours replaces it while training runs, and the Trainer restores the
+        # original handlers when fit ends.
+        self._install(self.stop_signals)
+        self._agreed = None
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if trainer.world_size > 1:
-            # Signals reach the processes at slightly different times: any process that got
-            # one decides for all, so every process saves the same step.
-            flag = torch.tensor(float(self.received), device=pl_module.device)
-            self.received = int(trainer.strategy.reduce(flag, reduce_op="max").item())
-        if self.received:
+        if trainer.world_size == 1:
+            if self.received:
+                self._save_and_stop(trainer)
+            return
+        # Signals reach the processes at slightly different times: any process that got one decides
+        # for all, so every process saves the same step. Each step's all-reduce is read at the next
+        # step's end, done on the GPU by then: reading it at once would wait for the whole step.
+        agreed = int(self._agreed.value()) if self._agreed is not None else 0
+        flag = torch.full((), float(self.received), device=pl_module.device)  # a fill, not a host copy
+        self._agreed = HostCopy(trainer.strategy.reduce(flag, reduce_op="max"))
+        if agreed:
+            self.received = agreed
             self._save_and_stop(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
