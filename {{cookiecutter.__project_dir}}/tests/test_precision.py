@@ -99,11 +99,7 @@ def test_the_cuda_graphs_preset_trains_to_the_eager_losses(tmp_path: Path, monke
     mark = torch.compiler.cudagraph_mark_step_begin
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1) or mark())
     steps, losses = 4, {}
-{%- if cookiecutter.task == "tabular" %}
     no_dropout = ["--model.init_args.net.init_args.dropout=0"]  # compiled dropout draws other masks than eager
-{%- else %}
-    no_dropout = []
-{%- endif %}
     for name, preset in (("eager", []), ("graphs", [f"--config={CONFIGS / 'presets' / 'cuda-graphs.yaml'}"])):
         args = [*shrunk_args(tmp_path / name), *preset, f"--trainer.max_steps={steps}", "--test_after_fit=false"]
         args += no_dropout
