@@ -8,6 +8,7 @@ import torch
 from conftest import CONFIGS, shrunk_args
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.engine.gradients import gradient_norms
 
 
 def test_a_fused_optimizer_trains_under_bf16_mixed_with_its_gradients_clipped(tmp_path: Path) -> None:
@@ -111,3 +112,54 @@ def test_the_cuda_graphs_preset_trains_to_the_eager_losses(tmp_path: Path, monke
     assert cli.model.hparams.compile_mode == "reduce-overhead" and len(marks) == steps
     assert len(losses["eager"]) == steps
     torch.testing.assert_close(losses["graphs"], losses["eager"], rtol=1e-3, atol=1e-5)
+
+
+# Lightning's warning for the very case under test: a training_step that returns None.
+@pytest.mark.filterwarnings("ignore:`training_step` returned `None`")
+def test_a_step_without_gradients_and_clipping_by_value_train(tmp_path: Path) -> None:
+    # Lightning skips the backward pass of a training_step that returns None (a user's own skip), but still
+    # asks for clipping: with no gradient there is nothing to clip. Clipping by value, the other algorithm,
+    # bounds every gradient element: plain SGD at lr 1 moves no weight by more than the clip value.
+    clip = 1e-4
+    args = [
+        *shrunk_args(tmp_path),
+        "--model.init_args.optimizer=torch.optim.SGD",
+        "--model.init_args.optimizer.init_args.lr=1.0",
+        "--model.init_args.optimizer.init_args.weight_decay=0.0",
+        "--model.init_args.lr_scheduler=null",
+        f"--trainer.gradient_clip_val={clip}",
+        "--trainer.gradient_clip_algorithm=value",
+        "--trainer.max_steps=2",
+        "--test_after_fit=false",
+    ]
+    cli = main(args, run=False)
+    step = cli.model.training_step
+    cli.model.training_step = lambda batch, batch_idx: None if batch_idx == 0 else step(batch, batch_idx)
+    before = {name: p.detach().clone() for name, p in cli.model.named_parameters()}
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    moved = max((p.detach() - before[name]).abs().max().item() for name, p in cli.model.named_parameters())
+    assert 0 < moved <= clip * 1.001
+
+
+class _Trainer:
+    """What gradient_norms reads of a trainer, for a module outside fit."""
+
+    model = None
+    strategy = None
+
+
+def test_gradient_norms_are_shared_until_the_gradients_change_in_place() -> None:
+    module = L.LightningModule()
+    module.layer = torch.nn.Linear(3, 2)
+    module._trainer = _Trainer()
+    module.layer(torch.ones(4, 3)).sum().backward()
+    first = gradient_norms(module)
+    torch.testing.assert_close(first.norms, torch.stack([p.grad.norm() for p in module.parameters()]))
+    assert gradient_norms(module).norms is first.norms  # the same gradients, unchanged: not computed again
+    first.clip_(0.1)  # in place: the next call sees the clipped gradients
+    torch.testing.assert_close(gradient_norms(module).total, torch.tensor(0.1), rtol=1e-4, atol=0)
+    for param in module.parameters():  # zero_grad(set_to_none=False): the same tensors, new values
+        param.grad.zero_()
+    module.layer(2 * torch.ones(4, 3)).sum().backward()
+    expected = torch.stack([p.grad.norm() for p in module.parameters()])
+    torch.testing.assert_close(gradient_norms(module).norms, expected)

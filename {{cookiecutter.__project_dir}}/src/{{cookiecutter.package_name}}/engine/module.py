@@ -295,14 +295,15 @@ class TrainingModule(ShippableModel, L.LightningModule):
         # By norm from the step's shared norms (engine.gradients), for every optimizer: Lightning's
         # mixed-precision plugin refuses fused AdamW with clipping, a rule for float16's loss scaler,
         # whose unscaling fused optimizers do inside their step (engine.precision allows them only without one).
-        if not gradient_clip_val:
+        # No gradient at all (a training_step that returned None): nothing to clip (torch's clip_grad_value_ fails).
+        if not gradient_clip_val or (norms := gradient_norms(self)) is None:
             return
         if gradient_clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
         elif isinstance(self.trainer.model, FullyShardedDataParallel):
             self.trainer.model.clip_grad_norm_(gradient_clip_val)  # FSDP1's own: its flat shards
         else:
-            gradient_norms(self).clip_(gradient_clip_val)
+            norms.clip_(gradient_clip_val)
 
     def configure_optimizers(self) -> dict[str, Any]:
         fused = fused_optimizer_allowed(self, str(self.trainer.precision))
