@@ -425,6 +425,22 @@ def test_given_split_folders_are_used(tmp_path: Path) -> None:
     data.setup("fit")
     assert len(data.test_set) == 15  # the test folder as given
     assert len(data.train_set) + len(data.val_set) == 60  # validation held out of train/
+    assert torch.bincount(data.val_set.tensors[1]).tolist() == [3, 3, 3]  # val_fraction 0.15 of train/, stratified
+    # k-fold with test/ given: the folds are train/'s, each image validated on once
+    folds = [
+        ImageFolderDataModule(root=str(tmp_path / "images"), image_size=16, batch_size=8, num_folds=4, fold=k)
+        for k in range(4)
+    ]
+    for fold in folds:
+        fold.setup("fit")
+    assert [(len(f.train_set), len(f.val_set), len(f.test_set)) for f in folds] == [(45, 15, 15)] * 4
+    validated = torch.cat([fold.val_set.tensors[0].flatten(1) for fold in folds])
+    assert len(torch.unique(validated, dim=0)) == 60
+    # val/ given instead: the test split is cut from train/
+    (tmp_path / "images" / "test").rename(tmp_path / "images" / "val")
+    data = ImageFolderDataModule(root=str(tmp_path / "images"), image_size=16, batch_size=8, test_fraction=0.25)
+    data.setup("fit")
+    assert (len(data.train_set), len(data.val_set), len(data.test_set)) == (45, 15, 15)
 
 
 def test_a_run_reports_the_files_bytes_classes_splits_and_images_per_class_it_read(

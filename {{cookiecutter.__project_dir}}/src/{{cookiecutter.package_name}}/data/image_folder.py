@@ -51,7 +51,6 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from PIL import Image, ImageOps, UnidentifiedImageError
-from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -63,7 +62,7 @@ from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 {% if cookiecutter.use_serving == "yes" -%}
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 {% endif -%}
-from {{ cookiecutter.package_name }}.engine.datamodule import check_folds, check_fractions, fold_of, listed, split_indices
+from {{ cookiecutter.package_name }}.engine.datamodule import check_folds, check_fractions, listed, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
@@ -128,19 +127,21 @@ class ImageFolderDataModule(ResumableDataModule):
             ``crop_size`` and the per-channel mean and std (in place of the training split's), as the
             backbone saw images in pretraining (:func:`nets.image_preprocessing.image_preprocessing`), and
             images are RGB. The checkpoint keeps them for predict{{ ', export and serve' if cookiecutter.use_serving == 'yes' else '' }}.
-{%- endif %}
         mean, std: per-channel mean and standard deviation of pixels in [0, 1] that a backbone was
             pretrained with, in place of the training split's (for weights that come without a
             preprocessing file, such as torchvision's: ImageNet's ``[0.485, 0.456, 0.406]`` and
             ``[0.229, 0.224, 0.225]``); 3 values each (images become RGB) or 1 (grey). Set with
-            ``image_size`` and ``crop_size``{{ '; ``pretrained`` sets all four instead' if cookiecutter.use_pretrained == "yes" else "" }}.
+            ``image_size`` and ``crop_size``; ``pretrained`` sets all four instead.
+{%- endif %}
 
     Raises:
         ValueError: ``image_size`` below 4, ``crop_size`` larger than ``image_size``, ``crop_scale``
-            not within (0, 1], ``mean`` without ``std``{{ ' (or beside ``pretrained``)' if cookiecutter.use_pretrained == "yes" else "" }}, of other lengths
-            or with a ``std`` not above 0 (named when the config is read); ``root`` is missing, holds no images or
-            a single class, a class folder has too
-            few images to split, or (without ``skip_unreadable``) a file is not a readable image;
+            not within (0, 1]{{ ', ``mean`` without ``std`` (or beside ``pretrained``),' if cookiecutter.use_pretrained == "yes" else "" }}
+{%- if cookiecutter.use_pretrained == "yes" %}
+            of other lengths or with a ``std`` not above 0
+{%- endif %}
+            (named when the config is read); ``root`` is missing, holds no images or a single class, a class
+            folder has too few images to split, or (without ``skip_unreadable``) a file is not a readable image;
             the message names the folder or the file and the fix.
     """
 
@@ -167,9 +168,9 @@ class ImageFolderDataModule(ResumableDataModule):
         persistent_workers: bool = False,
 {%- if cookiecutter.use_pretrained == "yes" %}
         pretrained: str | None = None,
-{%- endif %}
         mean: list[float] | None = None,
         std: list[float] | None = None,
+{%- endif %}
     ) -> None:
         super().__init__(batch_size, num_workers, pin_memory, persistent_workers)
         check_fractions(val_fraction, test_fraction)
@@ -178,8 +179,8 @@ class ImageFolderDataModule(ResumableDataModule):
         if prepared is not None and num_folds is not None:
             raise ConfigError("data.num_folds: a prepared folder keeps the splits it was prepared with; use data.root")
 {%- endif %}
-        self.pretrained_stats = given_stats(mean, std{{ ", pretrained" if cookiecutter.use_pretrained == "yes" else "" }})
 {%- if cookiecutter.use_pretrained == "yes" %}
+        self.pretrained_stats = given_stats(mean, std, pretrained)
         if pretrained is not None:  # sizes and statistics the backbone was pretrained with, in place of the data's
             preprocessing = image_preprocessing(locate(pretrained, key="data.pretrained").folder)
             image_size, crop_size = preprocessing["image_size"], preprocessing["crop_size"]
@@ -276,10 +277,14 @@ class ImageFolderDataModule(ResumableDataModule):
                 f"data.root={self.hparams.root}: class folders {class_names} are not the classes this model was "
                 f"trained on {self._class_names}; restore them, or predict on files (INPUTS=), which needs no folder"
             )
+{%- if cookiecutter.use_pretrained == "yes" %}
         # A pretrained backbone's filters see what it was trained on: colour, or grey with one mean and std.
         stats = self.pretrained_stats
         pretrained_mode = None if stats is None else "L" if len(stats[0]) == 1 else "RGB"
         self.files, self._class_names, self._mode = files, class_names, self._mode or pretrained_mode or mode
+{%- else %}
+        self.files, self._class_names, self._mode = files, class_names, self._mode or mode
+{%- endif %}
 
     # ---- finding the files (headers only: cheap, and every bad file is named before training) -------
     def _scan(self, root: Path) -> tuple[dict[str, list[tuple[Path, int]]], list[str], str]:
@@ -335,7 +340,7 @@ class ImageFolderDataModule(ResumableDataModule):
         if self.hparams.prepared is not None:
             prepared = self._open_prepared()
             self._class_names, self._mode = prepared.state["class_names"], prepared.state["mode"]
-            self.mean, self.std = self.pretrained_stats or (prepared.state["mean"], prepared.state["std"])
+            self.mean, self.std = {{ "self.pretrained_stats or " if cookiecutter.use_pretrained == "yes" else "" }}(prepared.state["mean"], prepared.state["std"])
             splits = {split: prepared.split(split) for split in SPLITS}
             self.train_set, self.val_set, self.test_set = (
                 ArrayRecords(splits[split]["images"], splits[split]["labels"]) for split in SPLITS
@@ -348,50 +353,30 @@ class ImageFolderDataModule(ResumableDataModule):
         self._report_skipped(f"data.root={self.hparams.root}")
         if rank_zero_only.rank == 0:  # other processes would stat every file for a line they do not print
             rank_zero_info(self._read_report(parts))
-        self.mean, self.std = self.pretrained_stats or channel_stats(pixel_sums(decoded["train"][0].numpy()))
+        self.mean, self.std = {{ "self.pretrained_stats or " if cookiecutter.use_pretrained == "yes" else "" }}channel_stats(pixel_sums(decoded["train"][0].numpy()))
         self.train_set, self.val_set, self.test_set = (TensorDataset(*decoded[split]) for split in SPLITS)
         self.check_batch_size()
 
     def _split_parts(self) -> dict[str, list[tuple[Path, int]]]:
-        """The files of each split: the folder's own splits, or seeded, stratified cuts of its pool."""
+        """The files of each split: the folder's own splits, and seeded, stratified cuts of its pool (the
+        whole folder, or ``train/``) for the splits it lacks."""
         self._find_files()
         hp = self.hparams
-        folds = (hp.num_folds, hp.fold)
         if hp.num_folds is not None and "val" in self.files:
             raise ConfigError(f"data.num_folds: {hp.root} has its own val/ folder; move its images into train/")
-        if "all" in self.files:
-            pool = self.files["all"]
+        parts = dict(self.files)
+        pool = parts.pop("all", None) or parts["train"]
+        cut = [split for split in ("val", "test") if split not in parts]
+        if cut:
             labels = np.array([label for _, label in pool])
             counts = np.bincount(labels, minlength=self.num_classes)
-            if counts.min() < 3:
-                rare = [self.class_names[i] for i in np.flatnonzero(counts < 3)]
-                raise DataError(f"data.root: class folder(s) {rare} have fewer than 3 images, too few to split")
-            rows = split_indices(labels, len(pool), hp.val_fraction, hp.test_fraction, hp.split_seed, *folds)
-            parts = {split: [pool[i] for i in rows[split]] for split in SPLITS}
-        else:
-            parts = dict(self.files)
-            missing = [split for split in ("val", "test") if split not in parts]
-            if missing:  # held out of train/, seeded and stratified
-                train = parts["train"]
-                labels = np.array([label for _, label in train])
-                if len(missing) == 2:
-                    rows = split_indices(labels, len(train), hp.val_fraction, hp.test_fraction, hp.split_seed, *folds)
-                elif hp.num_folds is not None:  # test/ given: the folds are train/'s
-                    train_rows, val_rows = fold_of(np.arange(len(train)), labels, *folds, hp.split_seed)
-                    rows = {"train": train_rows, "val": val_rows}
-                else:  # one cut for the one missing split
-                    fraction = hp.val_fraction if missing == ["val"] else hp.test_fraction
-                    rows = dict(
-                        zip(
-                            ("train", missing[0]),
-                            train_test_split(
-                                np.arange(len(train)), test_size=fraction, stratify=labels, random_state=hp.split_seed
-                            ),
-                            strict=True,
-                        )
-                    )
-                for split in ("train", *missing):
-                    parts[split] = [train[i] for i in rows[split]]
+            if counts.min() <= len(cut):  # each cut takes one image of each class, and training keeps one
+                rare = [self.class_names[i] for i in np.flatnonzero(counts <= len(cut))]
+                few = f"fewer than {len(cut) + 1} images"
+                raise DataError(f"data.root: class folder(s) {rare} have {few}, too few to split")
+            folds = (hp.num_folds, hp.fold)
+            rows = split_indices(labels, len(pool), hp.val_fraction, hp.test_fraction, hp.split_seed, *folds, cut=cut)
+            parts.update({split: [pool[i] for i in rows[split]] for split in rows})
         return parts
 {%- if cookiecutter.use_prepared == "yes" %}
 
@@ -476,7 +461,7 @@ class ImageFolderDataModule(ResumableDataModule):
                     writer.append(split, images=images, labels=labels)
                     if split == "train":
                         sums += pixel_sums(images)
-            self.mean, self.std = self.pretrained_stats or channel_stats(sums)
+            self.mean, self.std = {{ "self.pretrained_stats or " if cookiecutter.use_pretrained == "yes" else "" }}channel_stats(sums)
             writer.state(class_names=self.class_names, mode=mode, mean=self.mean, std=self.std, skipped=skipped)
             self._report_skipped(f"data.root={self.hparams.root}")
         return {split: writer.manifest["splits"][split]["count"] for split in SPLITS} | {"skipped": skipped}
@@ -693,18 +678,6 @@ def given_stats(
         raise ConfigError(
             "data.mean and data.std come from data.pretrained's preprocessing file: set pretrained, or mean and std"
         )
-{%- else %}
-
-
-def given_stats(mean: list[float] | None, std: list[float] | None) -> tuple[list[float], list[float]] | None:
-    """``(mean, std)`` given in the config, checked; None to use the training split's.
-
-    Raises:
-        ValueError: one without the other, not 1 or 3 values each, or a std not above 0.
-    """
-    if mean is None and std is None:
-        return None
-{%- endif %}
     if mean is None or std is None or len(mean) != len(std) or len(mean) not in (1, 3):
         raise ConfigError(
             f"data.mean={mean} and data.std={std} must both be given, 3 values each (RGB) or 1 (grey): "
@@ -713,6 +686,7 @@ def given_stats(mean: list[float] | None, std: list[float] | None) -> tuple[list
     if min(std) <= 0:
         raise ConfigError(f"data.std={std} must be above 0 in every channel")
     return [float(v) for v in mean], [float(v) for v in std]
+{%- endif %}
 {%- if cookiecutter.use_prepared == "yes" %}
 
 

@@ -22,10 +22,11 @@ CLI: options, resume, the trust rule, test after fit), ``runs.py`` (run folders:
 resuming), ``run_files.py`` (what a run writes in its folder: config, environment, metrics),
 ``checkpoints.py`` (atomic writes, clear load errors), ``trust.py`` (what a checkpoint or run folder
 may name, checked before every load), ``inference.py`` (a checkpoint alone -> model, DataModule and
-a raw-input ``Predictor``), ``run_config.py`` (fix-ups before anything is built), ``launch.py``
-(srun/torchrun checks), ``precision.py``, ``gradients.py`` (a step's gradient norms, computed once),
-``optim.py`` (parameter groups, ``WarmupCosine``), ``environment.py``, ``quiet.py`` and ``callbacks/``
-(pre-emption, RNG state, non-finite stop, plots, the predictions writer, the progress bar).
+a raw-input ``Predictor``), ``predict.py`` (``make predict``'s work), ``run_config.py`` (fix-ups before
+anything is built), ``launch.py`` (srun/torchrun checks), ``precision.py``, ``gradients.py`` (a step's
+gradient norms, computed once), ``optim.py`` (parameter groups, ``WarmupCosine``), ``environment.py``,
+``quiet.py`` and ``callbacks/`` (pre-emption, RNG state, non-finite stop, plots, the predictions writer,
+the progress bar).
 {%- if cookiecutter.use_prepared == "yes" %}
 ``prepared.py``: prepared data sets (``make prepare``).
 {%- endif %}

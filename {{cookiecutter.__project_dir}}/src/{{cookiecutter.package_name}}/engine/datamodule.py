@@ -75,29 +75,34 @@ def split_indices(
     seed: int,
     num_folds: int | None = None,
     fold: int = 0,
+    cut: Sequence[str] = ("val", "test"),
 ) -> dict[str, np.ndarray]:
     """Seeded train/val/test row indices of ``size`` samples, stratified by ``labels`` when given.
 
     Two cuts (scikit-learn's ``train_test_split``): first the test set, then validation out of the
     rest, so with ``labels`` every split keeps the class proportions of the whole set. The split
     depends on ``seed`` alone, never on the training seed, so test samples stay test samples.
-    Pass ``labels=None`` for a regression target (a plain random split).
+    Pass ``labels=None`` for a regression target (a plain random split). ``cut`` names the splits to
+    cut, for data that bring some of their own (a folder's ``test/``): ``["val"]`` cuts
+    ``val_fraction`` of the samples and returns train and val only.
 
     With ``num_folds`` (k-fold cross-validation{{ ", ``make cv``" if cookiecutter.use_sweeps == "yes" and cookiecutter.task != "language-model" else "" }}), the test cut is the same and validation
     is fold ``fold`` of ``num_folds`` seeded folds of the rest (scikit-learn's ``StratifiedKFold``, or
     ``KFold`` without labels); ``val_fraction`` is unused. Over the folds, every sample outside the test
     set is validated on exactly once, and the test set is in no fold.
     """
-    indices = np.arange(size)
-    rest, test = train_test_split(indices, test_size=test_fraction, stratify=labels, random_state=seed)
-    rest_labels = None if labels is None else labels[rest]
-    if num_folds is not None:
-        train, val = fold_of(rest, rest_labels, num_folds, fold, seed)
-        return {"train": train, "val": val, "test": test}
-    train, val = train_test_split(
-        rest, test_size=val_fraction / (1.0 - test_fraction), stratify=rest_labels, random_state=seed
-    )
-    return {"train": train, "val": val, "test": test}
+    rows, rest, rest_labels = {}, np.arange(size), labels
+    if "test" in cut:
+        rest, rows["test"] = train_test_split(rest, test_size=test_fraction, stratify=labels, random_state=seed)
+        rest_labels = None if labels is None else labels[rest]
+    if "val" not in cut:
+        rows["train"] = rest
+    elif num_folds is not None:
+        rows["train"], rows["val"] = fold_of(rest, rest_labels, num_folds, fold, seed)
+    else:
+        share = val_fraction / (1.0 - test_fraction) if "test" in cut else val_fraction
+        rows["train"], rows["val"] = train_test_split(rest, test_size=share, stratify=rest_labels, random_state=seed)
+    return {split: rows[split] for split in ("train", "val", "test") if split in rows}
 
 
 def fold_of(
