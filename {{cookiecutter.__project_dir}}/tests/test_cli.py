@@ -175,6 +175,18 @@ def test_every_commands_help_opens_with_a_whole_sentence(capsys: pytest.CaptureF
         assert description.rstrip().endswith((".", ")")), (found.name, description)
 
 
+def test_predicts_help_says_what_its_inputs_are_in_this_task(capsys: pytest.CaptureFixture) -> None:
+    # The predict command's work is the engine's, the same in every task; what --inputs reads is the task's.
+    from {{ cookiecutter.package_name }}.commands import predict
+
+    with pytest.raises(SystemExit):
+        predict.main(["--help"])
+    description = " ".join(capsys.readouterr().out.split("\n\n")[1].split())
+    assert description.startswith("``make predict``: a trained model's predictions"), description
+    expected = {{ {"tabular": '"a CSV with the training columns"', "language-model": '"a text file of prompts, one per line"'}.get(cookiecutter.task, '"a .npy array (N, 8, 8)"') }}
+    assert expected in description, description
+
+
 def test_a_new_run_is_named_after_its_config_and_start_time(tmp_path: Path) -> None:
     for _ in range(2):  # two runs in the same second still get folders of their own
         main(["fit", *shrunk_args(tmp_path), "--test_after_fit=false"])

@@ -11,23 +11,28 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.gradients import gradient_norms
 
 
+def sgd_at_lr_1_clipped(tmp_path: Path, clip: float, *extra: str) -> list[str]:
+    """Arguments of a shrunk run with plain SGD at lr 1, no schedule, clipping at ``clip``: a step moves the
+    weights by exactly the clipped gradient."""
+    return [
+        *shrunk_args(tmp_path),
+        "--model.init_args.optimizer=torch.optim.SGD",
+        "--model.init_args.optimizer.init_args.lr=1.0",
+        "--model.init_args.optimizer.init_args.weight_decay=0.0",
+        "--model.init_args.lr_scheduler=null",
+        f"--trainer.gradient_clip_val={clip}",
+        "--test_after_fit=false",
+        *extra,
+    ]
+
+
 def test_a_fused_optimizer_trains_under_bf16_mixed_with_its_gradients_clipped(tmp_path: Path) -> None:
     # Lightning's mixed-precision plugin refuses fused optimizers with gradient clipping (a rule for
     # float16's loss scaler); bf16 has no scaler, so the module clips itself. Plain SGD at lr 1 moves
     # the weights by exactly the clipped gradient: the step's length is the clip value.
     clip = 1e-3
-    args = [
-        *shrunk_args(tmp_path),
-        "--trainer.precision=bf16-mixed",
-        "--model.init_args.optimizer=torch.optim.SGD",
-        "--model.init_args.optimizer.init_args.lr=1.0",
-        "--model.init_args.optimizer.init_args.weight_decay=0.0",
-        "--model.init_args.optimizer.init_args.fused=true",
-        "--model.init_args.lr_scheduler=null",
-        f"--trainer.gradient_clip_val={clip}",
-        "--trainer.max_steps=1",
-        "--test_after_fit=false",
-    ]
+    args = sgd_at_lr_1_clipped(tmp_path, clip, "--trainer.precision=bf16-mixed", "--trainer.max_steps=1")
+    args.append("--model.init_args.optimizer.init_args.fused=true")
     cli = main(args, run=False)
     before = {name: p.detach().clone() for name, p in cli.model.named_parameters()}
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -121,17 +126,7 @@ def test_a_step_without_gradients_and_clipping_by_value_train(tmp_path: Path) ->
     # asks for clipping: with no gradient there is nothing to clip. Clipping by value, the other algorithm,
     # bounds every gradient element: plain SGD at lr 1 moves no weight by more than the clip value.
     clip = 1e-4
-    args = [
-        *shrunk_args(tmp_path),
-        "--model.init_args.optimizer=torch.optim.SGD",
-        "--model.init_args.optimizer.init_args.lr=1.0",
-        "--model.init_args.optimizer.init_args.weight_decay=0.0",
-        "--model.init_args.lr_scheduler=null",
-        f"--trainer.gradient_clip_val={clip}",
-        "--trainer.gradient_clip_algorithm=value",
-        "--trainer.max_steps=2",
-        "--test_after_fit=false",
-    ]
+    args = sgd_at_lr_1_clipped(tmp_path, clip, "--trainer.gradient_clip_algorithm=value", "--trainer.max_steps=2")
     cli = main(args, run=False)
     step = cli.model.training_step
     cli.model.training_step = lambda batch, batch_idx: None if batch_idx == 0 else step(batch, batch_idx)

@@ -21,14 +21,14 @@ from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.predict import predict
 from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise, silence_srun_hint
 
-TITLE, _USAGE, INPUTS = __doc__.split("\n\n")  # --help says what the command does and what --inputs reads
+DESCRIPTION = f"{__doc__.split(chr(10))[0]} {__doc__.split(chr(10) * 2)[-1]}"  # --help: what it does, what it reads
 
 
 def main(args: list[str] | None = None) -> None:
     silence_dependency_noise()
     silence_srun_hint()  # one process, even inside a SLURM allocation (engine.predict runs one)
     with exit_on_user_error("predict"):  # a missing checkpoint or unreadable inputs: one line, exit 2
-        auto_cli(predict, args=args, description=f"{TITLE} {INPUTS}")
+        auto_cli(predict, args=args, description=DESCRIPTION)
 
 
 if __name__ == "__main__":
