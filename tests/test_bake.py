@@ -309,7 +309,9 @@ def unused_code(project: Path) -> list[str]:
 # keeps its command line and the task's inputs), an image bake without pretrained backbones lost data.mean and
 # data.std (pretrained weights' statistics), and the image folder's cuts of train/ went into split_indices
 # (cut=...): -34 / +4 / +2 (the two modules' imports); measured 3,662 / 3,688 / 4,056.
-MINIMAL_CODE_LINES = {"image-classification": 3662, "tabular": 3688, "language-model": 4056}
+# Then +24 for the table's reading of a spreadsheet export (lines of notes above the header, numbers with decimal
+# commas: data/tabular.py's read_table, in the user's room, 966 lines); measured 3,662 / 3,712 / 4,056.
+MINIMAL_CODE_LINES = {"image-classification": 3662, "tabular": 3712, "language-model": 4056}
 
 
 def code_lines(source: str) -> int:

@@ -216,7 +216,7 @@ def test_a_csv_is_read_as_written_never_with_data_turned_into_an_index(
     lines = ["90,13,class_0,class_1,class_2", *rows]
     wine = tmp_path / "wine_data.csv"
     wine.write_text("\n".join(lines) + "\n")
-    metadata = r"line 1, the header, has 5 fields .* the rows below it have 14: .*skip_rows=1"
+    metadata = r"line 1, the header, has 5 fields .* the rows below have 14: .*skip_rows=1"
     with pytest.raises(ValueError, match=metadata):
         _ = TabularDataModule(path=str(wine), target="column_13").num_features
     data = TabularDataModule(path=str(wine), target="column_13", skip_rows=1, header=False)
@@ -236,6 +236,41 @@ def test_a_csv_is_read_as_written_never_with_data_turned_into_an_index(
     assert "column 'date' has a distinct value on" in caplog.text
     assert "looks like an identifier (an id, a date), not a feature; leave it out with" in caplog.text
     assert """--data.init_args.drop_columns='["date"]'""" in caplog.text
+
+
+def test_a_european_spreadsheet_export_reads_its_numbers_as_numbers_once_its_notes_are_skipped(
+    table: Path, tmp_path: Path
+) -> None:
+    # Two lines of notes above the header, ';' between fields, decimal commas, an id: how a spreadsheet
+    # in much of Europe exports. pandas failed on the second note ("Expected 1 fields in line 3, saw 5",
+    # over two lines), and a column of 70,5-style numbers became one-hot categories of its strings.
+    frame = pd.read_csv(table)
+    frame.insert(0, "id", [f"P{i:04d}" for i in range(len(frame))])
+    export = tmp_path / "export.csv"
+    body = frame.to_csv(sep=";", index=False, decimal=",")
+    export.write_text("# Exported from LabDB 3.2 on 2026-11-01\n# units: mm\n" + body)
+    assert "," in frame.to_csv(sep=";", index=False, decimal=",").splitlines()[1]  # the numbers have commas
+    notes = r"lines 1 to 2 have 1 field \(separator ';'\) but the rows below have 5: .*skip_rows=2"
+    with pytest.raises(ValueError, match=notes):
+        _ = TabularDataModule(path=str(export), target="label").num_features
+    data = TabularDataModule(path=str(export), target="label", skip_rows=2, drop_columns=["id"])
+    data.setup("fit")
+    assert list(data.preprocessing["numeric"]) == ["x1", "x2"] and data.num_features == 2 + 1 + 3
+    read = tabular.read_table(export, "data.path", skip_rows=2)
+    pd.testing.assert_series_equal(read["x1"], frame["x1"])  # the same floats as the ',' file
+    # INPUTS= is read the same way; decimal='.' reads text, as the option says.
+    inputs, plain = tmp_path / "inputs.csv", tmp_path / "plain.csv"
+    inputs.write_text(frame.drop(columns=["label"]).head(4).to_csv(sep=";", index=False, decimal=","))
+    frame.drop(columns=["label"]).head(4).to_csv(plain, index=False)
+    (ids, rows), (plain_ids, plain_rows) = data.read_inputs(str(inputs)), data.read_inputs(str(plain))
+    assert ids == plain_ids and rows.shape == (4, 3)
+    torch.testing.assert_close(rows, plain_rows, rtol=0, atol=0, equal_nan=True)
+    assert not pd.api.types.is_numeric_dtype(tabular.read_table(export, "data.path", skip_rows=2, decimal=".")["x1"])
+    # A line pandas cannot split is still one line, with the options that fix it.
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("a,b,label\n" + "1,2,x\n" * 30 + "1,2,3,4,x\n")
+    with pytest.raises(ValueError, match=r"^[^\n]*not a readable CSV table \(.*\); set data.init_args.separator"):
+        tabular.read_table(ragged, "data.path")
 
 
 def test_an_id_column_names_predictions_and_other_columns_are_left_out_of_{{ "files_and_requests" if cookiecutter.use_serving == "yes" else "files" }}(

@@ -92,7 +92,10 @@ def _is_number(text: Any) -> bool:
 
 
 SEPARATORS = ",;\t|"
-SAMPLE_BYTES = 1 << 16  # what the separator and the field counts are read from
+SAMPLE_BYTES = 1 << 16  # what the separator, the decimal mark and the field counts are read from
+# A number written with a decimal comma (1,5 / -0,25), as spreadsheets export it in much of Europe.
+DECIMAL_COMMA = r"[+-]?\d+,\d+"
+NUMBER = r"[+-]?\d+(?:,\d+)?"  # an integer, or a number with a decimal comma
 
 
 def read_table(
@@ -102,13 +105,16 @@ def read_table(
     skip_rows: int = 0,
     header: bool = True,
     encoding: str = "utf-8",
+    decimal: Literal[".", ","] | None = None,
 ) -> pd.DataFrame:
     """A CSV file as written: every field a column, never an index pandas builds out of data.
 
     pandas makes the first columns of every row the index when the header has fewer fields than the
     rows (a metadata line above the data, as in scikit-learn's ``wine_data.csv``), and a model then
-    trains on the remaining columns without a word. Here the header's field count must equal the
-    rows' (read from the first ``SAMPLE_BYTES``), else one line names both lines and the fix.
+    trains on the remaining columns without a word; with more such lines (an export note, units) it
+    fails on a row's field count. Here the lines above the data (read from the first ``SAMPLE_BYTES``)
+    whose field count no row below them has are refused in one line that names them and the
+    ``skip_rows`` that leaves them out.
 
     Args:
         path: the CSV file; ``key`` names it in errors (``data.path``, ``INPUTS``).
@@ -117,9 +123,13 @@ def read_table(
         header: whether the first line after ``skip_rows`` names the columns; without one they are
             named ``column_0``, ``column_1``, ...
         encoding: of the file ("utf-8" also reads a byte-order mark; "latin-1", "cp1252", ...).
+        decimal: the decimal mark of its numbers. None: ``.``, and when the separator is not a comma,
+            a column whose every value is a number, some written with a decimal comma (``70,5``, as
+            spreadsheets export in much of Europe), is read as numbers too, not as text categories.
 
     Raises:
-        ValueError: unreadable (encoding, no rows), or a header and rows of different field counts.
+        ValueError: unreadable (encoding, no rows, a row with more fields than the header), or lines
+            above the header whose field count is not the rows' (``DataError``, one line).
     """
     try:
         with open(path, encoding=encoding, newline="") as file:
@@ -137,22 +147,45 @@ def read_table(
         except csv.Error:
             separator = ","
     rows = list(csv.reader(lines[:50], delimiter=separator))
-    counts = [len(row) for row in rows if row]
-    if header and len(counts) > 1 and counts[0] != max(counts[1:]) and len(set(counts[1:])) == 1:
-        first = skip_rows + 1
+    counted = [(number, len(row)) for number, row in enumerate(rows, start=skip_rows + 1) if row]
+    counts = [fields for _, fields in counted]
+    # Lines above the data whose field count no row below them has: metadata (a title, an export note,
+    # wine_data.csv's counts line), which pandas reads as the header, an index or a row, without a word.
+    data = next((k for k in range(len(counts)) if len(set(counts[k:])) == 1), 0)
+    if data > 0 and len(counts) - data >= min(2, data) and counts[-1] not in counts[:data]:
+        first, last = counted[0][0], counted[data - 1][0]
+        lines_above = f"line {first}, the header, has" if first == last else f"lines {first} to {last} have"
+        fields = "/".join(map(str, sorted(set(counts[:data]))))
         raise DataError(
-            f"{key}={path}: line {first}, the header, has {counts[0]} fields (separator {separator!r}) but the rows "
-            f"below it have {counts[1]}: it is not the header of these rows (metadata above the data?). Leave it "
-            f"out with data.init_args.skip_rows={skip_rows + 1}, and if the file has no header row at all, add "
-            "data.init_args.header=false (columns are then named column_0, column_1, ...)"
+            f"{key}={path}: {lines_above} {fields} field{'' if fields == '1' else 's'} (separator "
+            f"{separator!r}) but the rows below have {counts[-1]}: not the header of these rows (metadata above "
+            f"the data?). Leave {'it' if first == last else 'them'} out with data.init_args.skip_rows={last}, and "
+            "if the file has no header row at all, add data.init_args.header=false (columns are then named "
+            "column_0, column_1, ...)"
         )
     options = {"sep": separator, "skiprows": skip_rows, "encoding": encoding, "index_col": False}
+    options["decimal"] = decimal or "."
     if not header:
         options.update(header=None, names=[f"column_{i}" for i in range(max(counts, default=0))])
     try:
-        return pd.read_csv(path, **options)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
-        raise DataError(f"{key}={path}: not a readable CSV table ({error}); save it as UTF-8 CSV") from None
+        frame = pd.read_csv(path, **options)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{key}={path}: not a readable CSV table: it holds no rows") from None
+    except pd.errors.ParserError as error:
+        raise DataError(
+            f"{key}={path}: not a readable CSV table ({' '.join(str(error).split())}); set data.init_args.separator "
+            f"(read as {separator!r}) or leave lines above the header out with data.init_args.skip_rows"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{key}={path}: not readable as {encoding} text ({error}); set data.init_args.encoding"
+        ) from None
+    if decimal is None and separator != ",":
+        for name in [name for name in frame.columns if pd.api.types.is_string_dtype(frame[name])]:
+            values = frame[name].dropna().astype(str).str.strip()
+            if values.str.fullmatch(DECIMAL_COMMA).any() and values.str.fullmatch(NUMBER).all():
+                frame[name] = pd.to_numeric(frame[name].str.replace(",", ".", regex=False))
+    return frame
 
 
 def identifier_columns(frame: pd.DataFrame, ignore: list[str]) -> list[str]:
@@ -213,8 +246,9 @@ class TabularDataModule(ResumableDataModule):
     Args:
         path: a CSV file; None for the ``bundled`` table. Read by :func:`read_table`: the header's
             field count must match the rows' (a metadata line above it is named, with the fix).
-        separator, skip_rows, header, encoding: how to read ``path`` (:func:`read_table`): the
-            separator is sniffed among ``, ; tab |`` unless given.
+        separator, skip_rows, header, encoding, decimal: how to read ``path`` (:func:`read_table`):
+            the separator is sniffed among ``, ; tab |`` and the decimal mark (``.`` or ``,``) read
+            from the numbers unless given.
         target: the column to predict (the bundled tables' is "target").
         drop_columns: columns the model must not see: leaks of the target, free text.
         id_column: a column that names each row (an id, a file name): the model does not see it, and
@@ -264,6 +298,7 @@ class TabularDataModule(ResumableDataModule):
         skip_rows: int = 0,
         header: bool = True,
         encoding: str = "utf-8",
+        decimal: Literal[".", ","] | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
@@ -328,7 +363,7 @@ class TabularDataModule(ResumableDataModule):
         if not Path(path).is_file():
             raise DataError(f"data.path={path}: no such file; give a CSV file with a header row")
         hp = self.hparams
-        frame = read_table(path, "data.path", hp.separator, hp.skip_rows, hp.header, hp.encoding)
+        frame = read_table(path, "data.path", hp.separator, hp.skip_rows, hp.header, hp.encoding, hp.decimal)
         if frame.empty:
             raise DataError(f"data.path={path}: the table has no rows; give a CSV file with data below its header")
         return frame
@@ -595,7 +630,8 @@ class TabularDataModule(ResumableDataModule):
         return ["" if pd.isna(value) else value for value in column.tolist()]
 
     def _read_inputs_table(self, path: str) -> pd.DataFrame:
-        return read_table(path, "INPUTS", self.hparams.separator, encoding=self.hparams.encoding)
+        hp = self.hparams
+        return read_table(path, "INPUTS", hp.separator, encoding=hp.encoding, decimal=hp.decimal)
 
     def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
         """Rows of a CSV file with the training columns; ids are the ``id_column`` values, else row numbers.
@@ -672,7 +708,7 @@ class TabularDataModule(ResumableDataModule):
         hp = self.hparams
         keys = ("target", "drop_columns", "id_column", "bundled", "target_type", "val_fraction", "test_fraction")
         keys += ("split_seed", "drop_missing_target")
-        keys += ("separator", "skip_rows", "header", "encoding")  # how the CSV was read
+        keys += ("separator", "skip_rows", "header", "encoding", "decimal")  # how the CSV was read
         return {key: hp[key] for key in keys}
 
     def _open_prepared(self):
