@@ -478,6 +478,32 @@ def test_a_train_folder_alone_gives_all_three_splits(tmp_path: Path) -> None:
     assert sum(sizes) == 60 and sizes[1] == pytest.approx(9, abs=1) and sizes[2] == pytest.approx(9, abs=1)
 
 
+def test_a_folder_copied_from_a_mac_or_a_notebook_reads_its_nested_images_and_leaves_the_rest_out(
+    tmp_path: Path,
+) -> None:
+    # A class folder's images at any depth count, as torchvision's ImageFolder reads them (they were left
+    # out without a word); what a Mac, a zip made on one and Jupyter leave beside them is no class and no image.
+    root = make_folder(tmp_path / "images", per_class=20)
+    nested = root / "blobs" / "2026" / "march"
+    nested.mkdir(parents=True)
+    for index in range(4):
+        shutil.copy(root / "blobs" / f"{index}.png", nested / f"{index}.png")
+    for name in CLASSES:
+        (root / name / ".DS_Store").write_bytes(b"Bud1 not an image")
+        (root / name / "._0.png").write_bytes(b"AppleDouble, not a PNG")  # macOS's copy on a foreign disk
+    (root / "__MACOSX" / "blobs").mkdir(parents=True)
+    (root / "__MACOSX" / "blobs" / "._1.png").write_bytes(b"AppleDouble, not a PNG")
+    (root / ".ipynb_checkpoints").mkdir()
+    shutil.copy(root / "vertical" / "0.png", root / ".ipynb_checkpoints" / "0-checkpoint.png")
+    data = ImageFolderDataModule(root=str(root), image_size=16, batch_size=8)
+    assert data.class_names == list(CLASSES)
+    data.setup("fit")
+    assert sum(len(split) for split in (data.train_set, data.val_set, data.test_set)) == 64  # 24 + 20 + 20
+    ids, images = data.read_inputs(str(root / "blobs"))  # INPUTS= reads a folder the same way
+    assert len(ids) == 24 and "2026/march/3.png" in ids and not [i for i in ids if "/." in f"/{i}"]
+    assert images.shape == (24, 3, 16, 16)
+
+
 @pytest.mark.slow
 def test_own_image_folder_trains_to_90_percent(tmp_path: Path) -> None:
     root = make_folder(tmp_path / "images")

@@ -82,6 +82,9 @@ from {{ cookiecutter.package_name }}.nets.image_preprocessing import image_prepr
 {%- endif %}
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+# Names of files and folders that are no data: hidden (.DS_Store, the ._photo.jpg copies macOS writes on
+# other disks, .ipynb_checkpoints) or a tool's (__MACOSX in a zip made on a Mac).
+NOT_DATA = (".", "__")
 SPLITS = ("train", "val", "test")
 
 
@@ -292,7 +295,8 @@ class ImageFolderDataModule(ResumableDataModule):
             raise DataError(f"data.root={root}: no such folder; give a folder of class subfolders of images")
         given = [name for name in SPLITS if (root / name).is_dir()]
         pools = {name: root / name for name in given} if "train" in given else {"all": root}
-        class_names = sorted(p.name for p in pools.get("train", root).iterdir() if p.is_dir())
+        folders = pools.get("train", root).iterdir()
+        class_names = sorted(p.name for p in folders if p.is_dir() and not p.name.startswith(NOT_DATA))
         if len(class_names) < 2:
             raise DataError(
                 f"data.root={pools.get('train', root)}: {len(class_names)} class folder(s) found; give one "
@@ -303,7 +307,7 @@ class ImageFolderDataModule(ResumableDataModule):
         for split, folder in pools.items():
             files[split] = []
             for label, name in enumerate(class_names):
-                for path in sorted(p for p in (folder / name).glob("*") if p.suffix.lower() in IMAGE_SUFFIXES):
+                for path in image_paths(folder / name):
                     try:
                         modes.add(_image_mode(path))
                     except DataError:
@@ -388,7 +392,7 @@ class ImageFolderDataModule(ResumableDataModule):
                 self.hparams.prepared,
                 type(self).__name__,
                 self._prepared_settings(),
-                image_files,
+                image_paths,
                 source=self.hparams.root,
                 fields={"images": ("|u1",), "labels": ("<i8",)},
                 state={
@@ -444,7 +448,7 @@ class ImageFolderDataModule(ResumableDataModule):
         workers = workers or os.cpu_count() or 1
         sums = np.zeros((3, self.num_channels), dtype=np.int64)  # exact: see pixel_sums
         skipped = 0
-        source = fingerprint(self.hparams.root, image_files(Path(self.hparams.root)))
+        source = fingerprint(self.hparams.root, image_paths(Path(self.hparams.root)))
         kind = type(self).__name__
         with (
             PreparedWriter(out, kind, self._prepared_settings(), source) as writer,
@@ -626,7 +630,7 @@ class ImageFolderDataModule(ResumableDataModule):
         root = Path(path)
         if not root.exists():
             raise MissingFileError(f"INPUTS={path}: no such file or folder of images")
-        files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+        files = [root] if root.is_file() else image_paths(root)
         if not files:
             raise DataError(f"INPUTS={path}: no images ({', '.join(IMAGE_SUFFIXES)})")
         fix = f"remove or replace the file in INPUTS={path}"  # predict takes no data settings
@@ -687,13 +691,13 @@ def given_stats(
         raise ConfigError(f"data.std={std} must be above 0 in every channel")
     return [float(v) for v in mean], [float(v) for v in std]
 {%- endif %}
-{%- if cookiecutter.use_prepared == "yes" %}
 
 
-def image_files(root: Path) -> list[Path]:
-    """Every file under ``root`` with an image suffix: what a prepared data set's fingerprint covers."""
-    return [path for path in root.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES]
-{%- endif %}
+def image_paths(root: Path) -> list[Path]:
+    """Image files under ``root`` at any depth (as torchvision's ImageFolder reads a class), in path order,
+    none under a ``NOT_DATA`` name: a class's images, ``INPUTS=``, a prepared data set's fingerprint."""
+    found = (path for path in root.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
+    return sorted(path for path in found if not any(p.startswith(NOT_DATA) for p in path.relative_to(root).parts))
 
 
 def pixel_sums(images: np.ndarray) -> np.ndarray:
