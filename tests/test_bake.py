@@ -312,8 +312,9 @@ def unused_code(project: Path) -> list[str]:
 # Then +24 for the table's reading of a spreadsheet export (lines of notes above the header, numbers with decimal
 # commas: data/tabular.py's read_table, in the user's room, 966 lines); measured 3,662 / 3,712 / 4,056.
 # Then +5 for an image folder's images at any depth and its hidden files and folders left out (one image_paths for
-# class folders, INPUTS= and the prepared fingerprint; the user's room 999 lines); measured 3,667 / 3,712 / 4,056.
-MINIMAL_CODE_LINES = {"image-classification": 3667, "tabular": 3712, "language-model": 4056}
+# class folders, INPUTS= and the prepared fingerprint; the user's room 999 lines), and +2 for the one-line
+# undecodable-table message; measured 3,667 / 3,714 / 4,056.
+MINIMAL_CODE_LINES = {"image-classification": 3667, "tabular": 3714, "language-model": 4056}
 
 
 def code_lines(source: str) -> int:

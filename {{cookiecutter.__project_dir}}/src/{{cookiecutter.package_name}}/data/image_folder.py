@@ -695,7 +695,7 @@ def given_stats(
 
 def image_paths(root: Path) -> list[Path]:
     """Image files under ``root`` at any depth (as torchvision's ImageFolder reads a class), in path order,
-    none under a ``NOT_DATA`` name: a class's images, ``INPUTS=``, a prepared data set's fingerprint."""
+    none under a ``NOT_DATA`` name: a class's images, ``INPUTS=``{{ ", a prepared data set's fingerprint" if cookiecutter.use_prepared == "yes" else "" }}."""
     found = (path for path in root.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
     return sorted(path for path in found if not any(p.startswith(NOT_DATA) for p in path.relative_to(root).parts))
 
