@@ -192,6 +192,14 @@ def test_suffixes_pick_the_files_a_folder_is_read_from(tmp_path: Path) -> None:
     (folder / "c.txt").write_text("plain " * 40)
     (folder / "d.json").write_text('{"not": "text to learn"}')
     assert read_text(folder) == (folder / "c.txt").read_bytes()  # .txt only, by default
+    # Jupyter's copy of a file beside it (test text that is also training text) and macOS's ._ file (not
+    # UTF-8, which stopped the run) are no data, nor is anything under __MACOSX.
+    (folder / ".ipynb_checkpoints").mkdir()
+    (folder / ".ipynb_checkpoints" / "c-checkpoint.txt").write_text("plain " * 40)
+    (folder / "._c.txt").write_bytes(b"\x00\x05\x16\x07\xff Mac OS X")
+    (folder / "__MACOSX").mkdir()
+    (folder / "__MACOSX" / "._c.txt").write_bytes(b"\x00\x05\x16\x07\xff Mac OS X")
+    assert read_text(folder) == (folder / "c.txt").read_bytes()
     both = TextDataModule(path=str(folder), suffixes=(".md", "rst"), block_size=8, val_fraction=0.2, test_fraction=0.2)
     data = bytes(torch.cat([tokens for tokens, _ in both.splits.values()]).tolist())
     assert data == (folder / "a.md").read_bytes() + b"\n\n" + (folder / "deeper" / "b.RST").read_bytes()

@@ -62,7 +62,14 @@ from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 {% if cookiecutter.use_serving == "yes" -%}
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 {% endif -%}
-from {{ cookiecutter.package_name }}.engine.datamodule import check_folds, check_fractions, listed, split_indices
+from {{ cookiecutter.package_name }}.engine.datamodule import (
+    NOT_DATA,
+    check_folds,
+    check_fractions,
+    data_files,
+    listed,
+    split_indices,
+)
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
@@ -82,9 +89,6 @@ from {{ cookiecutter.package_name }}.nets.image_preprocessing import image_prepr
 {%- endif %}
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-# Names of files and folders that are no data: hidden (.DS_Store, the ._photo.jpg copies macOS writes on
-# other disks, .ipynb_checkpoints) or a tool's (__MACOSX in a zip made on a Mac).
-NOT_DATA = (".", "__")
 SPLITS = ("train", "val", "test")
 
 
@@ -307,7 +311,7 @@ class ImageFolderDataModule(ResumableDataModule):
         for split, folder in pools.items():
             files[split] = []
             for label, name in enumerate(class_names):
-                for path in image_paths(folder / name):
+                for path in data_files(folder / name, IMAGE_SUFFIXES):
                     try:
                         modes.add(_image_mode(path))
                     except DataError:
@@ -392,7 +396,7 @@ class ImageFolderDataModule(ResumableDataModule):
                 self.hparams.prepared,
                 type(self).__name__,
                 self._prepared_settings(),
-                image_paths,
+                lambda root: data_files(root, IMAGE_SUFFIXES),
                 source=self.hparams.root,
                 fields={"images": ("|u1",), "labels": ("<i8",)},
                 state={
@@ -448,7 +452,7 @@ class ImageFolderDataModule(ResumableDataModule):
         workers = workers or os.cpu_count() or 1
         sums = np.zeros((3, self.num_channels), dtype=np.int64)  # exact: see pixel_sums
         skipped = 0
-        source = fingerprint(self.hparams.root, image_paths(Path(self.hparams.root)))
+        source = fingerprint(self.hparams.root, data_files(Path(self.hparams.root), IMAGE_SUFFIXES))
         kind = type(self).__name__
         with (
             PreparedWriter(out, kind, self._prepared_settings(), source) as writer,
@@ -630,7 +634,7 @@ class ImageFolderDataModule(ResumableDataModule):
         root = Path(path)
         if not root.exists():
             raise MissingFileError(f"INPUTS={path}: no such file or folder of images")
-        files = [root] if root.is_file() else image_paths(root)
+        files = [root] if root.is_file() else data_files(root, IMAGE_SUFFIXES)
         if not files:
             raise DataError(f"INPUTS={path}: no images ({', '.join(IMAGE_SUFFIXES)})")
         fix = f"remove or replace the file in INPUTS={path}"  # predict takes no data settings
@@ -691,13 +695,6 @@ def given_stats(
         raise ConfigError(f"data.std={std} must be above 0 in every channel")
     return [float(v) for v in mean], [float(v) for v in std]
 {%- endif %}
-
-
-def image_paths(root: Path) -> list[Path]:
-    """Image files under ``root`` at any depth (as torchvision's ImageFolder reads a class), in path order,
-    none under a ``NOT_DATA`` name: a class's images, ``INPUTS=``{{ ", a prepared data set's fingerprint" if cookiecutter.use_prepared == "yes" else "" }}."""
-    found = (path for path in root.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
-    return sorted(path for path in found if not any(p.startswith(NOT_DATA) for p in path.relative_to(root).parts))
 
 
 def pixel_sums(images: np.ndarray) -> np.ndarray:

@@ -57,7 +57,7 @@ from {{ cookiecutter.package_name }}.data.tokenizer import (
     saved_bpe,
 )
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.datamodule import WholeBatches, check_fractions
+from {{ cookiecutter.package_name }}.engine.datamodule import WholeBatches, check_fractions, data_files
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
@@ -143,7 +143,7 @@ def bundled_text() -> bytes:
 
 
 def text_files(path: str | Path, suffixes: Sequence[str] = (".txt",)) -> list[Path]:
-    """``path`` itself, or the files under folder ``path`` ending in one of ``suffixes``, in name order.
+    """``path`` itself, or the files of folder ``path`` that :func:`engine.datamodule.data_files` lists.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -154,7 +154,7 @@ def text_files(path: str | Path, suffixes: Sequence[str] = (".txt",)) -> list[Pa
         raise MissingFileError(f"data.path: {path} does not exist; give a text file or a folder of text files")
     if not path.is_dir():
         return [path]
-    files = sorted(f for f in path.rglob("*") if f.is_file() and f.name.lower().endswith(tuple(suffixes)))
+    files = data_files(path, suffixes)
     if not files:
         named = ", ".join(suffixes)
         raise DataError(

@@ -11,6 +11,9 @@
   ``setup``; loaders that resume exactly mid-epoch, under DDP too, come with it. Its helpers
   ``split_indices`` (seeded, stratified train/val/test) and ``check_fractions`` are in
   ``datamodule.py``.
+{%- if cookiecutter.task != "tabular" %} So is ``data_files``: a folder's data files at any depth, hidden ones
+  and copies left out.
+{%- endif %}
 - ``errors.ConfigError`` and ``errors.DataError``: raise them with a message naming the field and
   the fix; the CLI prints the message as one line and exits with status 2, before anything is written.
 - ``contract.py``: the hooks ``make predict``{{ ', export and serve' if cookiecutter.use_serving == 'yes' else '' }} call on a trained model's DataModule and task

@@ -22,6 +22,9 @@ the well-kept choice for iterable or streaming data, where no order function exi
 """
 
 from collections.abc import Callable, Iterator, Sequence
+{%- if cookiecutter.task != "tabular" %}
+from pathlib import Path
+{%- endif %}
 from typing import Any
 
 import lightning as L
@@ -113,6 +116,20 @@ def fold_of(
     splitter = (KFold if labels is None else StratifiedKFold)(num_folds, shuffle=True, random_state=seed)
     train, val = list(splitter.split(indices, labels))[fold]
     return indices[train], indices[val]
+{%- if cookiecutter.task != "tabular" %}
+
+
+# Names of files and folders that are no data: hidden (.DS_Store, the ._photo.jpg copies macOS writes on other
+# disks, the copies in .ipynb_checkpoints) or a tool's (__MACOSX in a zip made on a Mac).
+NOT_DATA = (".", "__")
+
+
+def data_files(root: Path, suffixes: Sequence[str]) -> list[Path]:
+    """The files under folder ``root`` at any depth whose names end in one of ``suffixes`` (any case), in path
+    order, none under a ``NOT_DATA`` name: a copy or a stray file is never a training example."""
+    found = (path for path in root.rglob("*") if path.name.lower().endswith(tuple(suffixes)) and path.is_file())
+    return sorted(path for path in found if not any(p.startswith(NOT_DATA) for p in path.relative_to(root).parts))
+{%- endif %}
 
 
 def listed(names: Sequence[str], room: int = 160) -> str:
