@@ -385,6 +385,12 @@ FIX_THE_VALUE = "; fix the value in the config or on the command line"
             f"float32_matmul_precision: expected one of 'highest', 'high', 'medium' or null, got 'low'{FIX_THE_VALUE}",
         ),
         ("--model.init_args.compile_mode=fastest", "model.init_args.compile_mode: expected one of 'default', "),
+        # Neither Lightning nor torch refuses it, and a negative factor turns every step up the loss.
+        (
+            "--trainer.gradient_clip_val=-1",
+            "trainer.gradient_clip_val=-1.0: give a gradient norm (or value) of at least 0 to clip at; 0 or null "
+            "clips nothing",
+        ),
         # Refused by torch.optim.AdamW itself, which the module builds only when fit starts: checked before.
         (
             "--model.init_args.optimizer.init_args.lr=-1",

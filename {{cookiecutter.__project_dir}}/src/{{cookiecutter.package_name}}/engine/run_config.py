@@ -26,6 +26,7 @@ def prepare(config, subcommand: str | None) -> None:
     if "trainer" not in config:
         return
     check_hardware(config.trainer)
+    check_clipping(config.trainer)
     prepare_loggers(config.trainer)
     drop_disabled_callbacks(config.trainer)
     fall_back_to_fp16_without_bf16(config.trainer)
@@ -74,6 +75,21 @@ def check_hardware(trainer_config) -> None:
         raise ConfigError(
             f"trainer.accelerator={accelerator} (the gpu and fsdp presets set it) needs a CUDA GPU, and this machine "
             "has none visible to torch: leave the preset out to train on the CPU, or run on a GPU machine."
+        )
+
+
+def check_clipping(trainer_config) -> None:
+    """Refuse a negative ``trainer.gradient_clip_val``, which neither Lightning nor torch refuses: the clipping
+    factor ``max_norm / norm`` is then negative and every step climbs the loss (by value: every gradient is set).
+
+    Raises:
+        ConfigError: naming the value and the values that work.
+    """
+    value = trainer_config.get("gradient_clip_val")
+    if value is not None and not value >= 0:  # NaN too
+        raise ConfigError(
+            f"trainer.gradient_clip_val={value}: give a gradient norm (or value) of at least 0 to clip at; "
+            "0 or null clips nothing"
         )
 
 
