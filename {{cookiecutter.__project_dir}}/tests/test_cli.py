@@ -387,8 +387,8 @@ FIX_THE_VALUE = "; fix the value in the config or on the command line"
         ("--model.init_args.compile_mode=fastest", "model.init_args.compile_mode: expected one of 'default', "),
         # Neither Lightning nor torch refuses it, and a negative factor turns every step up the loss.
         (
-            "--trainer.gradient_clip_val=-1",
-            "trainer.gradient_clip_val=-1.0: give a gradient norm (or value) of at least 0 to clip at; 0 or null "
+            "--trainer.gradient_clip_val=-0.5",
+            "trainer.gradient_clip_val=-0.5: give a gradient norm (or value) of at least 0 to clip at; 0 or null "
             "clips nothing",
         ),
         # Refused by torch.optim.AdamW itself, which the module builds only when fit starts: checked before.
