@@ -219,6 +219,8 @@ def test_a_csv_is_read_as_written_never_with_data_turned_into_an_index(
     metadata = r"line 1, the header, has 5 fields .* the rows below have 14: .*skip_rows=1"
     with pytest.raises(ValueError, match=metadata):
         _ = TabularDataModule(path=str(wine), target="column_13").num_features
+    with pytest.raises(ValueError, match=r": line 1 has 5 fields .* the rows below have 14: .*skip_rows=1"):
+        _ = TabularDataModule(path=str(wine), target="column_13", header=False).num_features  # no header named
     data = TabularDataModule(path=str(wine), target="column_13", skip_rows=1, header=False)
     assert data.num_features == 13 and data.num_outputs == 3  # every feature, no index built from data
 
@@ -266,6 +268,8 @@ def test_a_european_spreadsheet_export_reads_its_numbers_as_numbers_once_its_not
     assert ids == plain_ids and rows.shape == (4, 3)
     torch.testing.assert_close(rows, plain_rows, rtol=0, atol=0, equal_nan=True)
     assert not pd.api.types.is_numeric_dtype(tabular.read_table(export, "data.path", skip_rows=2, decimal=".")["x1"])
+    commas = tabular.read_table(export, "data.path", skip_rows=2, decimal=",")  # pandas' own, every column
+    pd.testing.assert_frame_equal(commas, read)
     # A line pandas cannot split is still one line, with the options that fix it.
     ragged = tmp_path / "ragged.csv"
     ragged.write_text("a,b,label\n" + "1,2,x\n" * 30 + "1,2,3,4,x\n")

@@ -154,7 +154,8 @@ def read_table(
     data = next((k for k in range(len(counts)) if len(set(counts[k:])) == 1), 0)
     if data > 0 and len(counts) - data >= min(2, data) and counts[-1] not in counts[:data]:
         first, last = counted[0][0], counted[data - 1][0]
-        lines_above = f"line {first}, the header, has" if first == last else f"lines {first} to {last} have"
+        named = f"line {first}, the header," if header else f"line {first}"  # header=false: a line of notes
+        lines_above = f"{named} has" if first == last else f"lines {first} to {last} have"
         fields = "/".join(map(str, sorted(set(counts[:data]))))
         raise DataError(
             f"{key}={path}: {lines_above} {fields} field{'' if fields == '1' else 's'} (separator "
