@@ -85,7 +85,27 @@ def problems(answers: dict) -> list[str]:
         value = answers.get(field)
         if value not in allowed:
             found.append(f"{field} {value!r} is not one of the choices: use one of {', '.join(allowed)}")
+
+    # Private answers are derived, never given: a --config-file's default_context or a --replay-file can set
+    # them, and they reach file names and configs (a '../' project folder, a line of YAML).
+    for field, derived in private_answers(answers).items():
+        if answers.get(field) != derived:
+            found.append(
+                f"{field} {answers.get(field)!r} is a private answer the template derives ({derived!r} for these "
+                f"answers): leave {field} out of your config or replay file"
+            )
     return found
+
+
+def private_answers(answers: dict) -> dict[str, str]:
+    """The values cookiecutter.json derives for its private answers from the public ones."""
+    experiments = {"tabular": "tabular", "language-model": "text"}
+    return {
+        "__experiment": experiments.get(answers.get("task"), "digits"),
+        # project_slug passed the checks above, so no '/', '\\' or '.' is left to replace.
+        "__project_dir": str(answers.get("project_slug", "")).replace("/", "_").replace("\\", "_").replace(".", "_")
+        or "_",
+    }
 
 
 def main() -> int:

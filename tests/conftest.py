@@ -76,6 +76,7 @@ PACKAGE_FILES += ["engine/module.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
 PACKAGE_FILES += ["engine/gradients.py", "engine/predict.py"]
 PACKAGE_FILES += ["engine/run_files.py", "engine/sharding.py"]
+PACKAGE_FILES += ["engine/files.py"]
 PACKAGE_FILES += ["engine/runs.py", "serving/__init__.py", "serving/api.py", "serving/connections.py"]
 PACKAGE_FILES += ["engine/prepared.py", "engine/trust.py", "engine/training_cli.py"]
 PACKAGE_FILES += [
@@ -87,6 +88,7 @@ TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", 
 TEST_FILES += ["test_private_apis.py", "test_find.py"]
 TEST_FILES += ["own_pieces.py", "test_environment.py", "test_ship.py", "test_sweep.py", "test_prepared.py"]
 TEST_FILES += ["test_trust.py", "test_precision.py", "test_init_from.py"]
+TEST_FILES += ["test_run_folders.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
 TASK_PACKAGE_FILES = {
     "image-classification": [

@@ -318,7 +318,15 @@ def unused_code(project: Path) -> list[str]:
 # Then +8 for refusing a negative trainer.gradient_clip_val before anything is built (engine.run_config; Lightning
 # and torch take it, and every step then climbs the loss); measured 3,683 / 3,722 / 4,069. Then +1 for the notes
 # message of a table without a header row (it named line 1 "the header"); measured 3,683 / 3,723 / 4,069.
-MINIMAL_CODE_LINES = {"image-classification": 3683, "tabular": 3723, "language-model": 4069}
+# 2026-12-01 (issue 74, nothing deleted that a run did not create; every part of a received file is data): +239 /
+# +239 / +242 for a run folder claimed before anything is built and cleaned of only what the run wrote
+# (engine.runs.claim_run_dir), removals only in a folder the run saves into and restored callback paths confined to
+# the checkpoint's folder, partial files of killed saves swept (engine.checkpoints), distributed checkpoints'
+# .metadata unpickled with torch's metadata classes only, tensors that repeat elements refused, a bounded reader
+# for files named by data and a JSON admitted only in the shape the project writes (engine/files.py; the language
+# model's saved BPE); measured 3,922 / 3,962 / 4,311, the engine 5,547 / 5,533 / 5,533 lines, the room 996 / 969 /
+# 1,700. (The design of 2026-12-01 retires these code-line bounds for an engine bound; issue 76 moves to it.)
+MINIMAL_CODE_LINES = {"image-classification": 3922, "tabular": 3962, "language-model": 4311}
 
 
 def code_lines(source: str) -> int:

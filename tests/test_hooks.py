@@ -1,6 +1,7 @@
 """The hooks: bad answers are refused cleanly, hostile answers bake safely and literally."""
 
 import ast
+import json
 import os
 import shutil
 import subprocess
@@ -75,6 +76,7 @@ def test_hook_checks_choices_too() -> None:
         "author_email": "a@b.io", "license": "GPL", "python_version": "3.11", "logger": "mlflow",
         "precision": "bf16-mixed", "compile": "no", "include_slurm": "yes", "use_sweeps": "yes",
         "use_benchmark": "yes", "use_serving": "yes", "use_prepared": "yes", "use_pretrained": "yes",
+        "__experiment": "digits", "__project_dir": "x",
     }  # fmt: skip
     found = namespace["problems"](answers)
     assert [message.split()[0] for message in found] == ["license", "logger"]
@@ -139,6 +141,45 @@ def test_an_answer_with_template_syntax_is_refused_before_cookiecutter_evaluates
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) == 1 and "An answer holds template syntax" in lines[0] and "Traceback" not in lines[0], lines
     assert not list(tmp_path.rglob("PWNED")) and not (output.exists() and any(output.iterdir()))
+
+
+@pytest.mark.parametrize("route", ["config-file", "replay-file"])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("__project_dir", "../escaped"), ("__experiment", "digits\nprofiler: {class_path: subprocess.Popen}")],
+)
+def test_a_private_answer_given_in_a_file_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str, field: str, value: str
+) -> None:
+    # Cookiecutter takes private answers from a config file's default_context and from a replay file: the
+    # first wrote the project beside -o, the second a profiler into configs/ (code run by make train).
+    monkeypatch.chdir(tmp_path)
+    answers = json.loads((ROOT / "cookiecutter.json").read_text())
+    answers.update({"__experiment": "digits", "__project_dir": "digits-classifier", field: value})  # as replayed
+    if route == "config-file":
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump({"default_context": {field: value}}))
+        given = ["--no-input", "--config-file", "config.yaml"]
+    else:
+        answers.update(task="image-classification", license="MIT", python_version="3.11", logger="csv")
+        answers.update({key: "no" for key in answers if key.startswith("use_") or key == "include_slurm"})
+        answers.update(project_name="Digits Classifier", project_slug="digits-classifier")
+        answers.update(package_name="digits_classifier", compile="no", precision="bf16-mixed")
+        (tmp_path / "replay.json").write_text(json.dumps({"cookiecutter": answers}))
+        given = ["--replay-file", "replay.json"]
+    output = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "cookiecutter", *given, "-o", str(output), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TORCH_TEMPLATE_LOCK": "0"},
+    )
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert f"- {field} " in done.stderr and "a private answer the template derives" in done.stderr, done.stderr[-2000:]
+    kept = {"config.yaml", "replay.json", "out", "home"}  # home: the test's own, where cookiecutter keeps replays
+    written = [path for path in tmp_path.rglob("*") if path.relative_to(tmp_path).parts[0] not in kept]
+    assert not (output.exists() and any(output.iterdir()))
+    assert written == [], f"a refused bake left {written}"
 
 
 def test_typed_template_syntax_is_kept_literally(tmp_path: Path) -> None:

@@ -721,6 +721,10 @@ def test_make_eval_names_a_folder_without_tasks_a_missing_harness_and_a_server_n
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with user_error(r"--include .*: no task YAML there"):
         evaluate.main(["--include", str(tmp_path), "--url", nowhere])
+    os.mkfifo(tmp_path / "waits.yaml")  # a plain open would wait for a writer forever
+    with user_error(r"--include .*waits\.yaml is not a regular file \(a folder, FIFO or device\): refused"):
+        evaluate.main(["--include", str(tmp_path), "--url", nowhere])
+    (tmp_path / "waits.yaml").unlink()
     with user_error(r"--url: no OpenAI API of this project answers .*/tokenizer_info .*start `make serve`"):
         evaluate.main(["--url", nowhere, "--lm_eval", "lm-eval", "--include", str(ROOT / "evals")])
     monkeypatch.setenv("PATH", str(tmp_path))  # neither lm-eval nor uv on it, nor beside this Python

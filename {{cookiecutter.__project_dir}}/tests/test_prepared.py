@@ -3,6 +3,7 @@ damage named before training (each task's prepare -> train -> resume is tested b
 
 import errno
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -240,6 +241,27 @@ def test_a_manifest_nested_deeper_than_python_reads_is_one_line(tmp_path: Path, 
     (out / "manifest.json").write_text("[" * 200_000)  # a RecursionError in json.loads
     with pytest.raises(DataError, match=r"manifest.json does not read \(nested too deep\); run `make prepare"):
         open_prepared(out, KIND, SETTINGS)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+@pytest.mark.parametrize("form", ["fifo", "link to /dev/zero", "folder"])
+def test_a_manifest_that_is_not_a_regular_file_never_blocks_or_fills_memory(
+    tmp_path: Path, source: Path, form: str
+) -> None:
+    # A FIFO blocked the read until a writer came (make predict hung); /dev/zero read 6 GB before failing.
+    out = tmp_path / "prep"
+    write_toy(out, source)
+    (out / "manifest.json").unlink()
+    if form == "fifo":
+        os.mkfifo(out / "manifest.json")
+    elif form == "folder":
+        (out / "manifest.json").mkdir()
+    else:
+        (out / "manifest.json").symlink_to("/dev/zero")
+    with pytest.raises(DataError, match=r"manifest.json is not a regular file \(a folder, FIFO or device\): refused"):
+        open_prepared(out, KIND, SETTINGS)
+    with pytest.raises(DataError, match=r"--verify .* not a regular file"):
+        core.verify(out)
 
 
 def test_a_shard_must_be_a_plain_file_inside_the_folder_with_the_contents_prepare_wrote(

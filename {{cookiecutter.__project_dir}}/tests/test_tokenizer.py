@@ -31,6 +31,7 @@ from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_mai
 from {{ cookiecutter.package_name }}.data import PromptCompletionDataModule, TextDataModule{{ ", text" if cookiecutter.use_prepared == "yes" else "" }}
 from {{ cookiecutter.package_name }}.data.tokenizer import BPETokenizer, safe_pieces, safe_stream
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
+from {{ cookiecutter.package_name }}.engine.errors import DataError
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.models import LanguageModel
 from {{ cookiecutter.package_name }}.nets import GPT
@@ -69,6 +70,42 @@ def test_bpe_is_lossless_counts_bytes_and_tokenizes_in_pieces_as_whole() -> None
     again = BPETokenizer.train(safe_stream(chunks(text, 61), size=200), 400)
     assert again.to_json() == tokenizer.to_json()
     assert BPETokenizer.from_json(tokenizer.to_json()).encode(text) == ids
+
+
+CATASTROPHIC = {"type": "Replace", "pattern": {"Regex": "(a+)+$"}, "content": "b"}  # backtracks on "aaaa...!"
+GROWS = {"type": "Sequence", "normalizers": [{"type": "Replace", "pattern": {"String": " "}, "content": " " * 10}] * 8}
+
+
+@pytest.mark.parametrize(
+    ("part", "value", "refusal"),
+    [
+        ("normalizer", CATASTROPHIC, "normalizer"),
+        ("normalizer", GROWS, "normalizer"),
+        (
+            "post_processor",
+            {"type": "TemplateProcessing", "single": "$A " * 1000, "pair": "$A $B", "special_tokens": dict()},
+            "post_processor",
+        ),
+        (
+            "pre_tokenizer",
+            {"type": "Split", "pattern": {"Regex": "(x+x+)+y"}, "behavior": "Isolated", "invert": False},
+            "pre_tokenizer",
+        ),
+        ("model.dropout", 0.5, "model.dropout"),
+        ("model.byte_fallback", True, "model.byte_fallback"),
+    ],
+)
+def test_a_saved_tokenizer_runs_only_the_pipeline_this_project_trains(part: str, value, refusal: str) -> None:
+    # A checkpoint's tokenizer JSON is data: tokenizers runs any pipeline it declares on every prompt (a Regex
+    # normalizer made `generate` spin past 60 s on a 1.9 KB prompt; a chain of Replace grows a text 10x a step).
+    tree = json.loads(BPETokenizer.train([AWKWARD * 5], 300).to_json())
+    if part.startswith("model."):
+        field = part.split(".", 1)[1]
+        tree["model"][field] = {**tree["model"][field], **value} if isinstance(value, dict) else value
+    else:
+        tree[part] = value
+    with pytest.raises(DataError, match=rf"checkpoint: the saved BPE tokenizer's {refusal} is not as this project "):
+        BPETokenizer.from_json(json.dumps(tree))
 
 
 def test_bpe_learns_from_the_training_split_only(tmp_path: Path) -> None:

@@ -703,6 +703,30 @@ def test_a_net_is_built_on_the_meta_device_before_any_memory_is_allocated(traine
     assert "shape mismatches" in str(refused.value) and "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("part", ["state_dict", "optimizer_states"])
+def test_a_tensor_that_repeats_one_element_is_refused_before_it_expands(
+    trained_run: Path, tmp_path: Path, part: str
+) -> None:
+    # A stride-0 view keeps its shape and one element in the file: any shape fits the net's, and a copy of it
+    # (a model built to fit it, an optimizer state moved) allocates the whole shape. Seen here: a 5.6 KB file.
+    path = tmp_path / "repeated.ckpt"
+    checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
+    if part == "state_dict":
+        key, tensor = next(iter(checkpoint["state_dict"].items()))
+        checkpoint["state_dict"][key] = torch.zeros(1, dtype=tensor.dtype).expand(tensor.shape)
+    else:
+        state = next(iter(checkpoint["optimizer_states"][0]["state"].values()))
+        key, tensor = next((name, value) for name, value in state.items() if value.dim() > 0)
+        state[key] = torch.zeros(1, dtype=tensor.dtype).expand(tensor.shape)
+    torch.save(checkpoint, path)
+    expected = r"repeated\.ckpt: the tensor .* of shape .* is a view of \d+ bytes .* refused"
+    with pytest.raises(Exception, match=expected) as refused:
+        load_trained(path)
+    assert "\n" not in str(refused.value)
+    with user_error(expected):
+        main(["fit", *shrunk_args(tmp_path / "resumed"), f"--ckpt_path={path}", "--trainer.max_epochs=2"])
+
+
 @pytest.mark.parametrize("subcommand", ["fit", "test"])
 @pytest.mark.parametrize("trust", [(), ("--trust=torch.fx",)])
 def test_a_run_folders_config_passed_with_config_is_data(

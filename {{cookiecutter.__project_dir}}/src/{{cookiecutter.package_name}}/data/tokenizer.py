@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
+from {{ cookiecutter.package_name }}.engine.files import check_as_written
 {%- if cookiecutter.use_pretrained == "yes" %}
 from {{ cookiecutter.package_name }}.nets.hub import locate
 {%- endif %}
@@ -227,13 +228,15 @@ class BPETokenizer:
 
     @classmethod
     def from_json(cls, text: str, where: str = "the checkpoint") -> "BPETokenizer":
-        """The tokenizer :meth:`to_json` wrote.
+        """The tokenizer :meth:`to_json` wrote, and no other pipeline (a Regex normalizer can spin for minutes).
 
         Raises:
-            ValueError: ``text`` is not a tokenizer's JSON (names ``where``).
+            DataError: ``text`` is not what :meth:`train` writes but for its vocabulary and merges (names ``where``).
         """
         from tokenizers import Tokenizer
 
+        as_trained = cls.train([], 258).to_json()  # what train writes around a vocabulary and merges
+        check_as_written(text, as_trained, {"model.vocab", "model.merges"}, f"{where}: the saved BPE tokenizer")
         try:
             return cls(Tokenizer.from_str(text))
         except Exception as error:  # tokenizers raises its own Exception type
@@ -259,8 +262,7 @@ class BPETokenizer:
 
 
 def saved_bpe(saved: str, current: Tokenizer | None) -> BPETokenizer:
-    """The BPE a checkpoint saved (JSON ``saved``); in a resumed fit, where ``current`` was trained anew
-    on the training text, it must be the same one.
+    """The BPE a checkpoint saved (JSON ``saved``): in a resumed fit the same as ``current``, trained anew on the text.
 
     Raises:
         ValueError: ``current`` differs: the training text changed since the checkpoint.

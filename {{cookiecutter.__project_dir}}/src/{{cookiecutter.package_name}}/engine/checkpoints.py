@@ -12,13 +12,17 @@ renames it over the target (``os.replace``, atomic on POSIX and Windows) and fsy
 or the new one, whole{% if cookiecutter.task == "image-classification" %} (``tests/test_faults.py`` simulates both failures){% endif %}.
 """
 
+import dataclasses
+import enum
 import errno
 import os
 import pickle
 import re
 import shutil
+import socket
+import warnings
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import torch
@@ -33,10 +37,13 @@ class CheckpointError(UserError, RuntimeError):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """TorchCheckpointIO whose saves replace the target only once the new file is complete on disk, and
-    whose next load of a checkpoint the CLI already read and checked returns that copy (:meth:`hand_over`)."""
+    """TorchCheckpointIO whose saves replace the target only once the new file is complete on disk, whose
+    next load of a checkpoint the CLI already read and checked returns that copy (:meth:`hand_over`), and
+    which removes only checkpoints in a folder this process saves checkpoints into (:meth:`remove_checkpoint`).
+    """
 
     _handed: tuple[str, dict[str, Any]] | None = None
+    _saved_into: set[str] | None = None
 
     def hand_over(self, path: _PATH, checkpoint: dict[str, Any]) -> None:
         """The next :meth:`load_checkpoint` of ``path`` returns ``checkpoint`` instead of reading the file again.
@@ -52,18 +59,52 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ) -> dict[str, Any]:
         handed, self._handed = self._handed, None
         if handed is not None and "://" not in str(path) and handed[0] == os.path.realpath(path):
-            return handed[1]
-        if map_location is None:
-            return super().load_checkpoint(path, weights_only=weights_only)
-        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            checkpoint = handed[1]
+        elif map_location is None:
+            checkpoint = super().load_checkpoint(path, weights_only=weights_only)
+        else:
+            checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        if "://" not in str(path):
+            confine_callback_paths(checkpoint, Path(path).parent)
+        return checkpoint
+
+    def saved_into(self, path: _PATH) -> None:
+        """Note that a checkpoint was saved at ``path``: its folder's checkpoints may be removed (a strategy that
+        writes its own files, FSDP2's shards, calls this)."""
+        if self._saved_into is None:
+            self._saved_into = set()
+        self._saved_into.add(_folder_key(path))
+
+    def remove_checkpoint(self, path: _PATH) -> None:
+        """Remove the checkpoint ``path`` (ModelCheckpoint replacing one of its best or last) only when it lies in a
+        folder this process has saved a checkpoint into; anything else is left alone, said in one line.
+
+        A checkpoint's callback states name paths, and a received file is data: a ``best_model_path`` of
+        ``local:///home/me`` made Lightning's own removal (recursive) delete that folder. A local file or
+        link is unlinked (a link's target is kept); a local folder only when it is a distributed checkpoint.
+        """
+        if _folder_key(path) not in (self._saved_into or set()):
+            warnings.warn(f"{path}: not removed: not in a folder this run saves checkpoints into", stacklevel=2)
+            return
+        if "://" in str(path):  # remote storage (s3://, gs://) the config chose: its own semantics
+            super().remove_checkpoint(path)
+            return
+        path = Path(path)
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir() and (path / "meta.pt").is_file():
+            shutil.rmtree(path)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if "://" in str(path):  # remote storage (s3://, gs://): its own semantics
             super().save_checkpoint(checkpoint, path, storage_options)
+            self.saved_into(path)
             return
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        if _folder_key(path) not in (self._saved_into or set()):
+            remove_stale_partials(path.parent)  # the first save of this process here: what killed writers left
+        partial = path.with_name(f".{path.name}{_PARTIAL}{socket.gethostname()}-{os.getpid()}")
         try:
             with partial.open("wb") as file:
                 torch.save(checkpoint, file)
@@ -81,6 +122,79 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
         finally:
             partial.unlink(missing_ok=True)
+        self.saved_into(path)
+
+
+def _folder_key(path: _PATH) -> str:
+    """The folder of ``path`` as one string: a local folder's real path, a URL's part before its last ``/``."""
+    text = str(path)
+    if "://" in text:
+        return text.rstrip("/").rsplit("/", 1)[0]
+    return os.path.realpath(Path(text).absolute().parent)
+
+
+# A save in progress: ``.<name>.partial-<host>-<pid>`` beside its target (``.<name>.partial-<pid>`` before 2026-12).
+_PARTIAL = ".partial-"
+_PARTIAL_NAME = re.compile(r"\.(?P<target>.+)\.partial-(?:(?P<host>.+)-)?(?P<pid>\d+)")
+
+
+def remove_stale_partials(folder: Path) -> list[Path]:
+    """Remove the partial checkpoint files in ``folder`` whose writer is gone (a process of this host that no
+    longer runs: killed while saving), and return them. A partial file of another host is left alone, as is
+    anything else: only regular files with the name :class:`AtomicCheckpointIO` gives its saves in progress.
+    """
+    removed = []
+    for path in folder.glob(f".*{_PARTIAL}*"):
+        match = _PARTIAL_NAME.fullmatch(path.name)
+        if match is None or path.is_symlink() or not path.is_file():
+            continue
+        if match["host"] not in (None, socket.gethostname()) or _is_running(int(match["pid"])):
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+# The path fields of ModelCheckpoint's state (lightning/pytorch/callbacks/model_checkpoint.py, state_dict).
+_CHECKPOINT_PATH_FIELDS = ("best_model_path", "kth_best_model_path", "last_model_path")
+
+
+def confine_callback_paths(checkpoint: dict[str, Any], folder: Path) -> None:
+    """Make every path a checkpoint's ModelCheckpoint states name a checkpoint in ``folder``, the checkpoint's own
+    folder, in place: a path elsewhere becomes the file of the same name in ``folder`` when there is one (a run
+    folder moved), else nothing (``""``). Lightning would delete such a path when a better checkpoint comes, and
+    test a ``best_model_path`` after fit: a received checkpoint is data, and cannot name what a run touches.
+    """
+    folder = Path(os.path.realpath(folder))
+    for state in (checkpoint.get("callbacks") or {}).values():
+        if not isinstance(state, dict) or "best_model_path" not in state:
+            continue
+        for field in _CHECKPOINT_PATH_FIELDS:
+            if field in state:
+                state[field] = _inside(state[field], folder)
+        if isinstance(state.get("best_k_models"), dict):
+            kept = {_inside(path, folder): score for path, score in state["best_k_models"].items()}
+            state["best_k_models"] = {path: score for path, score in kept.items() if path}
+
+
+def _inside(path: Any, folder: Path) -> str:
+    """``path`` when it names an entry of ``folder``, else ``folder`` / its name when that exists, else ``""``."""
+    if not isinstance(path, str) or not path or "://" in path:
+        return ""
+    if Path(os.path.realpath(Path(path).absolute().parent)) == folder:
+        return path
+    moved = folder / Path(path).name
+    return str(moved) if Path(path).name and os.path.lexists(moved) else ""
 
 
 class DiskFullError(UserError, OSError):
@@ -126,7 +240,7 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
         )
     if not path.is_file():  # a FIFO would block the read forever
         raise CheckpointError(f"{path}: not a regular file, so not a checkpoint")
-    _check_members(path)
+    check_members(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -150,11 +264,83 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
         ) from error
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"{path}: not a Lightning checkpoint (no 'state_dict' in it)")
+    check_tensors(checkpoint, path)
     return checkpoint
 
 
+def check_tensors(checkpoint: Any, path: _PATH, where: str = "", depth: int = 0) -> None:
+    """Refuse a tensor anywhere in a loaded checkpoint (weights, optimizer and callback states) that spans more
+    elements than its storage holds: a stride-0 or overlapping view, which ``torch.save`` keeps as written. Such a
+    tensor is a few bytes in the file and its shape is any size: a model built to fit it, or a copy of it,
+    allocates the whole shape (5.6 KB made ``predict`` take a gigabyte more).
+
+    Raises:
+        CheckpointError: naming the tensor's key, its shape and its storage's size.
+    """
+    if depth > 64:
+        raise CheckpointError(f"{path}: nested more than 64 levels deep at {where or 'the top'}: not a checkpoint")
+    if isinstance(checkpoint, torch.Tensor):
+        storage = checkpoint.untyped_storage().nbytes() if checkpoint.device.type != "meta" else 0
+        if checkpoint.numel() and checkpoint.device.type != "meta" and storage < _span(checkpoint):
+            raise CheckpointError(
+                f"{path}: the tensor {where} of shape {tuple(checkpoint.shape)} is a view of {storage} bytes "
+                "(strides that repeat elements): a file made to expand in memory, refused"
+            )
+        return
+    items: Any = ()
+    if isinstance(checkpoint, dict):
+        items = checkpoint.items()
+    elif isinstance(checkpoint, list | tuple):
+        items = enumerate(checkpoint)
+    for key, value in items:
+        check_tensors(value, path, f"{where}.{key}" if where else str(key), depth + 1)
+
+
+def _span(tensor: torch.Tensor) -> int:
+    """Bytes a tensor's elements would take laid out one after another (what a copy of it allocates)."""
+    return tensor.numel() * tensor.element_size()
+
+
+class _DistributedMetadataUnpickler(pickle.Unpickler):
+    """Unpickles a distributed checkpoint's ``.metadata`` admitting only what torch writes there: the dataclasses
+    and enums of ``torch.distributed.checkpoint``, ``torch.Size``, dtypes, layouts and paths. Torch's own reader
+    (``FileSystemReader.read_metadata``) unpickles it with plain ``pickle.load``, which runs any code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = super().find_class(module, name) if module.split(".")[0] in ("torch", "pathlib") else None
+        if module.startswith("torch.distributed.checkpoint.") and (
+            dataclasses.is_dataclass(found) or (isinstance(found, type) and issubclass(found, enum.Enum))
+        ):
+            return found
+        if found is torch.Size or isinstance(found, torch.dtype) or found is torch.serialization._get_layout:
+            return found
+        if isinstance(found, type) and issubclass(found, PurePath):
+            return found
+        raise pickle.UnpicklingError(f"unsupported global {module}.{name}")
+
+
+def check_distributed_checkpoint(folder: Path) -> None:
+    """Refuse a distributed checkpoint folder (FSDP2's shards) whose ``.metadata`` names anything but the
+    metadata classes torch writes, before torch's reader unpickles it; and one without its ``meta.pt``.
+
+    Raises:
+        CheckpointError: naming the folder and what it holds.
+    """
+    metadata = folder / ".metadata"
+    if not (folder / "meta.pt").is_file() or not metadata.is_file() or metadata.is_symlink():
+        raise CheckpointError(f"{folder}: not a distributed checkpoint (no regular meta.pt and .metadata files in it)")
+    try:
+        with metadata.open("rb") as file:
+            _DistributedMetadataUnpickler(file).load()
+    except Exception as error:  # any reason the file is not torch's metadata: refused, named
+        raise CheckpointError(
+            f"{metadata}: not the metadata torch writes ({type(error).__name__}: {str(error)[:120]}): a distributed "
+            "checkpoint is data, and this one names code or is corrupt; refused"
+        ) from error
+
+
 # torch.save stores every member of its zip file uncompressed: a compressed one is a file made to expand.
-def _check_members(path: Path) -> None:
+def check_members(path: Path) -> None:
     """Refuse a checkpoint whose zip members are compressed (torch.save never compresses them): a small
     file that would expand to any size in memory. A legacy (non-zip) file is left to ``torch.load``."""
     if not zipfile.is_zipfile(path):

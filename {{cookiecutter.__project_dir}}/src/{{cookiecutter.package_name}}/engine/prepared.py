@@ -59,8 +59,11 @@ from typing import Any
 import numpy as np
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine.files import read_text
 
 MANIFEST = "manifest.json"
+# A manifest lists shards and their hashes: a few KB for any data set prepare writes; more is not one of ours.
+MANIFEST_LIMIT = 64 << 20
 FORMAT_VERSION = 2  # 2: each shard's SHA-256 and sampled SHA-256
 SHARD_BYTES = 256 * 2**20  # large enough for few files, small enough to copy or check one at a time
 FULL_CHECK_BYTES = 2**30  # a prepared set up to this size is hashed in full on every run
@@ -302,11 +305,13 @@ def open_prepared(
     if not path.is_dir():
         raise MissingFileError(f"data.prepared={path}: no such folder; make it with `{remake}`")
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        manifest = json.loads(read_text(path / MANIFEST, MANIFEST_LIMIT, f"data.prepared={path}"))
     except FileNotFoundError:
         raise DataError(
             f"data.prepared={path}: not a prepared data set (no {MANIFEST}: an interrupted prepare?); run `{remake}`"
         ) from None
+    except DataError:  # not a regular file, or too large: named as it is
+        raise
     except (OSError, ValueError, RecursionError) as error:  # RecursionError: JSON nested deeper than Python goes
         problem = "nested too deep" if isinstance(error, RecursionError) else str(error)
         raise DataError(f"data.prepared={path}/{MANIFEST} does not read ({problem}); run `{remake}`") from None
@@ -539,7 +544,9 @@ def verify(path: str | Path, workers: int | None = None) -> tuple[int, int]:
     """
     path = Path(path).expanduser()
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        manifest = json.loads(read_text(path / MANIFEST, MANIFEST_LIMIT, f"--verify {path}"))
+    except DataError:  # not a regular file, or too large: named as it is
+        raise
     except (OSError, ValueError, RecursionError) as error:
         raise DataError(f"--verify {path}: no readable {MANIFEST} ({type(error).__name__})") from None
     kind = manifest.get("kind") if isinstance(manifest, dict) else None

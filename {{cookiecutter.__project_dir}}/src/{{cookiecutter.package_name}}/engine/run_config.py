@@ -27,12 +27,12 @@ def prepare(config, subcommand: str | None) -> None:
         return
     check_hardware(config.trainer)
     check_clipping(config.trainer)
-    prepare_loggers(config.trainer)
     drop_disabled_callbacks(config.trainer)
     fall_back_to_fp16_without_bf16(config.trainer)
     if subcommand == "fit":
         let_max_steps_decide(config.trainer)
     choose_run(config, fit=subcommand == "fit")
+    prepare_loggers(config.trainer)  # after the run folder is claimed: the save folder it makes is the run's
 
 
 def let_max_steps_decide(trainer_config) -> None:

@@ -13,8 +13,8 @@ import json
 import os
 import re
 import secrets
-import shutil
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import DummyExperiment
 from lightning.pytorch.utilities import rank_zero_info
 
+from {{ cookiecutter.package_name }}.engine.checkpoints import check_distributed_checkpoint, check_members
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
 
@@ -45,19 +46,74 @@ def run_dir(trainer: L.Trainer) -> Path:
     return Path(logger.save_dir or trainer.default_root_dir, str(logger.name), version)
 
 
-def remove_unstarted_run_dir(trainer: L.Trainer) -> None:
-    """Remove the folder of a run that stopped before its first training step and holds no checkpoint (a
-    data or config mistake found once fit started), then its experiment folder if that is left empty.
+@dataclass(frozen=True)
+class RunStart:
+    """What a fit's run folder held when this process chose it: the only record cleanup trusts.
 
-    Such a folder holds at most what a run writes as it starts (its config, its environment); a
-    resumed run's folder has checkpoints, and is kept.
+    Attributes:
+        folder: the run folder.
+        found: every path under it then (relative, POSIX), files and folders: never removed.
+        made: the folder and those of its parents that did not exist then, deepest first: the only
+            folders cleanup may remove (once empty).
     """
-    folder = run_dir(trainer)
-    if trainer.global_step > 0 or not folder.is_dir() or any(folder.rglob("*.ckpt")):
+
+    folder: Path
+    found: frozenset[str]
+    made: tuple[Path, ...]
+
+
+# The run folders this process claimed for a fit (claim_run_dir), by absolute path.
+_STARTS: dict[Path, RunStart] = {}
+
+
+def claim_run_dir(folder: Path, own_run: bool, option: str) -> RunStart:
+    """Take ``folder`` as a fit's run folder and remember what it holds, before anything is built.
+
+    A new run writes only into a folder that is missing or empty: one that holds anything (a user's
+    folder named by mistake, another run) is refused, since Lightning would write over its files and a
+    failed start would clean it up. ``own_run``: the folder is this run's own, continued (``--resume``,
+    a ``--ckpt_path`` inside it, a requeued job), and what it holds is kept.
+
+    Raises:
+        ConfigError: ``folder`` is not empty and not the run's own; names ``option`` and the ways on.
+    """
+    folder = Path(folder).absolute()
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{option}: the run folder {folder} is a file: name a new folder")
+    held = sorted(entry.name for entry in folder.iterdir()) if folder.is_dir() else []
+    if held and not own_run:  # refused before anything is read below it (the folder may be a whole home)
+        raise ConfigError(
+            f"{option}: the run folder {folder} exists and holds {len(held)} entries ({', '.join(held[:3])}"
+            f"{', ...' if len(held) > 3 else ''}): a new run writes only into a new or empty folder. Continue a run "
+            "of this project with --resume=true (make resume), or name a new folder (leave the version out: "
+            "one is named for you)"
+        )
+    found = frozenset(path.relative_to(folder).as_posix() for path in folder.rglob("*")) if held else frozenset()
+    made = tuple(path for path in (folder, *folder.parents) if not path.exists())
+    start = _STARTS[folder] = RunStart(folder, found, made)
+    return start
+
+
+def remove_unstarted_run_dir(trainer: L.Trainer) -> None:
+    """Undo what a fit wrote when it stopped before its first training step (a data or config mistake
+    found once fit started): the files and folders that were not in its run folder when it was claimed
+    (:func:`claim_run_dir`), then the folders the run made, once empty. Nothing else is ever removed:
+    not what the folder held before, not a folder this process did not claim, not a written checkpoint.
+    """
+    start = _STARTS.get(run_dir(trainer).absolute())
+    if start is None or trainer.global_step > 0 or not start.folder.is_dir():
         return
-    shutil.rmtree(folder)
-    if folder.parent.is_dir() and not any(folder.parent.iterdir()):
-        folder.parent.rmdir()
+    written = [path for path in start.folder.rglob("*") if path.relative_to(start.folder).as_posix() not in start.found]
+    if any(path.suffix == ".ckpt" for path in written):
+        return
+    for path in sorted(written, key=lambda path: len(path.parts), reverse=True):  # a folder's files before it
+        if path.is_symlink() or not path.is_dir():
+            path.unlink(missing_ok=True)
+        elif not any(path.iterdir()):
+            path.rmdir()
+    for folder in start.made:
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def announce_run(trainer: L.Trainer) -> None:
@@ -82,17 +138,25 @@ def latest_checkpoint(folder: Path) -> Path | None:
     epoch), the ``interrupted-step<N>.ckpt`` that ``callbacks.PreemptionCheckpoint`` saves on a
     signal, and the best ``epoch*.ckpt`` (a whole training state too). The newest loadable one
     wins, so a job pre-empted twice resumes from its latest state, and a run whose last save failed
-    (a full disk) from the save before. A sharded (FSDP) checkpoint is a folder and counts too.
+    (a full disk) from the save before. A sharded (FSDP2) checkpoint is a folder and counts too once its
+    ``.metadata`` holds only torch's metadata classes (:func:`engine.checkpoints.check_distributed_checkpoint`);
+    a file with compressed members is passed over (it would expand in memory).
     """
     existing = sorted(folder.glob("checkpoints/*.ckpt"), key=lambda path: path.stat().st_mtime, reverse=True)
     for path in existing:  # newest first; one that cannot be read (a save cut short, not a file) is passed over
-        if path.is_dir() or (path.is_file() and _is_readable_checkpoint(path)):
+        if _is_readable_checkpoint(path):
             return path
     return None
 
 
 def _is_readable_checkpoint(path: Path) -> bool:
     try:
+        if path.is_dir() and not path.is_symlink():  # a distributed checkpoint: its .metadata is unpickled
+            check_distributed_checkpoint(path)
+            return True
+        if path.is_symlink() or not path.is_file():
+            return False
+        check_members(path)  # a compressed member would expand in memory
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # any reason not to resume from it (truncated, corrupt, refused): try the next one
         return False
@@ -179,11 +243,14 @@ def experiment_dir(trainer_config) -> Path:
     return Path(init.get("save_dir") or root, name or "")
 
 
-def set_run_version(trainer_config, version: str) -> None:
-    """Make a parsed trainer config log into run ``version`` (for wandb: continue that run id)."""
+def set_run_version(trainer_config, version: str, fit: bool = False) -> None:
+    """Make a parsed trainer config log into run ``version`` (for wandb: continue that run id); without a
+    logger, a fit's run folder becomes ``<default_root_dir>/<version>`` (each run a folder of its own)."""
     logger = _first_logger(trainer_config)
     if logger is not None:
         logger.init_args.version = version
+    elif fit:
+        trainer_config.default_root_dir = str(experiment_dir(trainer_config) / version)
 
 
 def run_version(trainer_config) -> str | None:
@@ -236,28 +303,62 @@ def choose_run(config, fit: bool = True) -> None:
       newest checkpoint.
     - ``--resume=true`` continues the latest run of the experiment from its newest checkpoint.
     - ``--ckpt_path`` inside a run folder of the experiment continues in that folder.
-    - Otherwise the logger starts a new run.
+    - Otherwise the logger starts a new run (without a logger, fit's run folder is a new
+      ``<default_root_dir>/<run name>``), in a folder that must be new or empty
+      (:func:`claim_run_dir`, before anything is built).
 
     Raises:
-        ValueError: ``--resume`` and nothing to resume.
+        ConfigError: ``--resume`` and nothing to resume; a new run's folder that holds files.
     """
     trainer = config.trainer
     if job_id := slurm_job_id():
         name_run_after_slurm_job(trainer, job_id)
         run = Path(trainer.default_root_dir)
+        # The job's own run when it was requeued (its id names the folder), or when it holds the job's checkpoint.
+        own = int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0 or latest_checkpoint(run) is not None
     elif fit and config.get("resume"):
         run = run_to_resume(trainer)
-        set_run_version(trainer, run.name)
+        set_run_version(trainer, run.name, fit)
+        own = True
     else:
-        explicit = fit and config.get("ckpt_path") and run_version(trainer) is None
-        if explicit and (run := run_of_checkpoint(trainer, config.ckpt_path)) is not None:
-            set_run_version(trainer, run.name)
+        holder = run_of_checkpoint(trainer, config.ckpt_path) if fit and config.get("ckpt_path") else None
+        if holder is not None and run_version(trainer) is None:
+            set_run_version(trainer, holder.name, fit)
         elif run_version(trainer) is None:
-            set_run_version(trainer, new_run_name(config))
+            set_run_version(trainer, new_run_name(config), fit)
+        if fit and _launching_process():
+            # The run's own folder when the checkpoint it continues is in it (named by --ckpt_path or the version).
+            own = holder is not None and planned_run_dir(trainer).resolve() == holder
+            claim_run_dir(planned_run_dir(trainer), own, _folder_option(trainer))
         return
+    if fit and _launching_process():
+        # A torchelastic restart continues its own run too (the folder is named after torchrun's run id).
+        claim_run_dir(run, own or int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0, _folder_option(trainer))
     if fit and config.get("ckpt_path") is None and (checkpoint := latest_checkpoint(run)) is not None:
         rank_zero_info(f"Resuming run {run} from {checkpoint}")
         config.ckpt_path = str(checkpoint)
+
+
+def planned_run_dir(trainer_config) -> Path:
+    """The run folder a parsed trainer config will write into: :func:`run_dir`'s rule before the Trainer exists."""
+    version = run_version(trainer_config)
+    if _first_logger(trainer_config) is None or version is None:
+        return Path(trainer_config.get("default_root_dir") or ".")
+    return experiment_dir(trainer_config) / (version if isinstance(version, str) else f"version_{version}")
+
+
+def _folder_option(trainer_config) -> str:
+    """The option that names a parsed trainer config's run folder, for messages."""
+    if _first_logger(trainer_config) is None:
+        return f"trainer.default_root_dir={trainer_config.get('default_root_dir')}"
+    return f"trainer.logger.init_args.version={run_version(trainer_config)}"
+
+
+def _launching_process() -> bool:
+    """True in the process a run starts from: not a DDP, torchrun or srun process of another rank
+    (they name the same folder once rank 0 has written into it)."""
+    ranks = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
+    return all(os.environ.get(name, "0") == "0" for name in ranks)
 
 
 # Every process of a DDP run must name the run alike. Lightning starts the other processes on this

@@ -27,6 +27,12 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from {{ cookiecutter.package_name }}.engine.checkpoints import (
+    AtomicCheckpointIO,
+    check_distributed_checkpoint,
+    confine_callback_paths,
+)
+
 
 def sharded_units(net: nn.Module) -> list[nn.Module]:
     """The net's blocks that become FSDP units: its modules whose class name is in ``net._no_split_modules``."""
@@ -97,7 +103,16 @@ class FSDP2Strategy(ModelParallelStrategy):
             elif path.exists():
                 path.unlink()
             os.replace(partial, path)
+            if isinstance(self.checkpoint_io, AtomicCheckpointIO):
+                self.checkpoint_io.saved_into(path)  # its older checkpoints there may be removed
         self.barrier("fsdp2_checkpoint_renamed")
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        if Path(checkpoint_path).is_dir():
+            check_distributed_checkpoint(Path(checkpoint_path))  # torch's reader unpickles its .metadata
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        confine_callback_paths(checkpoint, Path(checkpoint_path).parent)  # data: paths in its own folder only
+        return checkpoint
 
 
 def consolidate(folder: str | Path, out: str | Path | None = None) -> Path:
@@ -106,15 +121,17 @@ def consolidate(folder: str | Path, out: str | Path | None = None) -> Path:
     every shard. The file has a Lightning checkpoint's layout (``state_dict`` with the unsharded names,
     ``optimizer_states``, the rest of ``meta.pt``), so ``make predict`` and friends load it (CKPT=file).
 
-    Torch's distributed-checkpoint reader unpickles the folder's ``.metadata`` file: consolidate only
-    checkpoints of your own runs (docs/shipping.md, the trust rule).
+    The folder's ``.metadata`` is checked first (:func:`engine.checkpoints.check_distributed_checkpoint`): torch's
+    reader unpickles it.
 
     Raises:
         FileNotFoundError: ``folder`` is not a distributed checkpoint (no ``meta.pt`` in it).
+        CheckpointError: its ``.metadata`` names code or is corrupt.
     """
     folder = Path(folder)
     if not (folder / "meta.pt").is_file():
         raise FileNotFoundError(f"{folder}: not a distributed checkpoint folder (no meta.pt in it)")
+    check_distributed_checkpoint(folder)
     with tempfile.TemporaryDirectory() as scratch:
         gathered = Path(scratch, "state.pt")
         dcp_to_torch_save(folder, gathered)

@@ -1,0 +1,277 @@
+"""A run deletes or overwrites only what it created, and what a run folder holds is data.
+
+A folder a run finds is refused or kept, what it wrote is cleaned (the partial files of killed saves
+too); a checkpoint's callback states, a distributed checkpoint's metadata and a compressed file never
+steer what is removed, run or resumed. Each case hashes a sentinel tree (a user's thesis, a home
+folder) before and after.
+"""
+
+import hashlib
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, shrunk_args, user_error, with_tests_importable
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from {{ cookiecutter.package_name }}.cli import main
+{%- if cookiecutter.task != "language-model" %}
+from {{ cookiecutter.package_name }}.commands import cv
+{%- endif %}
+from {{ cookiecutter.package_name }}.engine.checkpoints import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    check_distributed_checkpoint,
+    remove_stale_partials,
+)
+from {{ cookiecutter.package_name }}.engine.runs import latest_checkpoint, run_dir
+from {{ cookiecutter.package_name }}.engine.sharding import consolidate
+
+# A mistake found once fit has started (the DataModule's setup): the moment a run cleans up after itself.
+TOO_BIG_A_BATCH = "--data.init_args.batch_size=100000"
+
+
+def sentinel_tree(root: Path) -> Path:
+    """A user's folder: a file, a nested file, a hidden one and an empty folder."""
+    (root / "notes").mkdir(parents=True)
+    (root / "notes" / "thesis.tex").write_text("precious\n")
+    (root / ".git-like").write_text("hidden\n")
+    (root / "empty").mkdir()
+    (root / "data.csv").write_text("a,b\n1,2\n")
+    return root
+
+
+def fingerprint(root: Path) -> dict[str, str]:
+    """Every path under ``root`` (``root`` itself included) with its content's hash ('dir' for folders)."""
+    paths = [root, *root.rglob("*")] if root.exists() else []
+    return {str(path): "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()[:16] for path in paths}
+
+
+def logger_at(folder: Path) -> list[str]:
+    """Arguments that make ``folder`` itself the run folder, as the issue's user did: save_dir, no name, version."""
+    return [
+        "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+        f"--trainer.logger.init_args.save_dir={folder.parent}",
+        "--trainer.logger.init_args.name=",
+        f"--trainer.logger.init_args.version={folder.name}",
+    ]
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["fit", "resume"])
+def test_a_run_named_into_a_folder_that_holds_files_is_refused_and_the_folder_kept(tmp_path: Path, resume) -> None:
+    thesis = sentinel_tree(tmp_path / "home" / "thesis")
+    before = fingerprint(tmp_path / "home")
+    message = "no run with a checkpoint" if resume else "the run folder .*thesis exists and holds 4 entries"
+    resuming = ["--resume=true"] if resume else []
+    with user_error(message):
+        main(["fit", *shrunk_args(tmp_path), *logger_at(thesis), *resuming, TOO_BIG_A_BATCH])
+    assert fingerprint(tmp_path / "home") == before
+
+
+# Lightning's CSVLogger, on the empty folder given.
+@pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
+def test_a_failed_start_removes_only_what_it_wrote(tmp_path: Path) -> None:
+    # Without a logger, a fit's run folder is a new one under default_root_dir: the user's folder around it stays
+    thesis = sentinel_tree(tmp_path / "home" / "thesis")
+    before = fingerprint(tmp_path / "home")
+    args = [*shrunk_args(tmp_path), "--trainer.logger=false", f"--trainer.default_root_dir={thesis}"]
+    with user_error("larger than the training split"):
+        main(["fit", *args, TOO_BIG_A_BATCH])
+    assert fingerprint(tmp_path / "home") == before
+
+    # An empty folder is taken, and left as it was found: empty, not removed.
+    (tmp_path / "home" / "empty-run").mkdir()
+    with user_error("larger than the training split"):
+        main(["fit", *shrunk_args(tmp_path), *logger_at(tmp_path / "home" / "empty-run"), TOO_BIG_A_BATCH])
+    assert (tmp_path / "home" / "empty-run").is_dir() and not any((tmp_path / "home" / "empty-run").iterdir())
+
+    # Folders the run made (the save folder and the run's) go, once empty; the parent it found stays.
+    made = tmp_path / "home" / "new" / "deeper" / "run"
+    with user_error("larger than the training split"):
+        main(["fit", *shrunk_args(tmp_path), *logger_at(made), TOO_BIG_A_BATCH])
+    assert not (tmp_path / "home" / "new").exists()
+    assert fingerprint(thesis) == {key: value for key, value in before.items() if key.startswith(str(thesis))}
+{%- if cookiecutter.task != "language-model" %}
+
+
+def test_cv_refuses_a_fold_folder_that_holds_files_and_keeps_them(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    fold = tmp_path / "logs" / "cv" / "mine" / "test" / "mine-fold0"
+    sentinel_tree(fold)
+    before = fingerprint(tmp_path / "logs")
+    with user_error("the run folder .*mine-fold0 exists and holds"):
+        cv.main(["--folds=2", "--name=mine", *shrunk_args(tmp_path)])
+    assert fingerprint(tmp_path / "logs") == before
+{%- endif %}
+
+
+def test_a_resumed_checkpoint_cannot_make_the_run_delete_or_test_a_path_outside_its_folder(tmp_path: Path) -> None:
+    args = [*shrunk_args(tmp_path), "--trainer.max_epochs=1", "--test_after_fit=false"]
+    first = main(["fit", *args])
+    run = run_dir(first.trainer)
+    last = run / "checkpoints" / "last.ckpt"
+    home = sentinel_tree(tmp_path / "home")
+    before = fingerprint(home)
+    checkpoint = torch.load(last, map_location="cpu", weights_only=True)
+    for state in checkpoint["callbacks"].values():
+        if "best_model_path" in state:  # each ModelCheckpoint's: every path it keeps names the user's folder
+            state.pop("dirpath")  # so that Lightning restores the whole state whatever its own dirpath
+            state["best_model_path"] = f"local://{home}"
+            state["kth_best_model_path"] = str(home / "notes")
+            state["last_model_path"] = f"file://{home / 'data.csv'}"
+            state["best_k_models"] = {f"local://{home}": torch.tensor(0.0), str(home / "notes"): torch.tensor(-1.0)}
+    torch.save(checkpoint, last)
+
+    resumed = main(["fit", *args, "--trainer.max_epochs=3", f"--ckpt_path={last}"])
+    assert resumed.trainer.global_step == 3 * first.trainer.global_step
+    assert fingerprint(home) == before
+    for callback in resumed.trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        kept = [callback.best_model_path, callback.kth_best_model_path, *callback.best_k_models]
+        assert all(Path(path).parent == run / "checkpoints" for path in kept if path), kept
+
+
+def test_the_checkpoint_io_removes_only_in_a_folder_it_saves_into(tmp_path: Path) -> None:
+    home = sentinel_tree(tmp_path / "home")
+    before = fingerprint(home)
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"state_dict": dict()}, tmp_path / "run" / "checkpoints" / "epoch=0.ckpt")
+    for outside in (home, home / "data.csv", f"local://{home}", f"file://{home / 'notes'}", tmp_path / "run"):
+        with pytest.warns(UserWarning, match="not removed: not in a folder this run saves checkpoints into"):
+            io.remove_checkpoint(outside)
+    assert fingerprint(home) == before
+    (tmp_path / "run" / "checkpoints" / "link.ckpt").symlink_to(home / "data.csv")
+    io.remove_checkpoint(tmp_path / "run" / "checkpoints" / "link.ckpt")  # the link goes, not what it names
+    io.remove_checkpoint(tmp_path / "run" / "checkpoints" / "epoch=0.ckpt")
+    assert not any((tmp_path / "run" / "checkpoints").iterdir())
+    assert fingerprint(home) == before
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended (and was waited for)."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_partial_files_of_writers_that_are_gone_are_removed_and_no_other(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    host, gone, alive = socket.gethostname(), dead_pid(), os.getpid()
+    stale = [folder / f".last.ckpt.partial-{host}-{gone}", folder / f".epoch=1.ckpt.partial-{gone}"]
+    kept = [
+        folder / f".last.ckpt.partial-{host}-{alive}",  # a save in progress
+        folder / f".last.ckpt.partial-another-node-{gone}",  # another host's: its pid means nothing here
+        folder / f"notes.partial-{gone}",  # not a name our saves take
+    ]
+    for path in (*stale, *kept):
+        path.write_bytes(b"PK")
+    (folder / f".link.ckpt.partial-{gone}").symlink_to(tmp_path)
+    kept.append(folder / f".link.ckpt.partial-{gone}")
+    assert sorted(remove_stale_partials(folder)) == sorted(stale)
+    assert sorted(folder.iterdir()) == sorted(kept)
+
+
+KILL_WHILE_SAVING = textwrap.dedent(
+    """
+    import os, signal, sys
+    import torch
+    from {{ cookiecutter.package_name }}.cli import main
+
+    saves, real_save = [0], torch.save
+
+    def save(obj, file, *args, **kwargs):  # the process dies with half a checkpoint written, as under SIGKILL
+        saves[0] += 1
+        if saves[0] == int(os.environ["KILL_AT_SAVE"]):
+            file.write(b"PK half a checkpoint")
+            file.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_save(obj, file, *args, **kwargs)
+
+    torch.save = save
+    main(sys.argv[1:])
+    """
+)
+
+
+@pytest.mark.slow  # three fits in fresh processes
+def test_runs_killed_while_saving_and_resumed_end_with_no_partial_file(tmp_path: Path) -> None:
+    script = tmp_path / "kill_while_saving.py"
+    script.write_text(KILL_WHILE_SAVING)
+    args = [*shrunk_args(tmp_path), "--trainer.max_epochs=3", "--test_after_fit=false"]
+    args += ["--trainer.logger.init_args.version=killed"]
+    run = tmp_path / "logs" / "test" / "killed"
+    for attempt, kill_at in enumerate((3, 2, 0)):  # killed at its 3rd save, resumed and killed again, resumed
+        done = subprocess.run(
+            [sys.executable, str(script), "fit", *args, *(["--resume=true"] if attempt else [])],
+            cwd=ROOT,
+            env={**with_tests_importable(), "KILL_AT_SAVE": str(kill_at)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == (0 if kill_at == 0 else -9), done.stderr[-3000:]
+        if kill_at:
+            assert list((run / "checkpoints").glob(".*.partial-*")), "the kill left no partial file"
+    assert not list((run / "checkpoints").glob(".*partial*"))
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["epoch"] == 2  # the third epoch's: the run ended where an uninterrupted one does
+
+
+class RunsCode:
+    """A pickle that runs code when unpickled: it creates the file ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def distributed_checkpoint(folder: Path) -> Path:
+    """A distributed checkpoint folder as FSDP2Strategy writes it: torch's shards and .metadata, and meta.pt."""
+    import torch.distributed.checkpoint as dcp
+
+    with pytest.warns(UserWarning, match="assuming the intent is to save in a single process"):
+        weights = {"net.weight": torch.ones(2, 3)}
+        dcp.save({"state_dict": weights}, checkpoint_id=folder)
+    meta = {"epoch": 0, "global_step": 1, "callbacks": dict()}
+    torch.save(meta, folder / "meta.pt")
+    return folder
+
+
+def test_a_distributed_checkpoints_metadata_never_runs_code(tmp_path: Path) -> None:
+    good = distributed_checkpoint(tmp_path / "good" / "checkpoints" / "last.ckpt")
+    check_distributed_checkpoint(good)  # torch's own metadata classes pass
+    assert latest_checkpoint(tmp_path / "good") == good
+
+    marker = tmp_path / "ran"
+    bad = distributed_checkpoint(tmp_path / "bad" / "checkpoints" / "last.ckpt")
+    (bad / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
+    with pytest.raises(CheckpointError, match=r"\.metadata: not the metadata torch writes .*posix.system"):
+        check_distributed_checkpoint(bad)
+    assert latest_checkpoint(tmp_path / "bad") is None  # make resume passes it over
+    with pytest.raises(CheckpointError, match="not the metadata torch writes"):
+        consolidate(bad)
+    assert not marker.exists()
+
+
+def test_a_compressed_checkpoint_is_not_taken_to_resume(tmp_path: Path) -> None:
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    plain = folder / "epoch=0.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(4)}, "optimizer_states": []}, plain)
+    packed = folder / "last.ckpt"  # newer, deflated: small on disk, any size in memory
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as target:
+        for info in source.infolist():
+            target.writestr(info.filename, source.read(info.filename))
+    os.utime(packed, (plain.stat().st_mtime + 10,) * 2)
+    assert latest_checkpoint(tmp_path / "run") == plain
