@@ -64,6 +64,7 @@ PROJECT_FILES += ["scripts/agent_guides.py", "scripts/serve_load.py", "scripts/u
 PROJECT_FILES += ["scripts/check_lock.py"]
 # The README's reference material, one topic a file.
 DOCS = ["install", "configs", "performance", "clusters", "troubleshooting", "shipping", "prepared-data", "project"]
+DOCS += ["trust"]
 PROJECT_FILES += [f"docs/{name}.md" for name in DOCS]
 # The reusable core and the CLI: in every bake, whatever the task.
 PACKAGE_FILES = ["__init__.py", "__main__.py", "cli.py", "commands/__init__.py"]

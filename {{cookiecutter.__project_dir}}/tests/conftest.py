@@ -317,14 +317,11 @@ def fit_stopped_by_signal(args: list[str], step: int, name: str = "SIGTERM", tim
 
 
 def resume_as_printed(interrupted: Path) -> list[str]:
-    """The ``fit`` arguments an interrupted run prints to continue it: its own config, ``--resume=true`` and, when
-    the config names modules of the user's own (a test's callback), the ``--trust`` that vouches for them."""
+    """The ``fit`` arguments an interrupted run prints to continue it: its own config and ``--resume=true`` (a config
+    is code: the modules it names, a test's callback, need no ``--trust``)."""
     from {{ cookiecutter.package_name }}.engine.run_files import own_config
-    from {{ cookiecutter.package_name }}.engine.trust import modules_beyond_the_rule
 
-    config = own_config(interrupted.parent.parent)
-    vouched = modules_beyond_the_rule(config)
-    return [f"--config={config}", "--resume=true", *([f"--trust={','.join(vouched)}"] if vouched else [])]
+    return [f"--config={own_config(interrupted.parent.parent)}", "--resume=true"]
 
 
 def assert_same_training_state(expected_path: Path, actual_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import CONFIGS, shrunk_args, user_error
+from conftest import CONFIGS, shrunk_args
 from test_preemption import SignalAtStep
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -172,12 +172,10 @@ def test_a_users_own_datamodule_resumes_exactly_mid_epoch(tmp_path: Path) -> Non
     interrupted.trainer.callbacks.append(SignalAtStep(step=17))  # 210 training rows, 7 steps an epoch: mid epoch 2 of 3
     with pytest.raises(Preempted):
         interrupted.trainer.fit(interrupted.model, datamodule=interrupted.datamodule)
-    # As the interrupt says: the run's own config (the class switch is in it), and --trust for the module of
-    # the user's own it names (a run folder's config is data); refused in one line without it.
+    # As the interrupt says: the run's own config (the class switch is in it). A config is code: the module of the
+    # user's own it names is theirs, and the checkpoint may name it too, without --trust.
     config = own_config(run_dir(interrupted.trainer))
-    with user_error(r"data\.class_path names own_pieces\.OwnDataModule, outside .* --trust own_pieces"):
-        main(["fit", f"--config={config}", "--resume=true"])
-    resumed = main(["fit", f"--config={config}", "--resume=true", "--trust=own_pieces"])
+    resumed = main(["fit", f"--config={config}", "--resume=true"])
     assert_same_end_state(reference, resumed)
 
 

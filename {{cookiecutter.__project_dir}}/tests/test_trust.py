@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 from conftest import {{ "ROOT, " if cookiecutter.use_serving == "yes" else "" }}shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -522,28 +521,6 @@ def last_checkpoint_net(run: Path) -> Any:
     return torch.load(last_checkpoint(run), map_location="cpu", weights_only=True)["hyper_parameters"]["net"]
 
 
-# Lightning's warnings for a run folder resumed after it was copied elsewhere (its checkpoints' dirpath).
-@pytest.mark.filterwarnings("ignore:The dirpath has changed from")
-@pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
-@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
-def test_a_run_folders_config_is_data_too(trained_run: Path, tmp_path: Path, planted: tuple[str, Path]) -> None:
-    # make resume builds what <run>/config.yaml names: a callback added there is refused, not run.
-    module, marker = planted
-    folder = tmp_path / "run"
-    shutil.copytree(trained_run, folder)
-    (config,) = folder.rglob("config.yaml")
-    text = config.read_text()
-    assert "\n  callbacks:\n" in text
-    config.write_text(text.replace("\n  callbacks:\n", f"\n  callbacks:\n  - class_path: {module}.Net\n", 1))
-    with user_error(rf"config\.yaml: trainer\.callbacks\[0\]\.class_path names {module}\.Net, outside the modules"):
-        _resume(folder, last_checkpoint(folder))
-    assert not marker.exists() and module not in sys.modules
-    # Its own callbacks (Lightning's and this project's) still resume.
-    config.write_text(text)
-    resumed = main(["fit", *shrunk_args(folder), "--trainer.max_epochs=2", "--resume=true", "--test_after_fit=false"])
-    assert resumed.trainer.current_epoch == 2
-
-
 # ---- trust by type and position: every function and class of the package, and known gadgets -----------
 
 
@@ -727,28 +704,6 @@ def test_a_tensor_that_repeats_one_element_is_refused_before_it_expands(
         main(["fit", *shrunk_args(tmp_path / "resumed"), f"--ckpt_path={path}", "--trainer.max_epochs=2"])
 
 
-@pytest.mark.parametrize("subcommand", ["fit", "test"])
-@pytest.mark.parametrize("trust", [(), ("--trust=torch.fx",)])
-def test_a_run_folders_config_passed_with_config_is_data(
-    trained_run: Path, tmp_path: Path, subcommand: str, trust: tuple[str, ...]
-) -> None:
-    # A colleague's run folder whose config.yaml names torch.fx's exec gadget as the optimizer, passed as
-    # the error messages once advised (--config <run>/config.yaml): refused by the type at that position,
-    # even with its module vouched for. Fails with foreign configs parsed as the user's own.
-    folder = tmp_path / "run"
-    shutil.copytree(trained_run, folder)
-    (config,) = folder.rglob("config.yaml")
-    marker = tmp_path / "ran"
-    tree = yaml.safe_load(config.read_text())
-    tree["model"]["init_args"]["optimizer"] = _gadget_spec("torch.fx.graph_module.reduce_graph_module", marker)
-    config.write_text(yaml.safe_dump(tree))
-    gadget = r"torch\.fx\.graph_module\.reduce_graph_module"
-    refusal = "which is the function .*reduce_graph_module, not a class" if trust else "outside the modules a file may"
-    with user_error(rf"config\.yaml: model\.init_args\.optimizer\.class_path names {gadget}.*{refusal}"):
-        main([subcommand, *shrunk_args(tmp_path / "new"), f"--config={config}", *trust])
-    assert not marker.exists()
-
-
 # ---- files are data: what they hold is bounded, read once, and refused in one line -------------------
 
 
@@ -812,27 +767,6 @@ def test_a_truncated_or_foreign_test_summary_is_left_aside(trained_run: Path, tm
         (run / "test_metrics.json").write_text(text)
         assert read_test_metrics(run) is None
         assert best_checkpoint(folder).is_file()
-
-
-def test_a_run_config_that_names_another_file_or_aliases_itself_is_refused_at_once(
-    trained_run: Path, tmp_path: Path
-) -> None:
-    from {{ cookiecutter.package_name }}.engine.trust import check_run_config
-
-    folder = tmp_path / "run"
-    shutil.copytree(trained_run, folder)
-    (config,) = folder.rglob("config.yaml")
-    tree = yaml.safe_load(config.read_text())
-    if hasattr(os, "mkfifo"):
-        os.mkfifo(tmp_path / "trainer.yaml")  # read by jsonargparse, it would block make resume forever
-    with pytest.raises(UntrustedCheckpointError, match=r"trainer names the file 'trainer\.yaml'"):
-        check_run_config({**tree, "trainer": "trainer.yaml"}, config)
-    # YAML aliases: 6 KB of text, a tree of 10^12 values.
-    bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
-    bomb += "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 13))
-    bomb += "trainer:\n  max_epochs: *a12\n"
-    with pytest.raises(UntrustedCheckpointError, match="more than 100,000 values"):
-        check_run_config(yaml.safe_load(bomb), config)
 {%- if cookiecutter.use_pretrained == "yes" and cookiecutter.task != "tabular" %}
 
 

@@ -358,8 +358,8 @@ def check_members(path: Path) -> None:
 
 
 FITS_FIX = (
-    "Use the config the checkpoint was trained with: --config <run>/config.yaml, which is read as data (the classes "
-    "it names must be of the declared type; --trust MODULE for a module of yours it names)."
+    "Use the config the checkpoint was trained with: --config <run>/config.yaml (a config is code: read one you "
+    "received before you run it)."
 )
 
 

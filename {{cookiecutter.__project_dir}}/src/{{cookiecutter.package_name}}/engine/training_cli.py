@@ -5,7 +5,7 @@ option of the Trainer, the LightningModule and the LightningDataModule comes fro
 hints, configs stack with repeated ``--config``, and an unknown key or a wrong type stops the run
 with jsonargparse's message before anything is built or trained. What this adds is the run policy
 of every task: its options (``--resume``, ``--trust``, ``--test_after_fit``,
-``--float32_matmul_precision``), the trust rule on checkpoints and foreign configs, a checkpoint read
+``--float32_matmul_precision``), the trust rule on checkpoints (data; configs are code), a checkpoint read
 once and checked before anything runs, one-line errors, and the test of the best checkpoint after
 fit. The task's own ``cli.py`` holds only its links (which data attribute sets which model argument).
 """
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Literal
 
 import lightning as L
-import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info
@@ -69,9 +68,7 @@ from {{ cookiecutter.package_name }}.engine.trust import (
     PROJECT_PACKAGE,
     UntrustedCheckpointError,
     check_checkpoint,
-    check_run_config,
     checkpoint_arguments,
-    foreign_configs,
     loading,
     refusal_while_loading,
     trusted_by_arguments,
@@ -107,7 +104,7 @@ class TrainingCLI(LightningCLI):
 
     # fit --resume=true: the run's own config, and the arguments given on top of it that may change its model.
     resumed_with: tuple[Path, list[str]] | None = None
-    # (arguments, their file) when the objects are built from a checkpoint or a run folder: data, under the trust rule.
+    # (arguments, their file) when the objects are built from a checkpoint's arguments: data, under the trust rule.
     _building_from: tuple[object, Path | str] | None = None
     # The --ckpt_path checkpoint's model and DataModule arguments, read once when the arguments are parsed.
     _ckpt_arguments: dict | None = None
@@ -132,9 +129,9 @@ class TrainingCLI(LightningCLI):
             "--trust",
             type=str | None,
             default=None,
-            help="Modules (comma-separated) whose classes a config file outside configs/ (a run folder's "
-            "config.yaml) or a --ckpt_path checkpoint may name besides this project's, torch.nn, torch.optim "
-            "and Lightning's own; only for files you vouch for (docs/shipping.md: the trust rule).",
+            help="Modules (comma-separated) whose classes a --ckpt_path checkpoint may name besides this project's, "
+            "torch.nn, torch.optim and what the command line and its configs name; only for checkpoints you vouch "
+            "for (docs/trust.md).",
         )
         parser.add_argument(
             "--resume",
@@ -146,18 +143,10 @@ class TrainingCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         given = sys.argv[1:] if args is None else list(args)
-        # What the user vouches for: their own arguments, configs/ files and --trust. Any other config
-        # file (a run folder's config.yaml, a colleague's) and any checkpoint are data (engine/trust.py).
+        # What the user vouches for: the command line and the configs it names (configs/ and any --config: a config
+        # is code, whoever wrote it) and --trust. A checkpoint is data (engine/trust.py).
         self.trusted = (*trusted_by_arguments(given), *trusted_by_config_files())
-        foreign = foreign_configs(given)
-        for path, tree in foreign:
-            check_run_config(tree, path, self.trusted)  # the type at every position, before any import
-        if foreign:
-            self._building_from = ([tree for _, tree in foreign], foreign[0][0])
-            with loading(*self._building_from, self.trusted, also=LIGHTNING_OWN):
-                super().parse_arguments(parser, args)
-        else:
-            super().parse_arguments(parser, args)
+        super().parse_arguments(parser, args)
         # LightningCLI reads the checkpoint's hyperparameters right after parsing (they override
         # the model config, and jsonargparse imports the names in them): read it first, so a missing,
         # truncated or corrupt file is named, and check every name in it (engine/trust.py).
@@ -173,15 +162,12 @@ class TrainingCLI(LightningCLI):
             config = own_config(run_to_resume(self.config.fit.trainer))
             if config is not None:
                 rank_zero_info(f"Resuming with the run's own config, {config}, and the other arguments given")
+                self.trusted = (*self.trusted, *trusted_by_config_files([config]))
                 # The command line, rewritten, is passed as args: sys.argv is set aside meanwhile, or
                 # LightningCLI would warn that both were given (they are the same command).
-                tree = _yaml_or_text(config)
-                check_run_config(tree, config, self.trusted)  # a run folder's file is data
-                self._building_from = (tree, config)
                 argv, sys.argv = sys.argv, sys.argv[:1]
                 try:
-                    with loading(*self._building_from, self.trusted, also=LIGHTNING_OWN):
-                        super().parse_arguments(parser, with_own_config(given, config))
+                    super().parse_arguments(parser, with_own_config(given, config))
                 finally:
                     sys.argv = argv
                 others = [arg for arg in given if arg != "fit" and not arg.startswith(("--config", "--resume"))]
@@ -217,7 +203,7 @@ class TrainingCLI(LightningCLI):
             self.config = self.parser.parse_object({subcommand: model}, self.config)
 
     def instantiate_classes(self) -> None:
-        # Objects built from a checkpoint's arguments or a run folder's config: under the trust rule too.
+        # Objects built from a checkpoint's arguments: under the trust rule too.
         if self._building_from is None:
             return self._instantiate_classes()
         with loading(*self._building_from, self.trusted, also=LIGHTNING_OWN):
@@ -330,15 +316,6 @@ class TrainingCLI(LightningCLI):
         if self.config.fit.test_after_fit and not self.trainer.interrupted:
             evaluate_best_checkpoint(self.trainer, self.model, self.datamodule)
         report_profiler_files(self.trainer)
-
-
-def _yaml_or_text(config: Path) -> object:
-    """A run folder's config as data (its text when it is not YAML: the parser then says what is wrong)."""
-    text = config.read_text()
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
 
 
 def _option_keys(parser) -> list[str]:

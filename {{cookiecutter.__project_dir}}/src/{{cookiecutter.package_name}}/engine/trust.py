@@ -1,34 +1,33 @@
-"""Which code a checkpoint or a run folder may make this program import: the trust rule, enforced where imports happen.
+"""Which code a checkpoint may make this program import: the trust rule, enforced where imports happen.
 
-A checkpoint stores the arguments of the run's model and DataModule as data (``hyper_parameters``,
-``datamodule_hyper_parameters``), and a run folder its config (``config.yaml``). Loading either
-hands them to jsonargparse (Lightning's ``instantiate_module``, LightningCLI's ``--ckpt_path``,
-``make resume``), which imports a module for every name it finds where a class or a callable is
-expected, and reads a file for a path given where a class is expected. Importing a module runs
-its code, so such a file could decide what code runs. The rule is by type and position
-(:class:`Positions`), not by module:
+A checkpoint is data, whoever wrote it (docs/trust.md); a config file is code, like a ``.py`` file. A
+checkpoint stores the arguments of the run's model and DataModule (``hyper_parameters``,
+``datamodule_hyper_parameters``); loading it hands them to jsonargparse (Lightning's
+``instantiate_module``, LightningCLI's ``--ckpt_path``, ``make resume``), which imports a module for
+every name it finds where a class or a callable is expected, and reads a file for a path given where
+a class is expected. Importing a module runs its code, so such a file could decide what code runs.
+The rule is by type and position (:class:`Positions`), not by module:
 
-- every class a file names must be a **class** (never a function, method or builtin) that
+- every class a checkpoint names must be a **class** (never a function, method or builtin) that
   subclasses the type its position declares: a LightningModule for the model, a LightningDataModule
   for the data, ``nn.Module`` for ``net``, the constructor's annotation for any argument inside;
   every other argument is plain data (numbers, strings, lists and mappings of these);
 - the class must be defined in this project's package (never under ``commands/``, ``cli.py`` or
-  ``engine/training_cli.py``{{ ' or ``serving/``' if cookiecutter.use_serving == 'yes' else '' }}), ``torch.optim`` or ``torch.nn``; in a run folder's config,
-  Lightning's own callbacks, loggers, strategies and plugins too; or in the modules the user vouches for:
+  ``engine/training_cli.py``{{ ' or ``serving/``' if cookiecutter.use_serving == 'yes' else '' }}), ``torch.optim`` or ``torch.nn``, or in the modules the user vouches for:
   ``--trust my_lab.data`` on predict{{ ', export, serve, serve-bench' if cookiecutter.use_serving == 'yes' else '' }}{{ ', generate' if cookiecutter.task == 'language-model' else '' }} and
   ``python -m <package> fit|test|predict`` (``make predict TRUST=my_lab.data``),
   ``load_trained(path, trust=[...])`` in Python; besides, for ``fit``/``test``/``predict`` and
-  ``make resume``, the modules the user's own arguments and ``configs/`` files name (never those of a
-  run folder's ``config.yaml`` or of any other config file, which are data);
+  ``make resume``, the modules the command line and its config files name (``configs/`` and any
+  ``--config``: code the user runs);
 - a loading command builds only what it needs: a checkpoint's optimizer and schedule are never
   parsed (:func:`checkpoint_arguments`).
 
 A name is judged by what it resolves to (the object's own module), not by its prefix: the project's
 ``engine.checkpoints.os._exit`` is ``os._exit``. It is enforced in two places:
 
-- :func:`check_checkpoint` and :func:`check_run_config` check every argument against its position's
-  declared type first and refuse the file in one line naming the key; the keys ``hparams`` and
-  ``module_arguments`` and an ``_instantiator`` other than Lightning's own are refused outright;
+- :func:`check_checkpoint` checks every argument against its position's declared type first and
+  refuses the file in one line naming the key; the keys ``hparams`` and ``module_arguments`` and an
+  ``_instantiator`` other than Lightning's own are refused outright;
 - :func:`loading` wraps the parsing and building itself, so that a form nobody listed is refused too:
   jsonargparse's own import-path policy denies every value that names or resolves to something
   outside the rule; a ``sys.meta_path`` finder refuses to import any module that is neither in the
@@ -46,7 +45,6 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
-import itertools
 import os
 import site
 import sys
@@ -67,9 +65,8 @@ from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.engine.errors import causes
 
 PROJECT_PACKAGE = __name__.split(".")[0]
-_PROJECT_ROOT = Path(__file__).resolve().parents[3]  # src/<package>/engine/trust.py
 CLASSES_ONLY = ("torch.optim", "torch.nn")
-# What a run folder's config.yaml may name besides the rule for checkpoints: Lightning's own parts.
+# Lightning's own parts: the config (code) names them, and they are built with a checkpoint's arguments.
 LIGHTNING_PARTS = ("callbacks", "loggers", "strategies", "plugins", "profilers", "accelerators")
 LIGHTNING_OWN = tuple(f"lightning.pytorch.{part}" for part in LIGHTNING_PARTS)
 ARGUMENT_KEYS = ("hyper_parameters", "datamodule_hyper_parameters")
@@ -114,35 +111,6 @@ def check_checkpoint(checkpoint: dict[str, Any], path: str | Path, trust: Sequen
     for key, base in _argument_bases():
         if checkpoint.get(key) is not None:
             positions.saved_arguments(checkpoint[key], base, key)
-
-
-def check_run_config(tree: Any, path: str | Path, trust: Sequence[str] = ()) -> None:
-    """Refuse a run folder's ``config.yaml`` (or any config file that is not the project's own) unless it
-    builds classes of the declared base at every position: the Trainer's arguments by the Trainer's
-    signature (callbacks, loggers, strategies, plugins: Lightning's own classes or this project's),
-    ``model`` a LightningModule, ``data`` a LightningDataModule, the rest plain data.
-
-    Raises:
-        UntrustedCheckpointError: one line naming the key, the name and what it is.
-    """
-    if not isinstance(tree, dict):
-        return  # not a mapping: the parser says what is wrong with it, having imported nothing
-    positions = Positions(path, trust, also=LIGHTNING_OWN)
-    (_, model_base), (_, data_base) = _argument_bases()
-    for key, value in tree.items():
-        if key == "trainer" and isinstance(value, str):
-            # jsonargparse would read that file (relative to the working folder): a FIFO there never ends
-            raise UntrustedCheckpointError(
-                f"{path}: {key} names the file {value[:300]!r}; a config that is data names no other file: refused"
-            )
-        if key == "trainer" and isinstance(value, dict):
-            positions.arguments(value, L.Trainer, "trainer")
-        elif key == "model":
-            positions.value(value, model_base, "model")
-        elif key == "data":
-            positions.value(value, data_base, "data")
-        else:
-            positions.plain(value, str(key))
 
 
 def _argument_bases() -> tuple[tuple[str, type], tuple[str, type]]:
@@ -510,15 +478,18 @@ def _what(target: Any) -> str:
 
 
 def trusted_by_arguments(args: Sequence[str]) -> tuple[str, ...]:
-    """The modules the user vouches for on a command line: ``--trust a,b`` and the modules of every class or
-    callable the arguments name themselves (``--model.init_args.net=my_lab.Net``); never what a ``--config``
-    file names (its own rule: :func:`foreign_configs`)."""
+    """The modules the user vouches for on a command line: ``--trust a,b``, the modules of every class or
+    callable the arguments name themselves (``--model.init_args.net=my_lab.Net``), and those the ``--config``
+    files name: a config is code, whoever wrote it (docs/trust.md)."""
     modules: set[str] = set()
     previous = None
     for arg in args:
         flag, _, value = arg.partition("=") if arg.startswith("--") else (previous, "", arg)
         previous = arg if arg.startswith("--") and "=" not in arg else None
-        if flag in ("--config", "-c") or not value:
+        if not value:
+            continue
+        if flag in ("--config", "-c"):
+            modules |= set(trusted_by_config_files([value]))
             continue
         if flag == "--trust":
             modules |= set(trusted_modules(value))
@@ -527,44 +498,15 @@ def trusted_by_arguments(args: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted(module for module in modules if module))
 
 
-def modules_beyond_the_rule(config: str | Path) -> tuple[str, ...]:
-    """The modules a config file names outside what any file may name (this package, torch, Lightning's own):
-    what ``--trust`` must vouch for to load it as data (a run folder's ``config.yaml`` of a run started with
-    a DataModule of yours elsewhere)."""
-    try:
-        tree = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
-        names = [name for _, name, is_class_path in _names(tree, "config", 0, config) if is_class_path]
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, UntrustedCheckpointError):
-        return ()
-    allowed = (PROJECT_PACKAGE, *CLASSES_ONLY, *LIGHTNING_OWN)
-    return tuple(sorted({name.rpartition(".")[0] for name in names if not _within(name, allowed)} - {""}))
-
-
-def foreign_configs(args: Sequence[str]) -> list[tuple[Path, Any]]:
-    """The ``--config`` files of ``args`` that are not the project's own (``configs/``), each with its YAML:
-    a run folder's ``config.yaml``, a file from elsewhere. Their names are data (:func:`check_run_config`)."""
-    own = [folder.resolve() for folder in (Path("configs"), _PROJECT_ROOT / "configs") if folder.is_dir()]
-    paths = [value for flag, value in itertools.pairwise(args) if flag in ("--config", "-c")]
-    paths += [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
-    found = []
-    for path in map(Path, paths):
-        if not path.is_file() or any(path.resolve().is_relative_to(folder) for folder in own):
-            continue  # a missing file: jsonargparse names it
-        try:
-            found.append((path, yaml.safe_load(path.read_text(encoding="utf-8"))))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue  # engine.errors.check_config_files has named it already
-    return found
-
-
-def trusted_by_config_files(folder: str | Path = "configs") -> tuple[str, ...]:
-    """The modules named by the user's own config files (``configs/**/*.yaml``), which a run folder may name too."""
+def trusted_by_config_files(files: Sequence[str | Path] | None = None) -> tuple[str, ...]:
+    """The modules named by config files (by default the project's own, ``configs/**/*.yaml``): a config is code,
+    and a checkpoint may name what the configs of the command name."""
     modules: set[str] = set()
-    for config in sorted(Path(folder).glob("**/*.yaml")):
+    for config in sorted(Path("configs").glob("**/*.yaml")) if files is None else map(Path, files):
         try:
             tree = yaml.safe_load(config.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue  # not the user's config for this purpose; a run naming it fails on its own
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, UntrustedCheckpointError):
+            continue  # not a config this can read (the parser names what is wrong with it)
         modules |= {name.rpartition(".")[0] for _, name, _ in _names(tree, "config", 0, config)}
     return tuple(sorted(module for module in modules if module))
 
@@ -725,14 +667,14 @@ _AUDIT_HOOK: list[bool] = []  # an audit hook cannot be removed: added once, idl
 
 @contextmanager
 def loading(tree: Any, path: str | Path, trust: Sequence[str] = (), also: Sequence[str] = ()) -> Iterator[None]:
-    """Parse and build what ``tree`` names (a checkpoint's arguments, a run folder's config) under the trust rule.
+    """Parse and build what ``tree`` names (a checkpoint's arguments) under the trust rule.
 
     Inside, jsonargparse imports only values that name, and resolve to, the project's package,
     ``torch.optim``/``torch.nn``, ``trust`` and ``also`` (its import-path policy, set for the
     block and restored after); no module is imported that is neither trusted nor installed code
     (``sys.meta_path``); and while jsonargparse parses, no file whose path ``tree`` names is opened
     (an audit hook). ``trust``: modules the user vouches for; ``also``: what the kind of file may
-    name besides (``LIGHTNING_OWN`` for a run folder's config).
+    name besides (``LIGHTNING_OWN``).
 
     Raises:
         UntrustedCheckpointError: one line naming ``path``, the refused module, class or file, and

@@ -31,7 +31,6 @@ from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
 from {{ cookiecutter.package_name }}.engine.run_files import own_config
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
-from {{ cookiecutter.package_name }}.engine.trust import modules_beyond_the_rule
 
 
 class Preempted(SystemExit):
@@ -181,10 +180,7 @@ class PreemptionCheckpoint(Checkpoint):
             # Not requeued: the job must not end as if it had (exit 0 reads COMPLETED to SLURM).
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         own = own_config(folder) or "<your config>"  # the run's own config, saved when fit started
-        # A run folder's config is data: the modules of yours it names are vouched for on the command line.
-        vouched = modules_beyond_the_rule(own) if own_config(folder) else ()
-        trust = f" --trust {','.join(vouched)}" if vouched else ""
-        command = f"python -m {{ cookiecutter.package_name }} fit --config {own} --resume=true{trust}"
+        command = f"python -m {{ cookiecutter.package_name }} fit --config {own} --resume=true"
         rank_zero_info(f"Continue this run with `make resume` ({command})")
         raise Preempted(128 + received)
 
