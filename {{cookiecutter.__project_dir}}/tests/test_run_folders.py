@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from conftest import ROOT, shrunk_args, user_error, with_tests_importable
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from {{ cookiecutter.package_name }}.cli import main
-{%- if cookiecutter.task != "language-model" %}
+{%- if cookiecutter.task != "language-model" and cookiecutter.use_sweeps == "yes" %}
 from {{ cookiecutter.package_name }}.commands import cv
 {%- endif %}
 from {{ cookiecutter.package_name }}.engine.checkpoints import (
@@ -98,7 +99,7 @@ def test_a_failed_start_removes_only_what_it_wrote(tmp_path: Path) -> None:
         main(["fit", *shrunk_args(tmp_path), *logger_at(made), TOO_BIG_A_BATCH])
     assert not (tmp_path / "home" / "new").exists()
     assert fingerprint(thesis) == {key: value for key, value in before.items() if key.startswith(str(thesis))}
-{%- if cookiecutter.task != "language-model" %}
+{%- if cookiecutter.task != "language-model" and cookiecutter.use_sweeps == "yes" %}
 
 
 def test_cv_refuses_a_fold_folder_that_holds_files_and_keeps_them(tmp_path: Path, monkeypatch) -> None:
@@ -240,8 +241,9 @@ def distributed_checkpoint(folder: Path) -> Path:
     """A distributed checkpoint folder as FSDP2Strategy writes it: torch's shards and .metadata, and meta.pt."""
     import torch.distributed.checkpoint as dcp
 
-    with pytest.warns(UserWarning, match="assuming the intent is to save in a single process"):
-        weights = {"net.weight": torch.ones(2, 3)}
+    weights = {"net.weight": torch.ones(2, 3)}
+    with warnings.catch_warnings():  # torch's: "torch.distributed is disabled ... save in a single process"
+        warnings.simplefilter("ignore")
         dcp.save({"state_dict": weights}, checkpoint_id=folder)
     meta = {"epoch": 0, "global_step": 1, "callbacks": dict()}
     torch.save(meta, folder / "meta.pt")
@@ -275,3 +277,141 @@ def test_a_compressed_checkpoint_is_not_taken_to_resume(tmp_path: Path) -> None:
             target.writestr(info.filename, source.read(info.filename))
     os.utime(packed, (plain.stat().st_mtime + 10,) * 2)
     assert latest_checkpoint(tmp_path / "run") == plain
+
+
+# ---- every leaf of a checkpoint is data ----------------------------------------------------------------
+
+LEAF_DRIVER = textwrap.dedent(
+    """
+    import contextlib, io, json, resource, sys
+    from pathlib import Path
+    limit = int(sys.argv[2])
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    from conftest import shrunk_args
+    from {{ cookiecutter.package_name }}.cli import main
+    from {{ cookiecutter.package_name }}.engine.errors import UserError
+    from {{ cookiecutter.package_name }}.engine.inference import load_trained
+
+    for case in json.loads(open(sys.argv[1]).read()):
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+                if case["command"] == "load_trained":
+                    load_trained(case["path"])
+                else:  # fit --ckpt_path, a short epoch past the checkpoint's: resume reads every part of the file
+                    args = [*shrunk_args(Path(case["folder"])), f"--ckpt_path={case['path']}", "--test_after_fit=false"]
+                    args += ["--trainer.max_epochs=2", "--trainer.limit_train_batches=2"]
+                    args += ["--trainer.limit_val_batches=1"]
+                    main(["fit", *args])
+            outcome = "ran"
+        except SystemExit as stopped:
+            lines = [line for line in said.getvalue().splitlines() if line.startswith("error:")]
+            outcome = "refused" if stopped.code == 2 and len(lines) == 1 else f"exit {stopped.code}"
+        except UserError as error:
+            outcome = "refused" if "\\n" not in str(error) else "refused over several lines"
+        except Exception as error:  # a traceback: not a one-line refusal
+            outcome = f"traceback {type(error).__name__}: {str(error)[:120]}"
+        print(json.dumps({**case, "outcome": outcome}), flush=True)
+    """
+)
+
+
+def leaves(tree, where: tuple = ()):
+    """``(key path, value)`` for every leaf of a loaded checkpoint: what is not a dict, list or tuple."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from leaves(value, (*where, key))
+    elif isinstance(tree, list | tuple) and tree:
+        for index, value in enumerate(tree):
+            yield from leaves(value, (*where, index))
+    else:
+        yield where, tree
+
+
+def replaced(tree, where: tuple, value):
+    """``tree`` with the leaf at ``where`` replaced by ``value`` (a tuple on the way rebuilt as a tuple)."""
+    if not where:
+        return value
+    key, rest = where[0], where[1:]
+    if isinstance(tree, tuple):
+        return tuple(replaced(item, rest, value) if index == key else item for index, item in enumerate(tree))
+    copy = dict(tree) if isinstance(tree, dict) else list(tree)
+    copy[key] = replaced(tree[key], rest, value)
+    return copy
+
+
+def hostile_values(module: str, home: Path, fifo: Path) -> dict[str, object]:
+    deep: object = "x"
+    for _ in range(200):
+        deep = [deep]
+    return {
+        "class spec": {"class_path": f"{module}.Net", "init_args": dict(x=1)},
+        "dotted function": "os.system",
+        "path outside the run": str(home / "notes"),
+        "file URL": f"file://{home}",
+        "local URL": f"local://{home}",
+        "http URL": "http://127.0.0.1:9/x",
+        "FIFO": str(fifo),
+        "stride-0 tensor": torch.zeros(1).expand(4096, 4096),
+        "deep nesting": deep,
+        "wide mapping": {f"k{index}": index for index in range(200_000)},
+    }
+
+
+@pytest.mark.slow  # a few hundred loads and short resumes, in one process under a memory limit
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or sys.platform != "linux", reason="FIFOs and RLIMIT_AS: Linux")
+def test_every_leaf_of_a_checkpoint_is_data(tmp_path: Path) -> None:
+    # Each leaf of a real checkpoint (weights, hyper-parameters, optimizer, callback and loop states), sampled, is
+    # replaced in turn by each hostile value; load_trained and a resume read each file. (load_trained is what
+    # predict{{ ", export, serve" if cookiecutter.use_serving == "yes" else "" }}{{ ", generate" if cookiecutter.task == "language-model" else "" }} load with.)
+    # Nothing may run (a planted module leaves a mark when imported), change a file outside the run, hang (the
+    # process's timeout) or take memory past the limit (RLIMIT_AS); a refusal is one line.
+    import json
+    import random
+
+    first = main(["fit", *shrunk_args(tmp_path / "trained"), "--test_after_fit=false"])
+    checkpoint = torch.load(run_dir(first.trainer) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    module = "labtools_leaves"
+    (tmp_path / f"{module}.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    home = sentinel_tree(tmp_path / "home")
+    os.mkfifo(tmp_path / "fifo")
+    before = fingerprint(home)
+    values = hostile_values(module, home, tmp_path / "fifo")
+    # One leaf of each kind (list positions alike: the 625 words of Python's random state are one kind), sampled.
+    kinds: dict[tuple, tuple] = {}
+    for where, leaf in leaves(checkpoint):
+        kinds.setdefault(tuple("*" if isinstance(key, int) else key for key in where), (where, leaf))
+    sampled = random.Random(0).sample(sorted(kinds.values(), key=str), min(len(kinds), 24))
+    cases = []
+    for number, ((where, _), (label, value)) in enumerate((leaf, item) for leaf in sampled for item in values.items()):
+        path = tmp_path / "hostile" / f"{number}.ckpt"
+        path.parent.mkdir(exist_ok=True)
+        torch.save(replaced(checkpoint, where, value), path)
+        resumed = label in ("class spec", "local URL", "stride-0 tensor")  # a resume is a fit: three values each
+        for command in ("load_trained", "resume") if resumed else ("load_trained",):
+            folder = str(tmp_path / "runs" / f"{number}-{command}")
+            leaf = ".".join(map(str, where))
+            cases.append({"leaf": leaf, "value": label, "command": command, "path": str(path), "folder": folder})
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    (tmp_path / "driver.py").write_text(LEAF_DRIVER)
+    limit = 6 << 30  # bytes of address space: a few times a run's, far below what a stride-0 tensor made whole takes
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "cases.json"), str(limit)],
+        cwd=ROOT,
+        env={**with_tests_importable(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{with_tests_importable()['PYTHONPATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(cases)
+    assert not (tmp_path / "imported").exists(), "a hostile leaf imported the planted module"
+    assert fingerprint(home) == before
+    outcomes = {kind: sum(r["outcome"].startswith(kind) for r in results) for kind in ("ran", "refused", "traceback")}
+    print(f"{len(results)} cases: {outcomes}")
+    # What inference reads (weights, arguments, the DataModule's state) is refused in one line. A resume's loop,
+    # schedule and callback states of another type still end in Lightning's own error: safe (checked above), not
+    # yet one line.
+    loud = [r for r in results if r["command"] == "load_trained" and not r["outcome"].startswith(("ran", "refused"))]
+    assert loud == [], "\n".join(f"{r['leaf']} = {r['value']}: {r['outcome']}" for r in loud[:30])

@@ -12,6 +12,8 @@ renames it over the target (``os.replace``, atomic on POSIX and Windows) and fsy
 or the new one, whole{% if cookiecutter.task == "image-classification" %} (``tests/test_faults.py`` simulates both failures){% endif %}.
 """
 
+import builtins
+import collections
 import dataclasses
 import enum
 import errno
@@ -316,7 +318,12 @@ class _DistributedMetadataUnpickler(pickle.Unpickler):
             return found
         if isinstance(found, type) and issubclass(found, PurePath):
             return found
+        if (module, name) in _PLAIN_CONTAINERS:  # containers whose constructors only hold what they are given
+            return collections.OrderedDict if module == "collections" else getattr(builtins, name)
         raise pickle.UnpicklingError(f"unsupported global {module}.{name}")
+
+
+_PLAIN_CONTAINERS = {("collections", "OrderedDict"), *(("builtins", n) for n in ("set", "frozenset", "complex"))}
 
 
 def check_distributed_checkpoint(folder: Path) -> None:
@@ -374,10 +381,10 @@ def check_fits(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH, 
     missing = sorted(expected.keys() - saved.keys())
     unexpected = sorted(saved.keys() - expected.keys())
     shapes = [
-        f"{key}: checkpoint {tuple(saved[key].shape)} vs model {tuple(expected[key].shape)}"
+        f"{key}: checkpoint {_shape(saved[key])} vs model {tuple(expected[key].shape)}"
         for key in sorted(expected.keys() & saved.keys())
-        # Entries that are not tensors (a module's get_extra_state) have no shape.
-        if isinstance(saved[key], torch.Tensor) and tuple(saved[key].shape) != tuple(expected[key].shape)
+        # Entries that are not tensors in the model (a module's get_extra_state) have no shape.
+        if isinstance(expected[key], torch.Tensor) and _shape(saved[key]) != tuple(expected[key].shape)
     ]
     problems = [
         f"{label} ({len(items)}): {', '.join(items[:5])}{' ...' if len(items) > 5 else ''}"
@@ -386,6 +393,10 @@ def check_fits(checkpoint: dict[str, Any], model: torch.nn.Module, path: _PATH, 
     ]
     if problems:
         raise CheckpointError(f"{path} does not fit the configured model: " + "; ".join(problems) + ". " + fix)
+
+
+def _shape(value: Any) -> tuple[int, ...] | str:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else f"a {type(value).__name__}, not a tensor"
 
 
 def net_differences(checkpoint: dict[str, Any], hparams: Any) -> list[str]:
