@@ -327,9 +327,11 @@ def unused_code(project: Path) -> list[str]:
 # model's saved BPE); measured 3,922 / 3,962 / 4,311, the engine 5,547 / 5,533 / 5,533 lines, the room 996 / 969 /
 # 1,700. Then -80 / -80 / -61: configs are code (the design of 2026-12-01), so the check of a run folder's or a
 # --config file's classes by type and position, which only pretended to make a received config safe, is gone from
-# engine/trust.py and engine/training_cli.py; measured 3,842 / 3,882 / 4,250, the engine 5,432 / 5,418 / 5,448.
+# engine/trust.py and engine/training_cli.py; measured 3,842 / 3,882 / 4,250. Then +7 for a state_dict entry that
+# is not a tensor named by check_fits (it was load_state_dict's traceback) and the containers torch's distributed
+# metadata may hold; measured 3,849 / 3,889 / 4,257, the engine 5,443 / 5,429 / 5,459 lines.
 # (The design of 2026-12-01 retires these code-line bounds for an engine bound; issue 76 moves to it.)
-MINIMAL_CODE_LINES = {"image-classification": 3842, "tabular": 3882, "language-model": 4250}
+MINIMAL_CODE_LINES = {"image-classification": 3849, "tabular": 3889, "language-model": 4257}
 
 
 def code_lines(source: str) -> int:
