@@ -329,9 +329,10 @@ def unused_code(project: Path) -> list[str]:
 # --config file's classes by type and position, which only pretended to make a received config safe, is gone from
 # engine/trust.py and engine/training_cli.py; measured 3,842 / 3,882 / 4,250. Then +7 for a state_dict entry that
 # is not a tensor named by check_fits (it was load_state_dict's traceback) and the containers torch's distributed
-# metadata may hold; measured 3,849 / 3,889 / 4,257, the engine 5,443 / 5,429 / 5,459 lines.
+# metadata may hold; measured 3,849 / 3,889 / 4,257. Then +6: the enum members Python 3.11.2's pickle writes as
+# getattr(EnumClass, name) in that metadata; measured 3,855 / 3,895 / 4,263.
 # (The design of 2026-12-01 retires these code-line bounds for an engine bound; issue 76 moves to it.)
-MINIMAL_CODE_LINES = {"image-classification": 3849, "tabular": 3889, "language-model": 4257}
+MINIMAL_CODE_LINES = {"image-classification": 3855, "tabular": 3895, "language-model": 4263}
 
 
 def code_lines(source: str) -> int:

@@ -320,7 +320,16 @@ class _DistributedMetadataUnpickler(pickle.Unpickler):
             return found
         if (module, name) in _PLAIN_CONTAINERS:  # containers whose constructors only hold what they are given
             return collections.OrderedDict if module == "collections" else getattr(builtins, name)
+        if (module, name) == ("builtins", "getattr"):  # how some Python 3.11 releases pickle an enum member
+            return _enum_member
         raise pickle.UnpicklingError(f"unsupported global {module}.{name}")
+
+
+def _enum_member(cls: Any, name: Any) -> enum.Enum:
+    """``getattr(cls, name)`` for a member of an admitted enum, nothing else."""
+    if isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(name, str) and name in cls.__members__:
+        return cls[name]
+    raise pickle.UnpicklingError("getattr of anything but an enum member")
 
 
 _PLAIN_CONTAINERS = {("collections", "OrderedDict"), *(("builtins", n) for n in ("set", "frozenset", "complex"))}
