@@ -381,7 +381,7 @@ def test_every_leaf_of_a_checkpoint_is_data(tmp_path: Path) -> None:
     kinds: dict[tuple, tuple] = {}
     for where, leaf in leaves(checkpoint):
         kinds.setdefault(tuple("*" if isinstance(key, int) else key for key in where), (where, leaf))
-    sampled = random.Random(0).sample(sorted(kinds.values(), key=str), min(len(kinds), 24))
+    sampled = random.Random(0).sample(sorted(kinds.values(), key=str), min(len(kinds), 24))[:12]  # CI's time: 12
     cases = []
     for number, ((where, _), (label, value)) in enumerate((leaf, item) for leaf in sampled for item in values.items()):
         path = tmp_path / "hostile" / f"{number}.ckpt"
