@@ -270,7 +270,7 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
     return checkpoint
 
 
-def check_tensors(checkpoint: Any, path: _PATH, where: str = "", depth: int = 0) -> None:
+def check_tensors(checkpoint: Any, path: _PATH, where: str = "", depth: int = 0, seen: set[int] | None = None) -> None:
     """Refuse a tensor anywhere in a loaded checkpoint (weights, optimizer and callback states) that spans more
     elements than its storage holds: a stride-0 or overlapping view, which ``torch.save`` keeps as written. Such a
     tensor is a few bytes in the file and its shape is any size: a model built to fit it, or a copy of it,
@@ -289,13 +289,17 @@ def check_tensors(checkpoint: Any, path: _PATH, where: str = "", depth: int = 0)
                 "(strides that repeat elements): a file made to expand in memory, refused"
             )
         return
+    seen = set() if seen is None else seen
+    if id(checkpoint) in seen:  # a container shared many times (a 1.7 KB file of 10^12 values) is walked once
+        return
+    seen.add(id(checkpoint))
     items: Any = ()
     if isinstance(checkpoint, dict):
         items = checkpoint.items()
     elif isinstance(checkpoint, list | tuple):
         items = enumerate(checkpoint)
     for key, value in items:
-        check_tensors(value, path, f"{where}.{key}" if where else str(key), depth + 1)
+        check_tensors(value, path, f"{where}.{key}" if where else str(key), depth + 1, seen)
 
 
 def _span(tensor: torch.Tensor) -> int:
