@@ -270,7 +270,7 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
     return checkpoint
 
 
-def check_tensors(checkpoint: Any, path: _PATH, where: str = "", depth: int = 0, seen: set[int] | None = None) -> None:
+def check_tensors(checkpoint: Any, path: _PATH) -> None:
     """Refuse a tensor anywhere in a loaded checkpoint (weights, optimizer and callback states) that spans more
     elements than its storage holds: a stride-0 or overlapping view, which ``torch.save`` keeps as written. Such a
     tensor is a few bytes in the file and its shape is any size: a model built to fit it, or a copy of it,
@@ -279,27 +279,23 @@ def check_tensors(checkpoint: Any, path: _PATH, where: str = "", depth: int = 0,
     Raises:
         CheckpointError: naming the tensor's key, its shape and its storage's size.
     """
-    if depth > 64:
-        raise CheckpointError(f"{path}: nested more than 64 levels deep at {where or 'the top'}: not a checkpoint")
-    if isinstance(checkpoint, torch.Tensor):
-        storage = checkpoint.untyped_storage().nbytes() if checkpoint.device.type != "meta" else 0
-        if checkpoint.numel() and checkpoint.device.type != "meta" and storage < _span(checkpoint):
-            raise CheckpointError(
-                f"{path}: the tensor {where} of shape {tuple(checkpoint.shape)} is a view of {storage} bytes "
-                "(strides that repeat elements): a file made to expand in memory, refused"
-            )
-        return
-    seen = set() if seen is None else seen
-    if id(checkpoint) in seen:  # a container shared many times (a 1.7 KB file of 10^12 values) is walked once
-        return
-    seen.add(id(checkpoint))
-    items: Any = ()
-    if isinstance(checkpoint, dict):
-        items = checkpoint.items()
-    elif isinstance(checkpoint, list | tuple):
-        items = enumerate(checkpoint)
-    for key, value in items:
-        check_tensors(value, path, f"{where}.{key}" if where else str(key), depth + 1, seen)
+    stack: list[tuple[Any, str, int]] = [(checkpoint, "", 0)]
+    seen: set[int] = set()  # a container shared many times (a 1.7 KB file of 10^12 values) is walked once
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > 64:
+            raise CheckpointError(f"{path}: nested more than 64 levels deep at {where}: not a checkpoint")
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage().nbytes() if value.device.type != "meta" else 0
+            if value.numel() and value.device.type != "meta" and storage < _span(value):
+                raise CheckpointError(
+                    f"{path}: the tensor {where} of shape {tuple(value.shape)} is a view of {storage} bytes "
+                    "(strides that repeat elements): a file made to expand in memory, refused"
+                )
+        elif isinstance(value, dict | list | tuple) and id(value) not in seen:
+            seen.add(id(value))
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend((item, f"{where}.{key}" if where else str(key), depth + 1) for key, item in items)
 
 
 def _span(tensor: torch.Tensor) -> int:
