@@ -16,7 +16,7 @@ ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 
 CHOICES = {
     "license": ("MIT", "Apache-2.0", "BSD-3-Clause", "Proprietary"),
-    "python_version": ("3.10", "3.11", "3.12", "3.13"),
+    "python_version": ("3.11", "3.12", "3.13"),
     "logger": ("wandb", "tensorboard", "csv"),
     "precision": ("bf16-mixed", "16-mixed", "32-true"),
     "compile": ("yes", "no"),

@@ -82,14 +82,14 @@ PACKAGE_FILES += ["engine/runs.py", "serving/__init__.py", "serving/api.py", "se
 PACKAGE_FILES += ["engine/prepared.py", "engine/trust.py", "engine/training_cli.py"]
 PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
-    for name in ("__init__", "finetuning", "finite", "plots", "predictions", "preemption", "progress")
+    for name in ("__init__", "ema", "finetuning", "finite", "plots", "predictions", "preemption", "progress")
 ]
 PACKAGE_FILES += ["engine/callbacks/random_state.py", "engine/callbacks/summary.py"]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
 TEST_FILES += ["test_private_apis.py", "test_find.py"]
 TEST_FILES += ["own_pieces.py", "test_environment.py", "test_ship.py", "test_sweep.py", "test_prepared.py"]
 TEST_FILES += ["test_trust.py", "test_precision.py", "test_init_from.py"]
-TEST_FILES += ["test_run_folders.py"]
+TEST_FILES += ["test_run_folders.py", "test_documented_commands.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
 TASK_PACKAGE_FILES = {
     "image-classification": [

@@ -51,7 +51,7 @@ MATRIX = [
         "use_prepared": ("yes", "no")[i in (1, 2, 5)],  # off for image, tabular, language model (with serving)
         "use_pretrained": ("yes", "no")[i in (0, 3, 4)],  # off for image and language model with serving, tabular
         "license": QUESTIONS["license"][i % 4],
-        "python_version": QUESTIONS["python_version"][i % 4],
+        "python_version": QUESTIONS["python_version"][i % len(QUESTIONS["python_version"])],
         "project_name": f"Bake {i}",
     }
     for i, (logger, precision) in enumerate(product(LOGGERS, PRECISIONS))
@@ -330,9 +330,15 @@ def unused_code(project: Path) -> list[str]:
 # engine/trust.py and engine/training_cli.py; measured 3,842 / 3,882 / 4,250. Then +7 for a state_dict entry that
 # is not a tensor named by check_fits (it was load_state_dict's traceback) and the containers torch's distributed
 # metadata may hold; measured 3,849 / 3,889 / 4,257. Then +6: the enum members Python 3.11.2's pickle writes as
-# getattr(EnumClass, name) in that metadata; measured 3,855 / 3,895 / 4,263.
+# getattr(EnumClass, name) in that metadata; measured 3,855 / 3,895 / 4,263. Then -4: check_tensors walks with a
+# stack. 2026-12-02 (issue 75, every documented command runs and nothing is silently wrong): +63 / +63 / +62 for an
+# EMA whose decay warms up (engine/callbacks/ema.py; the fixed 0.999 made the default tabular run worse) and says
+# which weights a command loads, an experiment or preset given as the whole config refused in one line, the best
+# checkpoint of the newest run even when it is a folder of shards, the files tools write told from a corpus's
+# __init__.py and reported, rows per split and class in the table's report, an interrupted cv's own command, and
+# reduce-overhead on a CPU said; measured 3,917 / 3,958 / 4,326 (the image report names the tools' files too).
 # (The design of 2026-12-01 retires these code-line bounds for an engine bound; issue 76 moves to it.)
-MINIMAL_CODE_LINES = {"image-classification": 3855, "tabular": 3895, "language-model": 4263}
+MINIMAL_CODE_LINES = {"image-classification": 3917, "tabular": 3958, "language-model": 4326}
 
 
 def code_lines(source: str) -> int:
@@ -503,7 +509,7 @@ def test_the_documented_torch_choices_reach_uv_as_written_and_the_default_follow
             check=True,
         ).stdout
         (line,) = [line for line in dry.splitlines() if "uv pip install --compile-bytecode --no-config" in line]
-        assert line.endswith(f"/bin/python {torch}"), (args, line)
+        assert line.split(" || ")[0].endswith(f"/bin/python {torch}"), (args, line)
     # torchvision (and timm beside it): the release built for the installed torch, which the same command pins.
     for target, packages in (("torchvision", "torchvision"), ("timm", "timm torchvision")):
         dry = subprocess.run(
@@ -523,6 +529,28 @@ def locked_versions(lock: Path) -> dict[str, set[str]]:
     for package in tomllib.loads(lock.read_text())["package"]:
         versions.setdefault(package["name"], set()).add(package["version"])
     return versions
+
+
+@pytest.mark.parametrize("python_version", QUESTIONS["python_version"])
+def test_every_offered_python_version_resolves(cookies, monkeypatch, python_version: str) -> None:
+    """An offered answer installs: the hook's `uv lock` resolves every extra for requires-python >= the answer.
+
+    (3.10 was offered while onnxruntime>=1.32, the export extra, needs 3.11: its bakes had no uv.lock.)
+    """
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent))
+    if uv is None:
+        pytest.skip("needs uv beside this Python")
+    found = subprocess.run(
+        [uv, "python", "find", python_version], capture_output=True, env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+    )
+    if found.returncode != 0:  # uv locks with an interpreter the answer admits, and would download one
+        pytest.skip(f"no Python {python_version} on this machine (a lock for the lowest answer covers every later one)")
+    monkeypatch.setenv("TORCH_TEMPLATE_LOCK", "1")
+    monkeypatch.setenv("UV_CACHE_DIR", UV_CACHE_DIR)
+    project = bake(cookies, python_version=python_version)  # every use_* answer yes: every extra
+    lock = tomllib.loads((project / "uv.lock").read_text())
+    assert lock["requires-python"] == f">={python_version}"
+    assert {"onnxruntime", "optuna", "lightning"} <= {package["name"] for package in lock["package"]}
 
 
 def test_a_bake_is_locked_and_make_install_installs_exactly_its_lock(cookies, monkeypatch) -> None:
@@ -547,6 +575,14 @@ def test_a_bake_is_locked_and_make_install_installs_exactly_its_lock(cookies, mo
     subprocess.run(relock, cwd=project, env=env, capture_output=True, text=True, check=True)
     versions = locked_versions(project / "uv.lock")
     assert versions["rich"] == {"13.9.4"}
+    # A torch build this machine cannot fetch: one line naming it and the way out, after uv's own reason.
+    missing = project / "nowhere" / "torch-0-py3-none-any.whl"
+    done = subprocess.run(["make", "install", f"TORCH={missing}"], cwd=project, env=env, capture_output=True, text=True)
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (
+        f'make install: could not install torch as TORCH="{missing}" (uv\'s reason above); name a build this '
+        "machine can reach, e.g. TORCH=torch (PyPI) or TORCH=/path/to/torch-*.whl"
+    ) in done.stderr.splitlines()  # then make's own "*** [Makefile:<line>: install] Error 2"
     done = subprocess.run(["make", "install", f"TORCH={wheel}"], cwd=project, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "uv venv --seed" in done.stdout and "uv sync --compile-bytecode --locked" in done.stdout

@@ -27,14 +27,10 @@ import argparse
 import os
 import re
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: pip's own copy of tomli (every venv has pip)
-    from pip._vendor import tomli as tomllib
 
 PYPI = "https://pypi.org/simple"
 PYPI_HOSTS = {"pypi.org", "files.pythonhosted.org"}

@@ -2,12 +2,15 @@
 parent folder, and an interrupted cross-validation that continues at its fold and ends as a straight one."""
 
 import json
+import logging
+import os
+import signal
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 from conftest import shrunk_args, user_error
-from test_resume import StopAfterEpoch
 
 from {{ cookiecutter.package_name }}.cli import main as cli_main
 from {{ cookiecutter.package_name }}.commands import cv
@@ -50,12 +53,23 @@ def test_the_datamodule_serves_the_fold_it_is_given(tmp_path: Path) -> None:
         cli_main([*shrunk_args(tmp_path), "--data.init_args.num_folds=3", "--data.init_args.fold=3"], run=False)
 
 
+class CtrlCAtStep(L.Callback):
+    """Sends this process SIGINT (Ctrl-C) after training step ``step``: the PreemptionCheckpoint saves and stops."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 def cv_args(tmp_path: Path) -> list[str]:
     return [*shrunk_args(tmp_path), "--trainer.max_epochs=2", "--trainer.deterministic=true"]
 
 
 def test_an_interrupted_cv_continues_at_its_fold_and_ends_as_a_straight_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / "straight").mkdir()
     monkeypatch.chdir(tmp_path / "straight")
@@ -78,16 +92,18 @@ def test_an_interrupted_cv_continues_at_its_fold_and_ends_as_a_straight_one(
 
     def interrupted_in_fold_1(given: list[str], run: bool = True):
         if run and "--data.init_args.fold=1" in given and "--resume=true" not in given:
-            cli = real(given[1:], run=False)  # fold 1 stops after its first epoch, and the process ends
-            cli.trainer.callbacks.append(StopAfterEpoch(epoch=0))
+            cli = real(given[1:], run=False)  # fold 1 gets a Ctrl-C in its first epoch
+            cli.trainer.callbacks.append(CtrlCAtStep(step=3))
             cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-            raise SystemExit(1)
         return real(given, run)
 
     monkeypatch.setattr(cv, "run_cli", interrupted_in_fold_1)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit), caplog.at_level(logging.INFO):
         cv.cross_validate([], args, 3, "tiny")
     assert sorted(json.loads(Path("logs/cv/tiny/cv.json").read_text())["results"]) == ["0"]
+    # The command to continue is the cross-validation's, not `make resume` (which continues one fold's run alone).
+    assert "Continue this run with `make cv` again with the same arguments (it continues fold 1)" in caplog.text
+    assert "make resume" not in caplog.text
 
     def counting(given: list[str], run: bool = True):
         if run:

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -12,6 +13,9 @@ from conftest import CONFIGS, ROOT, assert_ddp_run_resumes_exactly, fit_in_subpr
 
 from {{ cookiecutter.package_name }}.data import DigitsDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, read_checkpoint
+from {{ cookiecutter.package_name }}.engine.errors import MissingFileError
+from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
+from {{ cookiecutter.package_name }}.engine.sharding import consolidate
 from {{ cookiecutter.package_name }}.models import ImageClassifier
 
 
@@ -45,10 +49,16 @@ def test_ddp_on_two_cpu_processes_reaches_world_size_two(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_torchrun_on_two_cpu_processes_reaches_world_size_two(tmp_path: Path) -> None:
-    # `make train-ddp NPROC=2` with the shrunk overrides; the Makefile passes the config and devices.
+def test_torchrun_with_the_fsdp2_preset_reaches_world_size_two_and_predict_takes_its_checkpoint(tmp_path: Path) -> None:
+    # `make train-ddp NPROC=2 ARGS="--config configs/presets/fsdp2.yaml"` as the preset documents it, with the
+    # shrunk overrides: the preset's `devices: auto` must not undo the Makefile's two processes (it did).
     args = [arg for arg in shrunk_args(tmp_path) if not arg.startswith(("--config=", "--trainer.devices="))]
-    args.append("--trainer.max_epochs=3")  # 10 steps per process and epoch
+    args += [f"--config={CONFIGS / 'presets' / 'fsdp2.yaml'}", "--trainer.max_epochs=3"]  # 10 steps a process
+    # An older run with a single-file checkpoint: make predict fell back to it without a word.
+    older = tmp_path / "logs" / "older" / "version_0" / "checkpoints" / "epoch=0-step=1.ckpt"
+    older.parent.mkdir(parents=True)
+    older.write_bytes(b"")
+    os.utime(older, (1, 1))
     done = subprocess.run(
         ["make", "train-ddp", "NPROC=2", f"PYTHON={sys.executable}", "ARGS=" + " ".join(args)],
         cwd=ROOT,
@@ -62,6 +72,13 @@ def test_torchrun_on_two_cpu_processes_reaches_world_size_two(tmp_path: Path) ->
     assert summary["metrics"]["test/acc"] > 0.5  # 30 steps
     (run,) = (tmp_path / "logs" / "test").iterdir()  # every process named the run after torchrun's id
     assert run.name.startswith("ddp-torchrun-"), run.name
+    # The newest run is the one predicted: its best checkpoint is a folder of shards, so the command says how
+    # to gather it; once gathered, that file is taken.
+    (best,) = [path for path in run.glob("checkpoints/*.ckpt") if path.name != "last.ckpt"]
+    with pytest.raises(MissingFileError, match=rf"{re.escape(str(best))}, is a distributed one .* sharding {best}"):
+        best_checkpoint(tmp_path / "logs")
+    gathered = consolidate(best)
+    assert best_checkpoint(tmp_path / "logs") == gathered
 
 
 @pytest.mark.slow

@@ -32,6 +32,15 @@ def test_a_yaml_syntax_error_in_a_file_a_config_names_names_that_file(tmp_path: 
         main(["fit", *shrunk_args(tmp_path), f"--config={configs / 'default.yaml'}"])
 
 
+@pytest.mark.parametrize("overlay", sorted(p.relative_to(ROOT).as_posix() for p in CONFIGS.glob("*/*.yaml")))
+def test_an_overlay_given_as_the_whole_config_says_how_to_give_it(overlay: str, monkeypatch) -> None:
+    # `make train CONFIG=configs/experiments/<name>.yaml` (and every command taking CONFIG): the file sets only what it
+    # changes, so alone it failed deep in the parse ("the following arguments are required: fit.model").
+    monkeypatch.chdir(ROOT)
+    with user_error(rf"^{overlay} is an overlay on a whole config, not one: .*ARGS=\"--config {overlay}\""):
+        main(["fit", "--config", overlay, "--trainer.max_epochs=1"])
+
+
 def test_a_value_a_class_refuses_is_reported_alone(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # The constructor's own message, without jsonargparse's type-union noise around it.
     with user_error(r"^model\.init_args\.net\.init_args\.dropout must be in \[0, 1\), got 1\.5$"):

@@ -3,6 +3,7 @@ written into a find folder of its own; the configs untouched, one device only.""
 
 import hashlib
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -60,8 +61,11 @@ def test_find_batch_size_suggests_the_largest_size_that_ran(tmp_path: Path, monk
     assert cli_main([*shrunk_args(tmp_path), given], run=False).datamodule.batch_size == 8
 
 
-def test_find_batch_size_never_suggests_more_than_the_training_split(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_find_batch_size_never_suggests_more_than_the_training_split(
+    tmp_path: Path, monkeypatch, capsys, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO)
     # Lightning's search runs one batch larger than the split (it stops only once a size reaches it);
     # make train refuses a batch larger than the split, so the suggestion is the split's size at most.
 {%- if cookiecutter.task == "language-model" %}
@@ -75,6 +79,10 @@ def test_find_batch_size_never_suggests_more_than_the_training_split(tmp_path: P
     result = json.loads((folder / "batch_size.json").read_text())
     assert result["suggestion"] == result["train_samples"] > 0
     assert "limited by the training split" in capsys.readouterr().out
+    # One answer: Lightning's own ("will continue with full run using batch size <larger>") is not said, nor
+    # its note on the Tuner's checkpoint ("`weights_only` was not set").
+    assert "Finished batch size finder" not in caplog.text and "weights_only" not in caplog.text
+    assert "Batch size 2 succeeded" in caplog.text  # the search's progress is
 
 
 @pytest.mark.parametrize(

@@ -479,7 +479,7 @@ def test_a_train_folder_alone_gives_all_three_splits(tmp_path: Path) -> None:
 
 
 def test_a_folder_copied_from_a_mac_or_a_notebook_reads_its_nested_images_and_leaves_the_rest_out(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A class folder's images at any depth count, as torchvision's ImageFolder reads them (they were left
     # out without a word); what a Mac, a zip made on one and Jupyter leave beside them is no class and no image.
@@ -497,8 +497,12 @@ def test_a_folder_copied_from_a_mac_or_a_notebook_reads_its_nested_images_and_le
     shutil.copy(root / "vertical" / "0.png", root / ".ipynb_checkpoints" / "0-checkpoint.png")
     data = ImageFolderDataModule(root=str(root), image_size=16, batch_size=8)
     assert data.class_names == list(CLASSES)
-    data.setup("fit")
+    with caplog.at_level(logging.INFO):
+        data.setup("fit")
     assert sum(len(split) for split in (data.train_set, data.val_set, data.test_set)) == 64  # 24 + 20 + 20
+    # The run's report says what it left out: the three ._0.png copies, __MACOSX's and the notebook's copy.
+    assert "64 files" in caplog.text
+    assert "5 left out as tools' files (.ipynb_checkpoints/0-checkpoint.png, " in caplog.text
     ids, images = data.read_inputs(str(root / "blobs"))  # INPUTS= reads a folder the same way
     assert len(ids) == 24 and "2026/march/3.png" in ids and not [i for i in ids if "/." in f"/{i}"]
     assert images.shape == (24, 3, 16, 16)

@@ -207,6 +207,28 @@ def test_suffixes_pick_the_files_a_folder_is_read_from(tmp_path: Path) -> None:
         TextDataModule(path=str(folder), suffixes=())
 
 
+def test_a_python_corpus_keeps_the_names_users_write_and_reports_what_tools_wrote(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A package's __init__.py and __main__.py are code someone wrote (the old rule, every name starting with
+    # "__", dropped them silently); __pycache__ and hidden copies are a tool's, left out and said so.
+    folder = tmp_path / "corpus"
+    (folder / "pkg" / "__pycache__").mkdir(parents=True)
+    (folder / "pkg" / "__init__.py").write_text("from pkg.core import run\n" * 20)
+    (folder / "pkg" / "__main__.py").write_text("run()\n" * 20)
+    (folder / "pkg" / "core.py").write_text("def run():\n    return 42\n" * 20)
+    (folder / "pkg" / "__pycache__" / "core.cpython-311.py").write_text("a tool's copy\n" * 20)
+    (folder / ".hidden.py").write_text("an editor's backup\n" * 20)
+    read = checked_text_files(folder, (".py",))
+    names = [path.relative_to(folder).as_posix() for path in read]
+    assert names == [f"pkg/{name}.py" for name in ("__init__", "__main__", "core")]
+    data = TextDataModule(path=str(folder), suffixes=(".py",), block_size=8, val_fraction=0.2, test_fraction=0.2)
+    with caplog.at_level(logging.INFO):
+        assert len(data.splits) == 3
+    (line,) = [line for line in caplog.text.splitlines() if "Text of " in line]
+    assert f"data.path={folder}: 3 file(s), 2 left out as tools' files (.hidden.py, pkg/__pycache__/core" in line
+
+
 def test_a_run_reports_the_files_bytes_tokenizer_and_tokens_per_split_it_read(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

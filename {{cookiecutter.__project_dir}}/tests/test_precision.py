@@ -1,5 +1,6 @@
 """Precision rules (engine/precision.py) that hold on any machine: a fused optimizer under bf16-mixed."""
 
+import logging
 from pathlib import Path
 
 import lightning as L
@@ -98,9 +99,12 @@ class StepLosses(L.Callback):
 
 
 @pytest.mark.slow
-def test_the_cuda_graphs_preset_trains_to_the_eager_losses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cuda_graphs_preset_trains_to_the_eager_losses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # On a CPU, compile_mode reduce-overhead compiles without graphs; the run still takes the preset's
     # path (the compiled net, each step marked for CUDA graph trees) with clipping and the NaN guard on.
+    caplog.set_level(logging.INFO)
     marks = []
     mark = torch.compiler.cudagraph_mark_step_begin
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1) or mark())
@@ -115,6 +119,7 @@ def test_the_cuda_graphs_preset_trains_to_the_eager_losses(tmp_path: Path, monke
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         losses[name] = torch.tensor(record.losses)
     assert cli.model.hparams.compile_mode == "reduce-overhead" and len(marks) == steps
+    assert "compile_mode=reduce-overhead: on cpu it compiles without CUDA graphs" in caplog.text  # said, not silent
     assert len(losses["eager"]) == steps
     torch.testing.assert_close(losses["graphs"], losses["eager"], rtol=1e-3, atol=1e-5)
 

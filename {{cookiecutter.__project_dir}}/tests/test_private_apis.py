@@ -139,7 +139,7 @@ PRIVATE_USES = [
         "engine/training_cli.py",
         "the option keys of the CLI's parser and its subcommands': a mistyped key's one-line error names the "
         "closest accepted one; argparse has no public list of its actions",
-        "Python 3.10 to 3.13, jsonargparse 4.53",
+        "Python 3.11 to 3.13, jsonargparse 4.53",
         lambda: all(hasattr(action, "dest") for action in argparse.ArgumentParser(prog="p")._actions),
     ),
     PrivateUse(

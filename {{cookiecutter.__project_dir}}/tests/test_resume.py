@@ -1,6 +1,7 @@
 """Exact resume: a run stopped mid-epoch or at an epoch boundary and resumed ends identical to an uninterrupted run."""
 
 import contextlib
+import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.cli import CLI, main
 from {{ cookiecutter.package_name }}.engine.callbacks import RunPlots
+from {{ cookiecutter.package_name }}.engine.callbacks.ema import warmup_ema_update
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
 from {{ cookiecutter.package_name }}.engine.datamodule import ResumableDataModule, TensorBatches
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
@@ -117,17 +119,27 @@ def test_stop_at_an_epoch_boundary_resumes_exactly(reference: CLI, tmp_path: Pat
 
 @pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
-def test_the_ema_preset_ships_the_averaged_weights_and_resumes_both_exactly(tmp_path: Path) -> None:
+def test_the_ema_preset_ships_the_averaged_weights_and_resumes_both_exactly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture
+) -> None:
     ema = f"--config={CONFIGS / 'presets' / 'ema.yaml'}"
-    straight = main(["fit", *shrunk_args(tmp_path / "straight"), *EXACT, ema])
+    with caplog.at_level(logging.INFO):
+        straight = main(["fit", *shrunk_args(tmp_path / "straight"), *EXACT, ema])
+    steps = straight.trainer.global_step
+    assert (  # the run says which weights it validates, and that a short run ends warming up
+        "EMA: validation, checkpoints and the test use the moving average of the weights (decay 0.999, warming up "
+        f"over 8990 steps; this run's {steps} steps end inside it, then about the last 1000 steps)"
+    ) in caplog.text
     best = Path(straight.trainer.checkpoint_callback.best_model_path)
     checkpoint = torch.load(best, map_location="cpu", weights_only=True)
     averaged, live = checkpoint["state_dict"], checkpoint["current_model_state"]
     assert averaged.keys() == live.keys()
     assert any(not torch.equal(averaged[key], live[key]) for key in averaged)  # two sets of weights
     # What make predict, export and serve build from the checkpoint: the averaged weights.
+    capsys.readouterr()
     shipped = load_trained(best).model.state_dict()
     assert all(torch.equal(shipped[key], averaged[key]) for key in averaged)
+    assert f"{best}: the moving average of the weights (the ema preset's)" in capsys.readouterr().err  # and said
 
     args = [*shrunk_args(tmp_path / "resumed"), *EXACT, ema]
     stopped = main(args, run=False)
@@ -142,6 +154,16 @@ def test_the_ema_preset_ships_the_averaged_weights_and_resumes_both_exactly(tmp_
     for key in ("state_dict", "current_model_state", "averaging_state"):  # the live ones and the average's count
         assert last[key].keys() == expected[key].keys()
         assert all(torch.equal(last[key][name], expected[key][name]) for name in expected[key]), key
+
+
+def test_the_ema_decay_warms_up_with_the_count_of_updates() -> None:
+    # TensorFlow's num_updates rule, min(decay, (1 + n) / (10 + n)): update 1 keeps 2/11 of the average (a
+    # fixed 0.999 kept 999/1000 of the random start), update 10,000 the full decay; counts are copied.
+    for count, kept in ((1, 2 / 11), (90, 91 / 100), (10_000, 0.999)):
+        average, count_buffer = torch.zeros(3), torch.tensor(5)
+        warmup_ema_update([average, count_buffer], [torch.ones(3), torch.tensor(7)], torch.tensor(count), decay=0.999)
+        torch.testing.assert_close(average, torch.full((3,), 1 - kept))
+        assert count_buffer.item() == 7
 
 
 @contextlib.contextmanager

@@ -198,6 +198,15 @@ def test_drop_columns_keeps_a_column_from_the_model_and_every_column_is_reported
     assert "numeric, standardised with training statistics (2): x1 (+ missing indicator), x2" in report
     assert "categorical, one-hot over training values (1): colour (3 values)" in report
     assert "dropped (data.drop_columns) (1): row_id" in report
+    # Rows, and rows of each class, in each split (what the image folders' report gives too).
+    splits = data.split_rows
+    assert f"rows (train/val/test): {len(splits['train'])}/{len(splits['val'])}/{len(splits['test'])}" in report
+    labels = frame["label"].astype(str).to_numpy()
+    per_class = [
+        f"{name} " + "/".join(str((labels[splits[s]] == name).sum()) for s in ("train", "val", "test"))
+        for name in data.preprocessing["classes"]
+    ]
+    assert f"rows per class (train/val/test): {', '.join(per_class)}" in report
     # Predicting needs only the columns the model uses: the id may be absent.
     assert data.encode(frame.drop(columns=["row_id", "label"]).head(3)).shape == (3, 6)
     for wrong in (["rowid"], ["label"]):

@@ -31,6 +31,7 @@ from pathlib import Path
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from {{ cookiecutter.package_name }}.cli import main as cli_main
+from {{ cookiecutter.package_name }}.engine.callbacks import PreemptionCheckpoint
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.runs import finish_logger_runs, run_dir
 
@@ -133,12 +134,17 @@ def cross_validate(configs: list[str], cli_args: list[str], folds: int, name: st
     path = parent / "cv.json"
     state = load_state(path, folds, args)
     parent.mkdir(parents=True, exist_ok=True)
-    for fold in range(folds):
-        if str(fold) in state["results"]:
-            continue
-        state["results"][str(fold)] = run_fold(args, parent, folds, fold)
-        state["summary"] = summarize(state["results"])
-        save_state(path, state)
+    try:
+        for fold in range(folds):
+            if str(fold) in state["results"]:
+                continue
+            # An interrupted fold continues with the cross-validation, not `make resume` (its own run alone).
+            PreemptionCheckpoint.continue_with = f"`make cv` again with the same arguments (it continues fold {fold})"
+            state["results"][str(fold)] = run_fold(args, parent, folds, fold)
+            state["summary"] = summarize(state["results"])
+            save_state(path, state)
+    finally:
+        PreemptionCheckpoint.continue_with = None
     report(state, path)
     return state
 

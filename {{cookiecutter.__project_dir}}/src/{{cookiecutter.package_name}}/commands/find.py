@@ -30,6 +30,7 @@ the batch size first, then the learning rate at that batch size.
 
 import argparse
 import json
+import logging
 import math
 import sys
 from datetime import datetime
@@ -52,6 +53,17 @@ LR_OPTION = "model.init_args.optimizer.init_args.lr"
 BATCH_SIZE_OPTION = "data.init_args.batch_size"
 # Optimizer steps (and validation batches) run at each batch size tried: Lightning's default.
 STEPS_PER_TRIAL = 3
+# Lightning's lines that this command says better: the Tuner saves its starting point without naming
+# weights_only ("`weights_only` was not set, defaulting to `False`"), and its batch-size answer comes before
+# the training split's cap below ("will continue with full run using batch size 486", then ours: 397).
+TUNER_NOISE = {
+    "lightning.pytorch.trainer.connectors.checkpoint_connector": "`weights_only` was not set",
+    "lightning.pytorch.tuner.batch_size_scaling": "Finished batch size finder",
+}
+
+
+def _drop_tuner_noise(record: logging.LogRecord) -> bool:
+    return TUNER_NOISE.get(record.name, "\0") not in record.getMessage()
 
 
 def build(what: str, configs: list[str], cli_args: list[str], steps: int):
@@ -68,6 +80,8 @@ def build(what: str, configs: list[str], cli_args: list[str], steps: int):
     # ends it, not the config's max_epochs of a short split (the schedule is built for as many steps).
     # The arguments are handed over as ``args``; sys.argv is set aside meanwhile, or LightningCLI would
     # warn that both were given.
+    for name in TUNER_NOISE:
+        logging.getLogger(name).addFilter(_drop_tuner_noise)
     argv, sys.argv = sys.argv, sys.argv[:1]
     try:
         cli = cli_main(

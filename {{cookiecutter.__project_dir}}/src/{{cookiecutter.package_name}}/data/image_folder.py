@@ -63,12 +63,13 @@ from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.contract import stack_samples
 {% endif -%}
 from {{ cookiecutter.package_name }}.engine.datamodule import (
-    NOT_DATA,
     check_folds,
     check_fractions,
     data_files,
+    left_out_note,
     listed,
     split_indices,
+    written_by_a_tool,
 )
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
@@ -300,7 +301,7 @@ class ImageFolderDataModule(ResumableDataModule):
         given = [name for name in SPLITS if (root / name).is_dir()]
         pools = {name: root / name for name in given} if "train" in given else {"all": root}
         folders = pools.get("train", root).iterdir()
-        class_names = sorted(p.name for p in folders if p.is_dir() and not p.name.startswith(NOT_DATA))
+        class_names = sorted(p.name for p in folders if p.is_dir() and not written_by_a_tool(Path(p.name)))
         if len(class_names) < 2:
             raise DataError(
                 f"data.root={pools.get('train', root)}: {len(class_names)} class folder(s) found; give one "
@@ -528,7 +529,8 @@ class ImageFolderDataModule(ResumableDataModule):
             for label, name in enumerate(self.class_names)
         ]
         return (
-            f"Images of data.root={hp.root}: {files} files ({size:.1f} MB), {self.num_classes} classes, "
+            f"Images of data.root={hp.root}: {files} files ({size:.1f} MB)"
+            f"{left_out_note(Path(hp.root), IMAGE_SUFFIXES)}, {self.num_classes} classes, "
             f"decoded as {self.mode} at {hp.image_size} px\n"
             f"  splits: {', '.join(origins)}\n"
             f"  images per class (train/val/test): {listed(per_class)}"

@@ -224,6 +224,17 @@ def _column_report(prep: dict[str, Any], dropped: list[str], source: str, consta
     return "\n".join(lines)
 
 
+def _row_report(split_rows: dict[str, np.ndarray], codes: np.ndarray | None, classes: Sequence[str]) -> str:
+    """The rows of each split and, for classes (``codes``: each row's class index), of each class in each split."""
+    splits = [name for name in ("train", "val", "test") if name in split_rows]
+    line = f"  rows ({'/'.join(splits)}): {'/'.join(str(len(split_rows[name])) for name in splits)}"
+    if codes is None:
+        return line
+    counts = [np.bincount(codes[split_rows[name]], minlength=len(classes)) for name in splits]
+    per_class = [f"{name} {'/'.join(str(count[i]) for count in counts)}" for i, name in enumerate(classes)]
+    return f"{line}\n  rows per class ({'/'.join(splits)}): {listed(per_class)}"
+
+
 def column_list(columns: Sequence[Any], shown: int = 12) -> str:
     """``['a', 'b', ...]`` of the first ``shown`` column names, with the count of the rest."""
     names = [str(name) for name in columns]
@@ -466,7 +477,7 @@ class TabularDataModule(ResumableDataModule):
         else:
             if not pd.api.types.is_numeric_dtype(labels):
                 raise DataError(f"data.target_type=regression: the target column {target!r} of {source} is not numeric")
-            classes = []
+            classes, codes = [], None
             self.split_rows = self._split(None, len(frame))
 
         train = frame.iloc[self.split_rows["train"]]
@@ -485,7 +496,8 @@ class TabularDataModule(ResumableDataModule):
             else:
                 prep["categorical"][str(name)] = sorted(column.dropna().astype(str).unique().tolist())
         constant = [str(name) for name in features.columns if train[name].nunique(dropna=False) == 1]
-        rank_zero_info(_column_report(prep, dropped, source, constant))
+        rows = _row_report(self.split_rows, codes, classes)
+        rank_zero_info(f"{_column_report(prep, dropped, source, constant)}\n{rows}")
         for name in identifier_columns(features, []):
             rank_zero_info(
                 f"data: column {name!r} has a distinct value on {features[name].nunique()} of {len(features)} rows: "

@@ -55,7 +55,7 @@ from {{ cookiecutter.package_name }}.data.tokenizer import (
     saved_bpe,
 )
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.datamodule import WholeBatches, check_fractions, data_files
+from {{ cookiecutter.package_name }}.engine.datamodule import WholeBatches, check_fractions, data_files, left_out_note
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
@@ -538,7 +538,6 @@ class TextDataModule(LanguageDataModule):
         hp = self.hparams
         files = None if hp.path is None else checked_text_files(hp.path, self._endings)
         text = bundled_text() if files is None else joined(files)
-        size = len(text)
         ends = (
             utf8_boundary(text, int(len(text) * (1 - hp.val_fraction - hp.test_fraction))),
             utf8_boundary(text, int(len(text) * (1 - hp.test_fraction))),
@@ -548,13 +547,14 @@ class TextDataModule(LanguageDataModule):
             self._tokenizer = BPETokenizer.train(safe_stream([parts["train"].decode("utf-8")]), hp.bpe_vocab_size)
         splits = {name: self._tokenize(part) for name, part in parts.items()}
         source = f"the bundled corpus ({BUNDLED})" if files is None else f"data.path={hp.path}: {len(files)} file(s)"
+        source += "" if hp.path is None else left_out_note(Path(hp.path).expanduser(), self._endings)
         tokens = ", ".join(f"{name} {len(splits[name][0]):,}" for name in SPLITS)
         rank_zero_info(
-            f"Text of {source}, {size / 1e6:.2f} MB of UTF-8; tokenizer {self._tokenizer_name or 'bytes'} "
+            f"Text of {source}, {len(text) / 1e6:.2f} MB of UTF-8; tokenizer {self._tokenizer_name or 'bytes'} "
             f"({self.tokenizer.vocab_size} ids); tokens {tokens} (val and test: the last "
             f"{hp.val_fraction:g} and {hp.test_fraction:g} of the bytes)"
         )
-        return splits, size
+        return splits, len(text)
 
     @property
     def _endings(self) -> tuple[str, ...]:

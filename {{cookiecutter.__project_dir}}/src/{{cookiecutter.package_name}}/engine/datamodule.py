@@ -119,16 +119,32 @@ def fold_of(
 {%- if cookiecutter.task != "tabular" %}
 
 
-# Names of files and folders that are no data: hidden (.DS_Store, the ._photo.jpg copies macOS writes on other
-# disks, the copies in .ipynb_checkpoints) or a tool's (__MACOSX in a zip made on a Mac).
-NOT_DATA = (".", "__")
+# What tools write beside data, never a training example: hidden names (.DS_Store, the ._photo.jpg copies
+# macOS writes on other disks, the copies in .ipynb_checkpoints) and the folders of a zip made on a Mac and of
+# Python's bytecode. Names users write (a corpus's __init__.py) are data.
+TOOL_FOLDERS = ("__MACOSX", "__pycache__")
 
 
 def data_files(root: Path, suffixes: Sequence[str]) -> list[Path]:
     """The files under folder ``root`` at any depth whose names end in one of ``suffixes`` (any case), in path
-    order, none under a ``NOT_DATA`` name: a copy or a stray file is never a training example."""
-    found = (path for path in root.rglob("*") if path.name.lower().endswith(tuple(suffixes)) and path.is_file())
-    return sorted(path for path in found if not any(p.startswith(NOT_DATA) for p in path.relative_to(root).parts))
+    order, less what :func:`tool_files` lists: a copy or a stray file is never a training example."""
+    return [path for path in _ending_in(root, suffixes) if not written_by_a_tool(path.relative_to(root))]
+
+
+def left_out_note(root: Path, suffixes: Sequence[str]) -> str:
+    """``", N left out as tools' files (...)"`` for the files under folder ``root`` ending in ``suffixes`` that
+    :func:`data_files` leaves out (hidden, or under a hidden or ``TOOL_FOLDERS`` folder); "" for none or a file."""
+    left = [str(p) for p in (path.relative_to(root) for path in _ending_in(root, suffixes)) if written_by_a_tool(p)]
+    return f", {len(left)} left out as tools' files ({listed(left)})" if left else ""
+
+
+def _ending_in(root: Path, suffixes: Sequence[str]) -> list[Path]:
+    return sorted(path for path in root.rglob("*") if path.name.lower().endswith(tuple(suffixes)) and path.is_file())
+
+
+def written_by_a_tool(relative: Path) -> bool:
+    """Whether a path (relative to a data folder) is, or lies under, a name tools write: see ``TOOL_FOLDERS``."""
+    return any(part.startswith(".") or part in TOOL_FOLDERS for part in relative.parts)
 {%- endif %}
 
 

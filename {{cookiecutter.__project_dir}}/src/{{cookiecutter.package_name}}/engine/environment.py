@@ -12,20 +12,11 @@ import importlib.metadata
 import platform
 import re
 import sys
-{%- if cookiecutter.python_version != "3.10" %}
 import tomllib
-{%- endif %}
 from pathlib import Path
 from typing import Any
 
 import torch
-{%- if cookiecutter.python_version == "3.10" %}
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the backport (a dependency there)
-    import tomli as tomllib
-{%- endif %}
 
 # src/<package>/engine/environment.py -> the project folder, where uv.lock lies (an editable install).
 LOCK = Path(__file__).resolve().parents[3] / "uv.lock"

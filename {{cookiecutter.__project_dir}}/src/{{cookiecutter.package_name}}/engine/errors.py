@@ -69,12 +69,24 @@ def check_config_files(args: Sequence[str]) -> None:
     jsonargparse reports a YAML error as ``in "<unicode string>", line 2`` without the file's name, and
     a broken nested file as ``Unable to load config 'trainer.yaml'`` without the line.
 
+    The first ``--config`` is a whole config: a file of ``configs/experiments/`` or ``configs/presets/``
+    is an overlay (it sets only what it changes) and goes after one, as ``make`` passes it in ``ARGS``.
+
     Raises:
         ConfigError: a ``--config`` file, or a file one names, that is not valid YAML, with its path, line
-            and column.
+            and column; an overlay given first.
     """
-    paths = [value for flag, value in itertools.pairwise(args) if flag == "--config"]
-    paths += [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
+    paths = [
+        arg.split("=", 1)[1] if arg.startswith("--config=") else value
+        for arg, value in itertools.pairwise([*args, ""])
+        if arg == "--config" or arg.startswith("--config=")
+    ]
+    overlay = Path(paths[0]).resolve().parent if paths else Path()
+    if overlay.name in ("experiments", "presets") and overlay.parent.name == "configs":
+        raise ConfigError(
+            f"{paths[0]} is an overlay on a whole config, not one: give it after configs/default.yaml "
+            f'(make: ARGS="--config {paths[0]}", CONFIG= names a whole config such as a sweep\'s best.yaml)'
+        )
     for path in map(Path, paths):
         if not path.is_file():
             continue  # jsonargparse names a missing file itself

@@ -27,6 +27,7 @@ predict{{ ', export, serve' if cookiecutter.use_serving == 'yes' else '' }}{{ ',
 anything is imported, with the key that names it and the line that allows it.
 """
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +137,8 @@ def load_trained(path: str | Path, map_location: str | torch.device = "cpu", tru
     if state is not None:
         datamodule.load_state_dict(state)
     model.to(map_location).eval()
+    if "current_model_state" in checkpoint:  # WeightAveraging's (the ema preset): the average is the state_dict
+        print(f"{path}: the moving average of the weights (the ema preset's), as validated", file=sys.stderr)
     return Trained(path, model, datamodule)
 
 

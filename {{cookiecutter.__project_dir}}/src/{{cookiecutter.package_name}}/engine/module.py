@@ -28,6 +28,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torchmetrics import MetricCollection
@@ -202,6 +203,8 @@ class TrainingModule(ShippableModel, L.LightningModule):
             # In place, unlike torch.compile(net): parameter names and checkpoint keys stay those of
             # eager. https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.compile
             self.net.compile(mode=self.hparams.compile_mode)
+            if self.hparams.compile_mode == "reduce-overhead" and self.device.type != "cuda":
+                rank_zero_info(f"compile_mode=reduce-overhead: on {self.device.type} it compiles without CUDA graphs")
 
     def configure_model(self) -> None:
         # The fsdp2 preset (ModelParallelStrategy) gives the module a device mesh: shard the net over it.

@@ -166,37 +166,46 @@ def _is_readable_checkpoint(path: Path) -> bool:
 def best_checkpoint(root: str | Path = "logs") -> Path:
     """The best checkpoint of the latest run under ``root``: what ``make predict`` and friends load by default.
 
-    The latest run is the run folder (``<run>/checkpoints/``) holding the newest ``.ckpt`` file.
-    Its best checkpoint is the one its ``test_metrics.json`` names (the first ModelCheckpoint's
-    best), else its newest checkpoint that is not ``last.ckpt`` or an interrupted one, else its
-    newest resumable one (:func:`latest_checkpoint`), said in one line on standard error.
+    The latest run is the run folder (``<run>/checkpoints/``) holding the newest checkpoint, a file or a
+    distributed (fsdp2 preset) folder. Its best checkpoint is the one its ``test_metrics.json`` names (the
+    first ModelCheckpoint's best), else its newest checkpoint that is not ``last.ckpt`` or an interrupted one,
+    else its newest resumable one (:func:`latest_checkpoint`), said in one line on standard error. A folder
+    is read as the one file :func:`engine.sharding.consolidate` gathered it into, once there is one.
 
     Raises:
-        FileNotFoundError: no checkpoint under ``root``; says to train first or pass a path.
+        FileNotFoundError: no checkpoint under ``root`` (says to train first or pass a path), or the latest
+            run's is a folder not yet gathered into one file (says how).
     """
-    found = [path for path in Path(root).glob("**/checkpoints/*.ckpt") if path.is_file()]
+    found = [path for path in Path(root).glob("**/checkpoints/*.ckpt") if path.is_file() or path.is_dir()]
     if not found:
-        if sharded := sorted(Path(root).glob("**/checkpoints/*.ckpt/meta.pt"), key=lambda path: path.stat().st_mtime):
-            folder = sharded[-1].parent  # the fsdp2 preset's: gathered into one file on request
-            raise MissingFileError(
-                f"no single-file checkpoint under {root}/, only distributed ones: gather one with "
-                f"python -m {__package__}.sharding {folder}, then pass CKPT={folder}.consolidated"
-            )
         raise MissingFileError(f"no checkpoint under {root}/: train first (make train) or pass one (CKPT=path)")
     run = max(found, key=lambda path: path.stat().st_mtime).parent.parent
     named = (read_test_metrics(run) or {}).get("checkpoint")
-    if isinstance(named, str) and Path(named).is_file():
-        return Path(named)
+    if isinstance(named, str) and Path(named).exists():
+        return _one_file(Path(named))
     best = [
         path
         for path in run.glob("checkpoints/*.ckpt")
-        if path.is_file() and path.name != "last.ckpt" and not path.name.startswith("interrupted-")
+        if path.name != "last.ckpt" and not path.name.startswith("interrupted-") and path in found
     ]
     if best:
-        return max(best, key=lambda path: path.stat().st_mtime)
+        return _one_file(max(best, key=lambda path: path.stat().st_mtime))
     fallback = latest_checkpoint(run) or max(run.glob("checkpoints/*.ckpt"), key=lambda path: path.stat().st_mtime)
     print(f"no best checkpoint in {run} (the run never validated): using its latest, {fallback.name}", file=sys.stderr)
-    return fallback
+    return _one_file(fallback)
+
+
+def _one_file(checkpoint: Path) -> Path:
+    """``checkpoint``; for a distributed checkpoint folder, the one file it was gathered into (``.consolidated``)."""
+    if not checkpoint.is_dir():
+        return checkpoint
+    gathered = checkpoint.with_name(f"{checkpoint.name}.consolidated")
+    if gathered.is_file() and gathered.stat().st_mtime >= checkpoint.stat().st_mtime:
+        return gathered
+    raise MissingFileError(
+        f"the latest run's checkpoint, {checkpoint}, is a distributed one (a folder of shards): gather it into "
+        f"one file with python -m {__package__}.sharding {checkpoint}, then run this again"
+    )
 
 
 def read_test_metrics(run: Path) -> dict | None:

@@ -1,5 +1,7 @@
 """Callbacks of this project; Lightning's own (ModelCheckpoint, LearningRateMonitor, ...) are used as they are."""
-{% if cookiecutter.use_pretrained == "yes" %}
+
+from .ema import EMA
+{%- if cookiecutter.use_pretrained == "yes" %}
 from .finetuning import BackboneFreeze
 {%- endif %}
 from .finite import NonFiniteError, StopOnNonFinite
@@ -11,6 +13,7 @@ from .random_state import RandomStateCheckpoint
 from .summary import ModelSummaryWithoutZeroFlops
 
 __all__ = [
+    "EMA",
 {%- if cookiecutter.use_pretrained == "yes" %}
     "BackboneFreeze",
 {%- endif %}

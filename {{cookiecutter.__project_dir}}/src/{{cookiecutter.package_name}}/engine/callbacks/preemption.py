@@ -85,6 +85,10 @@ class PreemptionCheckpoint(Checkpoint):
         Preempted: (a ``SystemExit``) on every process once the checkpoint is saved.
     """
 
+    # The command that continues an interrupted run, said once it is saved: a command whose fits are steps
+    # of its own (k-fold cross-validation) names itself here; None says `make resume`.
+    continue_with: str | None = None
+
     def __init__(
         self,
         requeue_signal: str = "SIGUSR1",
@@ -181,7 +185,7 @@ class PreemptionCheckpoint(Checkpoint):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         own = own_config(folder) or "<your config>"  # the run's own config, saved when fit started
         command = f"python -m {{ cookiecutter.package_name }} fit --config {own} --resume=true"
-        rank_zero_info(f"Continue this run with `make resume` ({command})")
+        rank_zero_info(f"Continue this run with {self.continue_with or f'`make resume` ({command})'}")
         raise Preempted(128 + received)
 
     @staticmethod
