@@ -71,7 +71,7 @@ def test_torchrun_with_the_fsdp2_preset_reaches_world_size_two_and_predict_takes
     assert summary["world_size"] == 2
     assert summary["metrics"]["test/acc"] > 0.5  # 30 steps
     (run,) = (tmp_path / "logs" / "test").iterdir()  # every process named the run after torchrun's id
-    assert run.name.startswith("ddp-torchrun-"), run.name
+    assert run.name.startswith("fsdp2-torchrun-"), run.name
     # The newest run is the one predicted: its best checkpoint is a folder of shards, so the command says how
     # to gather it; once gathered, that file is taken.
     (best,) = [path for path in run.glob("checkpoints/*.ckpt") if path.name != "last.ckpt"]
