@@ -38,9 +38,9 @@ def test_the_command_it_runs_parses(capsys: pytest.CaptureFixture) -> None:
     """The srun command line, with the allocation's variables filled in, is a valid config."""
     script = SCRIPT.read_text().replace("\\\n", " ")  # join continued lines
     presets = re.search(r'PRESETS="\$\{PRESETS:-(.*)\}"', script).group(1)
-    command = re.search(r"^srun .*? fit (.*) \"\$@\" \|\| status=\$\?$", script, flags=re.MULTILINE)
+    command = re.search(r"^srun .*? fit (.*) \"\$@\" (.*) \|\| status=\$\?$", script, flags=re.MULTILINE)
     assert command, "srun ... fit line not found"
-    text = command.group(1).replace("$PRESETS", presets)
+    text = f"{command.group(1)} {command.group(2)}".replace("$PRESETS", presets)
     text = text.replace('"$SLURM_JOB_NUM_NODES"', "2").replace('"$SLURM_NTASKS_PER_NODE"', "4")
     args = [arg.replace("configs/", f"{ROOT}/configs/") for arg in shlex.split(text)]
     with pytest.raises(SystemExit) as exit_info:
@@ -71,11 +71,12 @@ def run_script(tmp_path: Path, srun_status: int = 0, args: tuple[str, ...] = (),
 def test_script_passes_arguments_through_and_sizes_the_trainer_from_the_allocation(tmp_path: Path) -> None:
     done, srun_args = run_script(tmp_path, args=("--trainer.max_epochs=3", "--seed_everything=7"))
     assert done.returncode == 0, done.stderr
+    # The allocation's sizes come last: an argument (a preset's devices: auto) must not undo them.
     assert srun_args[-4:] == [
-        "--trainer.num_nodes=2",
-        "--trainer.devices=4",
         "--trainer.max_epochs=3",
         "--seed_everything=7",
+        "--trainer.num_nodes=2",
+        "--trainer.devices=4",
     ]
     assert "srun exited with status 0" in done.stdout
 
