@@ -337,8 +337,10 @@ def unused_code(project: Path) -> list[str]:
 # checkpoint of the newest run even when it is a folder of shards, the files tools write told from a corpus's
 # __init__.py and reported, rows per split and class in the table's report, an interrupted cv's own command, and
 # reduce-overhead on a CPU said; measured 3,917 / 3,958 / 4,326 (the image report names the tools' files too).
+# Then +4: the test after fit measures the averaged weights (Lightning's WeightAveraging loaded the live ones
+# over them in the fit's Trainer); measured 3,921 / 3,962 / 4,327.
 # (The design of 2026-12-01 retires these code-line bounds for an engine bound; issue 76 moves to it.)
-MINIMAL_CODE_LINES = {"image-classification": 3917, "tabular": 3958, "language-model": 4326}
+MINIMAL_CODE_LINES = {"image-classification": 3921, "tabular": 3962, "language-model": 4327}
 
 
 def code_lines(source: str) -> int:

@@ -154,6 +154,11 @@ def test_the_ema_preset_ships_the_averaged_weights_and_resumes_both_exactly(
     for key in ("state_dict", "current_model_state", "averaging_state"):  # the live ones and the average's count
         assert last[key].keys() == expected[key].keys()
         assert all(torch.equal(last[key][name], expected[key][name]) for name in expected[key]), key
+    # A test of the best checkpoint in the fit's Trainer, as the test after fit runs it, measures the averaged
+    # weights (Lightning's own callback loaded the live ones over them).
+    straight.trainer.test(straight.model, datamodule=straight.datamodule, ckpt_path=str(best), verbose=False)
+    tested = straight.model.state_dict()
+    assert all(torch.equal(tested[key], averaged[key]) for key in averaged)
 
 
 def test_the_ema_decay_warms_up_with_the_count_of_updates() -> None:

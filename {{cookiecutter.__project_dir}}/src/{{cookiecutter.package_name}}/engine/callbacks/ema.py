@@ -5,6 +5,7 @@ from functools import partial
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
@@ -47,6 +48,12 @@ class EMA(WeightAveraging):
             f"EMA: validation, checkpoints and the test use the moving average of the weights (decay {self.decay}, "
             f"warming up over {warm} steps{ends}, then about the last {horizon} steps)"
         )
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        # Lightning loads the live weights (current_model_state) over the average whenever its averaged model
+        # exists, so the test after fit, in the same Trainer, measured the live weights: only a fit continues them.
+        if trainer.state.fn == TrainerFn.FITTING:
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)
 
 
 @torch.no_grad()
