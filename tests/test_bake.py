@@ -651,7 +651,14 @@ def test_a_bake_is_locked_and_make_install_installs_exactly_its_lock(cookies, mo
     "answers", MATRIX, ids=lambda a: f"{a['task']}-{a['logger']}-{a['precision']}-compile_{a['compile']}"
 )
 def test_matrix_bake(cookies, answers: dict) -> None:
-    check_bake(bake(cookies, **answers), answers)
+    project = bake(cookies, **answers)
+    check_bake(project, answers)
+    # Every command its docs write runs (make -n; the training ones built without training), in this environment.
+    env = {**os.environ, "PYTHONPATH": str(project / "src"), "WANDB_MODE": "offline"}
+    env = {key: value for key, value in env.items() if not key.startswith(("MAKE", "PYTEST_"))}
+    documented = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_documented_commands.py"]
+    done = subprocess.run(documented, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 
 def test_agent_guides_name_the_real_torch_version_and_real_commands(cookies) -> None:

@@ -70,6 +70,7 @@ ALLOWED_LINES = (
     r"Run folder: \S+( \(wandb offline: `wandb sync \S+` uploads it\))?",  # the suffix with wandb only
     r"Columns of .*, (classification|regression)\):",  # a table's columns and how each is used
     r"(numeric, standardised|categorical, one-hot|dropped \(data.drop_columns\)|one value in every).*",
+    r"rows (per class )?\(train/val/test\): .*",  # a table's rows in each split, and each class's
     r"Text of .*; tokens train [\d,]+, val [\d,]+, test [\d,]+ .*",  # what a text run read
     r"Images of data\.root=.*|splits: .*|images per class \(train/val/test\): .*",  # what an image-folder run read
     r"[┏┃┡│└].*",  # the model summary's and the test metrics' tables

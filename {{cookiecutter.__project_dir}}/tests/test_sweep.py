@@ -10,10 +10,11 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import ROOT, shrunk_args
+from conftest import ROOT, shrunk_args, user_error
 from optuna.trial import TrialState
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.commands.sweep import main as sweep_main
 from {{ cookiecutter.package_name }}.commands.sweep import study_lock, sweep
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.runs import run_dir
@@ -208,3 +209,11 @@ def test_a_bad_search_space_names_the_key(tmp_path: Path) -> None:
             folder=str(tmp_path / "sweeps"),
             n_trials=1,
         )
+
+
+def test_an_experiment_given_as_the_sweeps_config_says_how_to_give_it_to_the_trials() -> None:
+    # make sweep ARGS="--config configs/experiments/<name>.yaml", as make train takes it: the sweep's --config is
+    # its own file, so the experiment's keys failed in jsonargparse's words.
+    experiment = sorted((ROOT / "configs" / "experiments").glob("*.yaml"))[0].relative_to(ROOT)
+    with user_error(rf'{experiment} is a training config: give it to every trial with ARGS="--args\+=--config='):
+        sweep_main(["--config", str(ROOT / "configs" / "sweep.yaml"), "--config", str(experiment)])

@@ -29,6 +29,7 @@ import contextlib
 import datetime
 import fcntl
 import io
+import itertools
 import os
 import sys
 import warnings
@@ -347,7 +348,16 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m {{ cookiecutter.package_name }}.commands.sweep --config configs/sweep.yaml [--n_trials=N ...]``."""
     from jsonargparse import auto_cli
 
+    given = sys.argv[1:] if argv is None else argv
     with exit_on_user_error("sweep"):
+        configs = [value for flag, value in itertools.pairwise(given) if flag == "--config"]
+        configs += [arg.split("=", 1)[1] for arg in given if arg.startswith("--config=")]
+        for path in configs:  # a training config (an experiment, a preset) is not the sweep's own file
+            if Path(path).resolve().parent.name in ("experiments", "presets"):
+                raise ConfigError(
+                    f'{path} is a training config: give it to every trial with ARGS="--args+=--config={path}" '
+                    "(--config names the sweep's own file, configs/sweep.yaml)"
+                )
         auto_cli(sweep, args=argv)
 
 
