@@ -40,7 +40,7 @@ from {{ cookiecutter.package_name }}.commands.generate import main as generate_m
 from {{ cookiecutter.package_name }}.commands.predict import main as predict_main
 from {{ cookiecutter.package_name }}.data import PromptCompletionDataModule
 from {{ cookiecutter.package_name }}.data.prompts import IGNORE
-from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate
+from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate, load_tokenizer
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
 from {{ cookiecutter.package_name }}.engine.errors import DataError
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
@@ -615,6 +615,19 @@ def test_chat_examples_score_the_assistant_turns_only(tmp_path: Path) -> None:
         assert not scored[: (targets != IGNORE).nonzero()[0].item()].any() and counts[~scored].sum() == 0
         prompt = ChatTemplate(data.tokenizer).ids(CHATS[0]["messages"][:2])  # what {{ "make serve sends the model" if cookiecutter.use_serving == "yes" else "a chat prompts the model with" }}
         assert inputs[: len(prompt)].tolist() == prompt
+
+
+def test_a_model_folders_chat_template_that_loops_without_end_is_stopped(tmp_path: Path) -> None:
+    """A model folder is data: its Jinja template runs in transformers' sandbox, which does not bound loops."""
+    spin = f"{OPEN} for i in range(99999) {CLOSE}{OPEN} for j in range(99999) {CLOSE}{OPEN} endfor {CLOSE}"
+    spin += f"{OPEN} endfor {CLOSE}"
+    folder = save_tiny_llama(tmp_path / "spinning", chat_template=spin + CHAT_TEMPLATE)
+    template = ChatTemplate(load_tokenizer(str(folder)))
+    with pytest.raises(ValueError, match=r"^the chat template ran over 1000000 steps; use a template that loops"):
+        template.ids(CHATS[0]["messages"][:2])  # without the bound: about 10**10 loop turns
+    assert sys.gettrace() is None or "coverage" in type(sys.gettrace()).__module__  # the trace is gone again
+    fine = ChatTemplate(load_tokenizer(str(save_tiny_llama(tmp_path / "fine", chat_template=CHAT_TEMPLATE))))
+    assert fine.render(CHATS[0]["messages"][:2]).endswith("<|assistant|>")
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,10 @@ import queue
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -332,6 +334,27 @@ def test_an_answers_pieces_of_one_send_join_in_order_and_its_end_follows_them() 
         steps[3],
         steps[5],
     ]
+
+
+def test_prompts_are_prepared_off_the_event_loop_and_within_a_time_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tokenizing and rendering run in a thread: the HTTP process answers /health and other clients meanwhile."""
+    from {{ cookiecutter.package_name }}.serving import openai_api  # after the module's check for litserve
+
+    released = threading.Event()
+
+    async def prepared_while_the_loop_runs() -> bool:
+        work = asyncio.ensure_future(openai_api.off_the_loop(released.wait, 30))
+        await asyncio.sleep(0.1)  # the work starts: on the loop itself, it would hold it for 30 s
+        released.set()  # what the loop does meanwhile: here, let the work end
+        return await work
+
+    assert asyncio.run(prepared_while_the_loop_runs()) is True  # on the loop: False, after 30 s
+    monkeypatch.setattr(openai_api, "PREPARE_TIMEOUT_S", 0.05)
+    with pytest.raises(
+        openai_api.OpenAIError, match=r"^prompt: preparing it took over 0.05 s; send a shorter one$"
+    ) as late:
+        asyncio.run(openai_api.off_the_loop(time.sleep, 1))
+    assert (late.value.status, late.value.param) == (413, "prompt")
 
 
 def test_the_plain_chat_template_renders_each_role_and_refuses_others() -> None:
@@ -811,6 +834,27 @@ def test_a_client_that_disconnects_stops_its_generation(chat_server) -> None:
         assert time.monotonic() < deadline + 60, log.read_text()[-3000:]
         time.sleep(0.2)
     assert all(int(count) < 4000 for count in stopped[before:])
+    # Whole answers, not streamed: Starlette cancels nothing when their client goes, the server must see it.
+    before = len(stopped)
+    chat = {"model": NAME, "messages": CHAT, "max_tokens": 4000, "temperature": 0}
+    hang_up_after_sending(port, "/v1/chat/completions", chat)
+    hang_up_after_sending(
+        port, "/v1/completions", {"model": NAME, "prompt": prompts, "max_tokens": 4000, "temperature": 0}
+    )
+    while len(stopped := re.findall(r"client disconnected after (\d+) tokens", log.read_text())) < before + 3:
+        assert time.monotonic() < deadline + 120, log.read_text()[-3000:]  # without the watch: 3 x 4000 tokens
+        time.sleep(0.2)
+    assert all(int(count) < 4000 for count in stopped[before:])
+    assert client(port).completions.create(model=NAME, prompt="Call", max_tokens=5).choices[0].finish_reason
+
+
+def hang_up_after_sending(port: int, path: str, body: dict[str, Any]) -> None:
+    """POST ``body`` and close the connection half a second later, before the answer (a client that gave up)."""
+    payload = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    with socket.create_connection(("127.0.0.1", port)) as connection:
+        connection.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        time.sleep(0.5)
 
 
 @pytest.mark.slow

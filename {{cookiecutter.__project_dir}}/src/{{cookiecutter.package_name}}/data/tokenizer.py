@@ -17,8 +17,14 @@ pieces, gives exactly the ids of the whole text tokenized at once.
 """
 
 import re
-from collections.abc import Iterable, Iterator
+{%- if cookiecutter.use_pretrained == "yes" %}
+import sys
+{%- endif %}
+from collections.abc import {% if cookiecutter.use_pretrained == "yes" %}Callable, {% endif %}Iterable, Iterator
 from functools import cache
+{%- if cookiecutter.use_pretrained == "yes" %}
+from types import FrameType
+{%- endif %}
 from typing import Protocol
 
 import numpy as np
@@ -32,6 +38,10 @@ from {{ cookiecutter.package_name }}.nets.hub import locate
 BYTES, BPE = "bytes", "bpe"
 EOS = "<|endoftext|>"  # the BPE's one special token (GPT-2's name for it)
 PIECE = 1 << 16  # characters per piece tokenized in parallel
+{%- if cookiecutter.use_pretrained == "yes" %}
+# Lines of a chat template's compiled code one rendering may run: a real template runs tens per message.
+TEMPLATE_STEPS = 1_000_000
+{%- endif %}
 # Positions where pre-tokenizers that split words at spaces (GPT-2's byte-level regex, GPT-4's and
 # Llama 3's) always cut: before a space between two letters ("a| b"), and after a line end between
 # two non-spaces ("end\n|Next"). A run of blank lines or spaces is never cut: "\n\n" is one token at
@@ -306,6 +316,47 @@ def load_tokenizer(source: str | None) -> Tokenizer:
 CHAT_ROLES = ("system", "developer", "user", "assistant")  # "developer": the newer name of "system" in chat formats
 
 
+{% if cookiecutter.use_pretrained == "yes" -%}
+def within_steps(render: Callable[[], str], steps: int = TEMPLATE_STEPS) -> str:
+    """``render()``, a chat template's rendering, stopped after ``steps`` lines of the template's own code.
+
+    A model folder's template is Jinja that transformers runs in Jinja's sandbox, which stops a template
+    from reaching Python but not from looping: two nested ``range(99999)`` loops never return. Each
+    line the compiled template runs (each loop turn included) is counted by a trace function on the
+    rendering thread (``sys.settrace``, on the template's frames only), which raises past the bound.
+
+    Raises:
+        ValueError: the template ran more than ``steps`` lines.
+    """
+    count = 0
+
+    def on_line(frame: FrameType, event: str, arg: object) -> Callable | None:
+        nonlocal count
+        count += 1
+        if count > steps:
+            raise TemplateTooLongError(
+                f"the chat template ran over {steps} steps; use a template that loops over the messages only"
+            )
+        return on_line
+
+    def on_call(frame: FrameType, event: str, arg: object) -> Callable | None:
+        return on_line if frame.f_code.co_filename == "<template>" else None  # Jinja's name for compiled source
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        return render()
+    except TemplateTooLongError as error:  # transformers may wrap what a template raises: the bound's message kept
+        raise ValueError(str(error)) from None
+    finally:
+        sys.settrace(previous)
+
+
+class TemplateTooLongError(Exception):
+    """Raised inside a template's frame by :func:`within_steps` (a ValueError once out of it)."""
+
+
+{% endif -%}
 class ChatTemplate:
     """A conversation -> the token ids that prompt the model for the assistant's next turn.
 {%- if cookiecutter.use_pretrained == "yes" %}
@@ -346,7 +397,8 @@ class ChatTemplate:
         after them (``open_turn``, the prompt of an answer) or not (a conversation to learn from).
 
         Raises:
-            ValueError: a message without a known role or text content, naming it (``messages[i]``).
+            ValueError: a message without a known role or text content, naming it (``messages[i]``){% if cookiecutter.use_pretrained == "yes" %};
+                a template that takes more than ``TEMPLATE_STEPS`` steps (:func:`within_steps`){% endif %}.
         """
         for index, message in enumerate(messages):
             if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
@@ -359,7 +411,10 @@ class ChatTemplate:
         ]
 {%- if cookiecutter.use_pretrained == "yes" %}
         if self.own:
-            return self.tokenizer.backend.apply_chat_template(plain, tokenize=False, add_generation_prompt=open_turn)
+            backend = self.tokenizer.backend
+            return within_steps(
+                lambda: backend.apply_chat_template(plain, tokenize=False, add_generation_prompt=open_turn)
+            )
 {%- endif %}
         return "".join(f"{m['role']}: {m['content']}\n" for m in plain) + ("assistant: " if open_turn else "")
 

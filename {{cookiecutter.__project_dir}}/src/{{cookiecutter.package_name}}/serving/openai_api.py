@@ -17,8 +17,10 @@ https://platform.openai.com/docs/api-reference/chat and https://lightning.ai/doc
   penalties, ``logprobs``: 400), a conversation longer than the model's context (400), or more new
   tokens than the server's ``max_tokens`` (422). Each answer is in the OpenAI error shape,
   ``{"error": {"message", "type", "param", "code"} }``, its message one line naming the field.
-- A streaming client that disconnects stops its generation at its next step (the
-  HTTP process tells the worker through a shared dictionary), so the worker takes the next request.
+- A client that disconnects, streaming or waiting for the whole answer, stops its generation at the
+  worker's next step (the HTTP process tells the worker through a shared dictionary), so the worker
+  takes the next request. Prompts are tokenized (and chat templates rendered) in a thread, within
+  ``PREPARE_TIMEOUT_S``: ``/health`` and other clients are answered meanwhile.
 - ``/health`` answers 503 while a worker has generated nothing for ``stuck_after`` seconds in a
   request (a stuck model, not a long answer: each token counts as progress).
 
@@ -41,17 +43,17 @@ import multiprocessing
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from dataclasses import field as default
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import litserve as ls
 import torch
 from fastapi import BackgroundTasks, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from litserve.loops.continuous_batching_loop import ContinuousBatchingLoop, Output
 from litserve.specs.openai import ChatCompletionRequest, ChatCompletionResponse
 from litserve.utils import LitAPIStatus, LoopResponseType, ResponseBufferItem
@@ -84,6 +86,8 @@ IDLE_WAIT_S = 1.0  # an idle worker's wait for a request, between LitServe's own
 PREFILL_WAIT_S = 0.02  # the longest a request waiting for a place stays out of one that is free
 # A streamed piece gathers up to this long of an answer's tokens (the template's docs/benchmarks.md).
 STREAM_INTERVAL_S = 0.01
+PREPARE_TIMEOUT_S = 10.0  # the longest the HTTP process tokenizes (and renders) one request's prompts
+T = TypeVar("T")
 
 
 class OpenAIError(Exception):
@@ -189,12 +193,16 @@ class ChatSpec(ls.OpenAISpec):
             served = f"this server serves {self.model_name!r}"
             raise OpenAIError(404, f"model: {model[:100]!r} is not served here; {served}", "model")
 
-    async def chat_completion(self, request: ChatRequest, background_tasks: BackgroundTasks):
-        self.check(request)
-        request.metadata = {**(request.metadata or {}), REQUEST_ID: uuid.uuid4().hex}
+    async def chat_completion(self, request: ChatRequest, background_tasks: BackgroundTasks, http: Request):
+        await off_the_loop(self.check, request)
+        request_id = uuid.uuid4().hex
+        request.metadata = {**(request.metadata or {}), REQUEST_ID: request_id}
         request.model = self.model_name  # what every answer names
         request.max_tokens = request.max_completion_tokens or request.max_tokens or self.max_tokens
-        return await super().chat_completion(request, background_tasks)
+        answer = super().chat_completion(request, background_tasks)
+        if request.stream:  # Starlette ends a stream whose client is gone: streaming_completion tells the worker
+            return await answer
+        return await unless_gone(http, answer, lambda: self.cancelled.__setitem__(request_id, True))
 
     def check(self, request: ChatRequest) -> None:
         """Raise :class:`OpenAIError` naming the first field of ``request`` this server cannot honour."""
@@ -271,9 +279,9 @@ class ChatSpec(ls.OpenAISpec):
         return response
 
     # ---- /v1/completions and the tokenizer (serving/completions.py) ---------------------------------
-    async def completion(self, request: CompletionRequest, background_tasks: BackgroundTasks) -> Any:
+    async def completion(self, request: CompletionRequest, background_tasks: BackgroundTasks, http: Request) -> Any:
         """``POST /v1/completions``: each prompt an answer of the worker's batch, a choice of the response."""
-        prompts = self.check_completion(request)
+        prompts = await off_the_loop(self.check_completion, request)
         request_id = uuid.uuid4().hex
         items = [
             CompletionItem(
@@ -298,6 +306,12 @@ class ChatSpec(ls.OpenAISpec):
             usage = bool((request.stream_options or {}).get("include_usage"))
             events = self.streamed_completion(head, items, choices, pipes, usage)
             return StreamingResponse(events, media_type="text/event-stream", background=background_tasks)
+        return await unless_gone(http, self.whole_completion(head, items, choices, pipes), lambda: self.stop(items))
+
+    async def whole_completion(
+        self, head: dict[str, Any], items: list[CompletionItem], choices: list[ChoiceText], pipes: list
+    ) -> dict[str, Any]:
+        """The response of a completion not streamed: every choice whole, and the usage."""
         pieces: list[list[dict[str, Any]]] = []
         try:
             for choice, pipe in zip(choices, pipes, strict=True):
@@ -385,7 +399,7 @@ class ChatSpec(ls.OpenAISpec):
     async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
         """``POST /tokenize``: ``{"tokens", "count", "max_model_len"}`` of ``prompt`` (no special token added)."""
         self.check_model(request.model)
-        tokens = self.template.tokenizer.encode(request.prompt)
+        tokens = await off_the_loop(self.template.tokenizer.encode, request.prompt)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": self.context}
 
     async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
@@ -402,6 +416,46 @@ class ChatSpec(ls.OpenAISpec):
         kind = type(tokenizer).__name__
         info = {"eos_token": end_of_text(tokenizer), "bos_token": None, "pad_token": None}
         return {**info, "model_max_length": self.context, "vocab_size": tokenizer.vocab_size, "tokenizer_class": kind}
+
+
+async def off_the_loop(work: Callable[..., T], *args: Any) -> T:
+    """``work(*args)`` in a thread, so that the HTTP process goes on answering (``/health``, other clients)
+    while it tokenizes or renders a prompt; a request whose prompt takes over ``PREPARE_TIMEOUT_S`` is
+    refused (413) and the thread's work is left to end alone (bounded: ``ChatTemplate`` and the tokenizers
+    admitted are linear in the prompt).
+
+    Raises:
+        OpenAIError: the prompt took too long to prepare.
+    """
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(work, *args), PREPARE_TIMEOUT_S)
+    except TimeoutError:
+        message = f"prompt: preparing it took over {PREPARE_TIMEOUT_S:g} s; send a shorter one"
+        raise OpenAIError(413, message, "prompt") from None
+
+
+async def unless_gone(http: Request, answer: Awaitable[T], stop: Callable[[], None]) -> T | Response:
+    """``answer``'s result, unless the client hangs up first: then ``stop()`` (tell the workers to drop the
+    request at their next step) and the wait ends. Starlette cancels a stream whose client is gone, but
+    not a handler that waits for a whole answer: without this, a client that gave up kept a worker
+    decoding its request to the end."""
+    waiting, watching = asyncio.ensure_future(answer), asyncio.ensure_future(hang_up(http))
+    try:
+        await asyncio.wait((waiting, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+    if waiting.done():
+        return waiting.result()
+    stop()
+    waiting.cancel()
+    return Response(status_code=499)  # nobody reads it: nginx's code for a request its client closed
+
+
+async def hang_up(http: Request) -> None:
+    """Return once ``http``'s client has closed the connection (the ASGI server's ``http.disconnect``; its
+    body was read before the handler ran, so nothing else arrives)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
 
 
 def sent(event: dict[str, Any]) -> str:
