@@ -34,8 +34,10 @@ from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_mai
 {%- endif %}
 from {{ cookiecutter.package_name }}.data import TextDataModule
 from {{ cookiecutter.package_name }}.data.text import TokenWindows, checked_text_files, read_text
+from {{ cookiecutter.package_name }}.engine import datamodule
 from {{ cookiecutter.package_name }}.engine.callbacks import StopOnNonFinite
 from {{ cookiecutter.package_name }}.engine.datamodule import whole_batch
+from {{ cookiecutter.package_name }}.engine.errors import DataError
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
 from {{ cookiecutter.package_name }}.models import LanguageModel
 from {{ cookiecutter.package_name }}.models.language_model import BitsPerByte, Perplexity, decode, greedy
@@ -205,6 +207,25 @@ def test_suffixes_pick_the_files_a_folder_is_read_from(tmp_path: Path) -> None:
     assert data == (folder / "a.md").read_bytes() + b"\n\n" + (folder / "deeper" / "b.RST").read_bytes()
     with pytest.raises(ValueError, match=r"data.suffixes must name at least one file ending"):
         TextDataModule(path=str(folder), suffixes=())
+
+
+def test_a_data_folder_is_walked_once_per_folder_and_within_a_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """data.path may come from a received checkpoint: ``/`` must be refused, not searched, and a link to a
+    parent folder read once, not followed without end."""
+    folder = tmp_path / "corpus"
+    (folder / "a").mkdir(parents=True)
+    (folder / "a" / "x.txt").write_text("words " * 40)
+    (folder / "y.txt").write_text("more words " * 40)
+    (folder / "a" / "up").symlink_to(folder)  # a path without end to a walk that follows every link
+    (folder / "z.txt").symlink_to("/dev/zero")  # not a regular file: never read
+    assert [path.relative_to(folder).as_posix() for path in checked_text_files(folder)] == ["a/x.txt", "y.txt"]
+    monkeypatch.setattr(datamodule, "MAX_DATA_ENTRIES", 4)
+    with pytest.raises(DataError, match=rf"^data.path: {re.escape(str(folder))} holds more than 4 files and folders:"):
+        TextDataModule(path=str(folder), block_size=8).splits  # noqa: B018
+    (folder / "a" / "up").unlink()  # 4 entries: read
+    assert len(checked_text_files(folder)) == 2
 
 
 def test_a_python_corpus_keeps_the_names_users_write_and_reports_what_tools_wrote(

@@ -20,7 +20,9 @@ reads ``trainer.estimated_stepping_batches`` (as every schedule given the run's 
 because Lightning builds the epoch's iterator before it restores the loader's state. It remains
 the well-kept choice for iterable or streaming data, where no order function exists.
 """
-
+{% if cookiecutter.task != "tabular" %}
+import os
+{%- endif %}
 from collections.abc import Callable, Iterator, Sequence
 {%- if cookiecutter.task != "tabular" %}
 from pathlib import Path
@@ -35,7 +37,7 @@ from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from {{ cookiecutter.package_name }}.engine.contract import ShippableData
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError{% if cookiecutter.task != "tabular" %}, DataError{% endif %}
 
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
@@ -123,6 +125,8 @@ def fold_of(
 # macOS writes on other disks, the copies in .ipynb_checkpoints) and the folders of a zip made on a Mac and of
 # Python's bytecode. Names users write (a corpus's __init__.py) are data.
 TOOL_FOLDERS = ("__MACOSX", "__pycache__")
+# The most files and folders a data folder's walk reads: ImageNet's training set is 1.3 million, a disk many more.
+MAX_DATA_ENTRIES = 5_000_000
 
 
 def data_files(root: Path, suffixes: Sequence[str]) -> list[Path]:
@@ -139,7 +143,42 @@ def left_out_note(root: Path, suffixes: Sequence[str]) -> str:
 
 
 def _ending_in(root: Path, suffixes: Sequence[str]) -> list[Path]:
-    return sorted(path for path in root.rglob("*") if path.name.lower().endswith(tuple(suffixes)) and path.is_file())
+    """The regular files under ``root`` (links followed) whose names end in ``suffixes``, in path order.
+
+    A bounded walk: each folder is read once however many links lead to it (a link to a parent is not a
+    path without end), and past ``MAX_DATA_ENTRIES`` entries the walk stops with a one-line error, so a
+    ``data.path`` of ``/`` or ``~`` (in a config or in a received checkpoint) is refused, not a search
+    of the whole disk.
+
+    Raises:
+        DataError: ``root`` holds more than ``MAX_DATA_ENTRIES`` files and folders.
+    """
+    found, folders, read, entries = [], [root], set(), 0
+    while folders:
+        folder = folders.pop()
+        try:
+            status = folder.stat()
+        except OSError:  # a dangling link, or gone meanwhile
+            continue
+        if (status.st_dev, status.st_ino) in read:
+            continue
+        read.add((status.st_dev, status.st_ino))
+        try:
+            listing = list(os.scandir(folder))
+        except OSError:  # unreadable: as rglob, nothing under it
+            continue
+        entries += len(listing)
+        if entries > MAX_DATA_ENTRIES:
+            raise DataError(
+                f"data.path: {root} holds more than {MAX_DATA_ENTRIES:,} files and folders: point it at the data "
+                "set's own folder, not a disk or a home folder"
+            )
+        for entry in listing:
+            if entry.is_dir():
+                folders.append(Path(entry.path))
+            elif entry.name.lower().endswith(tuple(suffixes)) and entry.is_file():
+                found.append(Path(entry.path))
+    return sorted(found)
 
 
 def written_by_a_tool(relative: Path) -> bool:
