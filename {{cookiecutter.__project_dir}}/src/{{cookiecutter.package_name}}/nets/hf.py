@@ -10,6 +10,7 @@ of the base (its name, hub revision and SHA-256 of its weights), not the base's 
 rebuilds the base from its files and refuses a base whose weights differ.
 """
 
+import math
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -120,8 +121,10 @@ def from_files(auto_class: Any, found: Pretrained, kind: str, fix: str, **option
     """``auto_class.from_pretrained`` of ``found``'s folder, offline and never running the folder's code.
 
     Raises:
-        ValueError: the folder does not hold a ``kind`` model (names it, the error, and ``fix``).
+        ValueError: the folder does not hold a ``kind`` model (names it, the error, and ``fix``), or its
+            weight files lack most of the model its ``config.json`` declares (:func:`check_weights_present`).
     """
+    check_weights_present(auto_class, found, fix, num_labels=options.get("num_labels"))
     try:
         return auto_class.from_pretrained(
             found.folder,
@@ -132,6 +135,47 @@ def from_files(auto_class: Any, found: Pretrained, kind: str, fix: str, **option
         )
     except (OSError, ValueError, KeyError) as error:
         raise ConfigError(f"net.model: {found.folder} is not {kind} ({error}); {fix}") from None
+
+
+def check_weights_present(auto_class: Any, found: Pretrained, fix: str, num_labels: int | None = None) -> None:
+    """Refuse a folder whose ``.safetensors`` hold less than half the parameters its ``config.json`` declares.
+
+    transformers initialises every weight a folder lacks: a 200-byte ``config.json`` declaring a large model
+    beside a tiny weight file made it allocate and initialise hundreds of millions of numbers, and a
+    partial copy trains from noise without a word. The model is built on the ``meta`` device (no memory)
+    and its parameters counted against the tensors the files' headers declare; a new head (another
+    number of classes) is a small part of a model, so half is the bound.
+
+    Raises:
+        ConfigError: the weights hold less than half the declared parameters (both counts, and ``fix``).
+    """
+    import transformers
+    from safetensors import safe_open
+
+    files = sorted(found.folder.glob("*.safetensors"))
+    if not files:
+        return  # no weights at all: from_pretrained names the file it looked for
+    extra = {} if num_labels is None else {"num_labels": num_labels}
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            found.folder, local_files_only=True, trust_remote_code=False, **extra
+        )
+        with torch.device("meta"):
+            declared = sum(parameter.numel() for parameter in auto_class.from_config(config).parameters())
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a model of this kind: from_pretrained names the problem
+    stored = 0
+    for file in files:
+        try:
+            with safe_open(file, framework="pt") as weights:
+                stored += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())  # noqa: SIM118
+        except Exception as error:  # safetensors' errors share no base class
+            raise ConfigError(f"net.model: {file} is not a readable safetensors file ({error}); {fix}") from None
+    if stored < declared / 2:
+        raise ConfigError(
+            f"net.model: {found.folder} holds weights for {stored:,} numbers, but its config.json declares a model "
+            f"of {declared:,} parameters: most weights are missing (a partial copy?); {fix}"
+        )
 
 
 def _base_keys_are_not_missing(module: HFNet, incompatible: Any) -> None:
