@@ -718,6 +718,35 @@ def test_arguments_of_the_wrong_kind_are_one_line(trained_run: Path, tmp_path: P
         predict_main(["--ckpt", str(path)])
 
 
+@pytest.mark.parametrize(
+    ("position", "value", "named"),
+    [
+        ("loops/fit_loop/epoch_progress/current/completed", "one", r"\.completed holds str, not a number \(int\)"),
+        ("loops/fit_loop/epoch_loop.state_dict", [1], r"fit_loop\.epoch_loop\.state_dict holds list, not a mapping"),
+        ("loops/fit_loop/epoch_progress", None, r"loops\.fit_loop has no 'epoch_progress'"),
+        ("callbacks/RandomStateCheckpoint/python/state", "abc", r"\.python\.state holds str, not a list"),
+        ("callbacks/RandomStateCheckpoint/torch", torch.zeros(3), r"\.torch holds torch\.float32, not a tensor of \S+"),
+        ("callbacks/RandomStateCheckpoint/numpy/position", 2.5, r"numpy\.position holds float, not a number \(int\)"),
+    ],
+)
+def test_a_training_state_of_another_kind_is_refused_before_it_is_restored(
+    trained_run: Path, tmp_path: Path, position: str, value: Any, named: str
+) -> None:
+    """Loop progress and callback states are data Lightning restores as given (a traceback mid-restore, or later)."""
+    checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
+    *parents, last = position.split("/")
+    place = checkpoint
+    for key in parents:
+        place = place[key]
+    if value is None:
+        del place[last]
+    else:
+        place[last] = value
+    torch.save(checkpoint, path := tmp_path / "odd.ckpt")
+    with user_error(rf"odd\.ckpt: \S*{named}; this is not a training state a run of this project writes"):
+        main(["fit", *shrunk_args(tmp_path / "resumed"), f"--ckpt_path={path}", "--trainer.max_epochs=2"])
+
+
 def test_shared_lists_do_not_make_a_small_file_a_huge_walk(trained_run: Path, tmp_path: Path) -> None:
     # A list that holds itself ten times, twelve levels deep: 1.7 KB on disk, 10^12 values to walk.
     checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)

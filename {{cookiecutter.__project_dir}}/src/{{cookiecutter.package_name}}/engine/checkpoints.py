@@ -446,5 +446,71 @@ def check_optimizer_continues(checkpoint: dict[str, Any], model: torch.nn.Module
             )
 
 
+def check_training_state(checkpoint: dict[str, Any], trainer: Any, path: _PATH) -> None:
+    """Refuse to resume from a checkpoint whose loop progress or callback states differ in kind from what this
+    run's own loops and callbacks write, before Lightning restores them.
+
+    Lightning loads these states as given: a counter that is text, a progress that is a list, a random
+    state of another shape fails in the middle of its restore with a traceback, or later in training.
+    Each is compared, position by position, with the state the live object gives now (the reference):
+    a mapping where it has a mapping, with every key its loops need; numbers where it has numbers,
+    text where text, tensors of its dtype where tensors.
+
+    Raises:
+        CheckpointError: names the first position that differs, what it holds and what was expected.
+    """
+    loops = {name: getattr(trainer, name).state_dict() for name in ("fit_loop", "validate_loop", "test_loop")}
+    callbacks = {callback.state_key: callback.state_dict() for callback in trainer.callbacks}
+    saved_callbacks = checkpoint.get("callbacks") or {}
+    problem = _unlike(checkpoint.get("loops"), loops, "loops", every_key=True) if "loops" in checkpoint else None
+    if problem is None and isinstance(saved_callbacks, dict):
+        shared = {key: callbacks[key] for key in saved_callbacks.keys() & callbacks.keys()}
+        problem = _unlike({key: saved_callbacks[key] for key in shared}, shared, "callbacks", every_key=False)
+    if problem is not None:
+        raise CheckpointError(
+            f"{path}: {problem}; this is not a training state a run of this project writes: resume from a checkpoint "
+            "`make train` wrote, or start a new run (without --resume or --ckpt_path)"
+        )
+
+
+def _unlike(saved: Any, reference: Any, where: str, every_key: bool) -> str | None:
+    """The first position (``where`` + keys) at which ``saved`` differs in kind from ``reference``, else None.
+
+    ``every_key``: a key of a reference mapping must be in ``saved`` too (the loops read every one)."""
+    stack = [(saved, reference, where)]
+    while stack:
+        saved, reference, where = stack.pop()
+        kind = type(saved).__name__
+        if isinstance(reference, dict):
+            if not isinstance(saved, dict):
+                return f"{where} holds {kind}, not a mapping"
+            for key, value in reference.items():
+                if key in saved:
+                    stack.append((saved[key], value, f"{where}.{key}"))
+                elif every_key:
+                    return f"{where} has no {key!r}"
+        elif isinstance(reference, list | tuple):
+            if not isinstance(saved, list | tuple):
+                return f"{where} holds {kind}, not a list"
+            if reference:  # an item beyond the reference's last is of its last item's kind
+                last = len(reference) - 1
+                stack += [(item, reference[min(i, last)], f"{where}[{i}]") for i, item in enumerate(saved)]
+        elif isinstance(reference, torch.Tensor):  # a score may be logged in another float width: floats match
+            same = isinstance(saved, torch.Tensor) and (
+                saved.is_floating_point() if reference.is_floating_point() else saved.dtype == reference.dtype
+            )
+            if not same:
+                return f"{where} holds {getattr(saved, 'dtype', kind)}, not a tensor of {reference.dtype}"
+        elif reference is None:  # not set yet in the live object (a best score before any): plain values only
+            if not (saved is None or isinstance(saved, bool | int | float | str | torch.Tensor)):
+                return f"{where} holds {kind}, not a value"
+        elif isinstance(reference, bool) or not isinstance(reference, int | float):
+            if type(saved) is not type(reference):
+                return f"{where} holds {kind}, not {type(reference).__name__}"
+        elif isinstance(saved, bool) or not isinstance(saved, int if isinstance(reference, int) else int | float):
+            return f"{where} holds {kind}, not a number ({type(reference).__name__})"
+    return None
+
+
 def _class_path(config: Any) -> str | None:
     return config.get("class_path") if isinstance(config, dict) else None

@@ -26,6 +26,7 @@ from {{ cookiecutter.package_name }}.engine.checkpoints import (
     AtomicCheckpointIO,
     check_fits,
     check_optimizer_continues,
+    check_training_state,
     read_checkpoint,
 )
 from {{ cookiecutter.package_name }}.engine.datamodule import ResumableDataModule
@@ -304,7 +305,9 @@ class TrainingCLI(LightningCLI):
             replace_srun_hint()
         ckpt_path = self.config_init.fit.get("ckpt_path")
         if _is_checkpoint_file(ckpt_path):  # fit continues the optimizer and schedule too
-            check_optimizer_continues(self._read_checkpoint(ckpt_path), self.model, ckpt_path)
+            checkpoint = self._read_checkpoint(ckpt_path)
+            check_optimizer_continues(checkpoint, self.model, ckpt_path)
+            check_training_state(checkpoint, self.trainer, ckpt_path)
         self._hand_over_checkpoint()
         if ckpt_path and self.trainer.is_global_zero:
             replace_resume_warnings(str(run_dir(self.trainer)))
