@@ -43,7 +43,6 @@ TASK_FILES = {
         "tests/test_data.py",
         "tests/test_ddp.py",
         "tests/test_faults.py",
-        "tests/test_fsdp.py",
         "tests/test_gpu.py",
         "tests/test_image_folder.py",
         "tests/test_model.py",

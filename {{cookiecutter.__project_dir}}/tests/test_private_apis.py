@@ -5,13 +5,15 @@ jsonargparse{{ ", optuna" if cookiecutter.use_sweeps == "yes" else "" }}{{ " or 
 that used it then fails in a run, far from the cause, or (an override no longer called) silently
 stops doing its job. Each row is one use; its test checks what the use relies on and fails naming
 the row, so `make test` after an upgrade says which use to rework. Uses a public API serves are not
-here: they were replaced (``LightningModule._trainer`` by ``self.trainer``).
+here: they were replaced. Message texts of another library read by pattern count too: they are no
+API at all.
 """
 
 import argparse
 import importlib.util
 import inspect
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import pytest
@@ -36,6 +38,9 @@ class PrivateUse:
 def calls(owner: type, method: str) -> bool:
     """``owner``'s own code still calls ``self.<method>(`` (an override that is never called does nothing)."""
     return f"self.{method}(" in inspect.getsource(owner)
+
+
+_module = importlib.import_module
 
 
 def parameters(function: Callable) -> list[str]:
@@ -77,6 +82,31 @@ def _jsonargparse_import_path_policy() -> bool:
     return {"import_path_verdicts", "import_paths_enforced"} <= set(_common.parsing_settings)
 
 
+def _jsonargparse_messages() -> bool:
+    from jsonargparse import ArgumentParser
+
+    from {{ cookiecutter.package_name }}.engine import errors
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--x", type=int)
+    said = []
+    for args in (["--x=a"], ["--y=1"]):
+        try:
+            parser.parse_args(args)
+        except Exception as error:  # jsonargparse's ArgumentError
+            said.append(str(error))
+    typed, unknown = said
+    key, expected = typed.splitlines()[0], typed.splitlines()[-1].strip()
+    return bool(errors._PARSER_KEY.match(key) and errors._EXPECTED_TYPE.match(expected)) and bool(
+        errors._GOT_VALUE.search(expected) and errors._UNRECOGNIZED.match(unknown)
+    )
+
+
+def _fused_step_reads_found_inf() -> bool:
+    optimizer = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], fused=True)
+    return optimizer._step_supports_amp_scaling is True and "found_inf" in inspect.getsource(torch.optim.Adam.step)
+
+
 def _model_parallel_sizes() -> bool:
     from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -87,6 +117,53 @@ def _model_parallel_sizes() -> bool:
 
 
 PRIVATE_USES = [
+    PrivateUse(
+        "lightning.pytorch.core.mixins.hparams_mixin._given_hyperparameters",
+        "engine/module.py",
+        "whether LightningCLI built the module from a config (it sets this context variable): then the net, "
+        "optimizer and schedule are saved as their class and arguments, else left out of the hyper-parameters",
+        "lightning 2.6.0 to 2.6.6",
+        lambda: isinstance(_module("lightning.pytorch.core.mixins.hparams_mixin")._given_hyperparameters, ContextVar),
+    ),
+    PrivateUse(
+        "lightning.pytorch.loggers.WandbLogger._wandb_init",
+        "engine/quiet.py",
+        "the arguments the logger hands to wandb.init: an anonymous run's setting is dropped before wandb reads it",
+        "lightning 2.6.0 to 2.6.6",
+        lambda: "self._wandb_init" in inspect.getsource(_module("lightning.pytorch.loggers").WandbLogger),
+    ),
+    PrivateUse(
+        "torch.optim.Optimizer._step_supports_amp_scaling, and the found_inf it reads",
+        "engine/callbacks/finite.py",
+        "a fused optimizer skips a step with a non-finite gradient on the device (GradScaler's protocol), "
+        "without a host synchronisation; no public API skips one step",
+        "torch 2.6 to 2.13",
+        _fused_step_reads_found_inf,
+    ),
+    PrivateUse(
+        "lightning.fabric.utilities.types._PATH",
+        "engine/checkpoints.py",
+        "the path type of Lightning's CheckpointIO methods, which the checkpoint plugin overrides",
+        "lightning 2.6.0 to 2.6.6",
+        lambda: hasattr(importlib.import_module("lightning.fabric.utilities.types"), "_PATH"),
+    ),
+{%- if cookiecutter.task == "language-model" %}
+    PrivateUse(
+        "lightning.pytorch.LightningModule._trainer",
+        "models/language_model.py",
+        "the trainer if one is attached, else None: the public self.trainer raises outside a run (generate, serve)",
+        "lightning 2.6.0 to 2.6.6",
+        lambda: importlib.import_module("lightning").LightningModule()._trainer is None,
+    ),
+{%- endif %}
+    PrivateUse(
+        "jsonargparse's error texts ('Parser key \"...\":', 'Expected a <class ...>', 'Got value:', "
+        "'unrecognized arguments:')",
+        "engine/errors.py",
+        "read by pattern to say a config mistake in one line naming the key; jsonargparse's errors carry no fields",
+        "jsonargparse 4.53",
+        _jsonargparse_messages,
+    ),
     PrivateUse(
         "ModelParallelStrategy._data_parallel_size and ._save_distributed_checkpoint",
         "engine/sharding.py",
