@@ -47,7 +47,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from dataclasses import field as default
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import litserve as ls
 import torch
@@ -87,7 +87,6 @@ PREFILL_WAIT_S = 0.02  # the longest a request waiting for a place stays out of 
 # A streamed piece gathers up to this long of an answer's tokens (the template's docs/benchmarks.md).
 STREAM_INTERVAL_S = 0.01
 PREPARE_TIMEOUT_S = 10.0  # the longest the HTTP process tokenizes (and renders) one request's prompts
-T = TypeVar("T")
 
 
 class OpenAIError(Exception):
@@ -418,7 +417,7 @@ class ChatSpec(ls.OpenAISpec):
         return {**info, "model_max_length": self.context, "vocab_size": tokenizer.vocab_size, "tokenizer_class": kind}
 
 
-async def off_the_loop(work: Callable[..., T], *args: Any) -> T:
+async def off_the_loop(work: Callable[..., Any], *args: Any) -> Any:
     """``work(*args)`` in a thread, so that the HTTP process goes on answering (``/health``, other clients)
     while it tokenizes or renders a prompt; a request whose prompt takes over ``PREPARE_TIMEOUT_S`` is
     refused (413) and the thread's work is left to end alone (bounded: ``ChatTemplate`` and the tokenizers
@@ -434,7 +433,7 @@ async def off_the_loop(work: Callable[..., T], *args: Any) -> T:
         raise OpenAIError(413, message, "prompt") from None
 
 
-async def unless_gone(http: Request, answer: Awaitable[T], stop: Callable[[], None]) -> T | Response:
+async def unless_gone(http: Request, answer: Awaitable[Any], stop: Callable[[], None]) -> Any:
     """``answer``'s result, unless the client hangs up first: then ``stop()`` (tell the workers to drop the
     request at their next step) and the wait ends. Starlette cancels a stream whose client is gone, but
     not a handler that waits for a whole answer: without this, a client that gave up kept a worker
