@@ -7,7 +7,6 @@ given to ``make train-ddp``, resolved, and both failed when run.
 """
 
 import importlib
-import itertools
 import os
 import re
 import shlex
@@ -20,6 +19,7 @@ import pytest
 from conftest import ROOT
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.engine.errors import config_paths
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 SOURCES = ["README.md", "AGENTS.md", "docs/*.md", "configs/**/*.yaml", "scripts/*/*.sbatch"]
@@ -98,9 +98,7 @@ def test_a_documented_command_expands_and_a_training_one_builds_its_run(
     if run is None or PLACEHOLDER.search(command):
         return  # not a training run (install, test, predict, ...), or one the reader completes
     args, env = run
-    configs = [value for flag, value in itertools.pairwise(args) if flag == "--config"]
-    configs += [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
-    if any(not (ROOT / path).is_file() and Path(path).parts[0] == "logs" for path in configs):
+    if any(not (ROOT / path).is_file() and Path(path).parts[0] == "logs" for path in config_paths(args)):
         return  # a config a run writes (a sweep's best.yaml)
     for key, value in env.items():
         monkeypatch.setenv(key, value)

@@ -29,7 +29,6 @@ import contextlib
 import datetime
 import fcntl
 import io
-import itertools
 import os
 import sys
 import warnings
@@ -43,7 +42,7 @@ import yaml
 
 from {{ cookiecutter.package_name }}.cli import main as cli_main
 from {{ cookiecutter.package_name }}.engine.callbacks import NonFiniteError
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, exit_on_user_error
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, config_paths, exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.runs import finish_logger_runs, run_dir
 
 try:
@@ -350,9 +349,7 @@ def main(argv: list[str] | None = None) -> None:
 
     given = sys.argv[1:] if argv is None else argv
     with exit_on_user_error("sweep"):
-        configs = [value for flag, value in itertools.pairwise(given) if flag == "--config"]
-        configs += [arg.split("=", 1)[1] for arg in given if arg.startswith("--config=")]
-        for path in configs:  # a training config (an experiment, a preset) is not the sweep's own file
+        for path in config_paths(given):  # a training config (an experiment, a preset) is not the sweep's own file
             if Path(path).resolve().parent.name in ("experiments", "presets"):
                 raise ConfigError(
                     f'{path} is a training config: give it to every trial with ARGS="--args+=--config={path}" '

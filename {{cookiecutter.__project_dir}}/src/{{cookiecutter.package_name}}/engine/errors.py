@@ -76,11 +76,7 @@ def check_config_files(args: Sequence[str]) -> None:
         ConfigError: a ``--config`` file, or a file one names, that is not valid YAML, with its path, line
             and column; an overlay given first.
     """
-    paths = [
-        arg.split("=", 1)[1] if arg.startswith("--config=") else value
-        for arg, value in itertools.pairwise([*args, ""])
-        if arg == "--config" or arg.startswith("--config=")
-    ]
+    paths = config_paths(args)
     overlay = Path(paths[0]).resolve().parent if paths else Path()
     if overlay.name in ("experiments", "presets") and overlay.parent.name == "configs":
         raise ConfigError(
@@ -95,6 +91,15 @@ def check_config_files(args: Sequence[str]) -> None:
         for value in nested:
             if isinstance(value, str) and value.endswith((".yaml", ".yml")) and (path.parent / value).is_file():
                 _read_yaml(path.parent / value)
+
+
+def config_paths(args: Sequence[str]) -> list[str]:
+    """The files of ``args``' ``--config`` options (``--config a.yaml`` and ``--config=a.yaml``), in order."""
+    return [
+        arg.split("=", 1)[1] if arg.startswith("--config=") else value
+        for arg, value in itertools.pairwise([*args, ""])
+        if arg == "--config" or arg.startswith("--config=")
+    ]
 
 
 def _read_yaml(path: Path) -> Any:
