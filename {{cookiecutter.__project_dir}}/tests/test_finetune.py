@@ -384,16 +384,21 @@ def _index_out(folder: Path) -> str:
 
 def _declares_more(folder: Path) -> str:
     config = json.loads((folder / "config.json").read_text())
-    config.update(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24)  # 300M parameters, none stored
+    config.update(hidden_size=1024, intermediate_size=4096)  # the same tensors, each far larger than stored
     (folder / "config.json").write_text(json.dumps(config))
-    from safetensors.torch import save_file
+    return r"holds weights for [\d,]+ numbers, but its config.json declares a model of 2[\d,]{9} parameters"
 
-    save_file({"unused": torch.zeros(1)}, folder / "model.safetensors")  # 76 bytes: transformers initialised the rest
-    return r"holds weights for [\d,]+ numbers, but its config.json declares a model of 3[\d,]{10} parameters"
+
+def _declares_a_million_layers(folder: Path) -> str:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1_000_000}))  # minutes to build
+    return r"config.json declares a model of more than [\d,]+ weight tensors, but its files hold [\d,]+"
 
 
 @pytest.mark.parametrize(
-    "spoil", [_fifo, _link_out, _index_out, _declares_more], ids=["FIFO", "symlink out", "index out", "weights missing"]
+    "spoil",
+    [_fifo, _link_out, _index_out, _declares_more, _declares_a_million_layers],
+    ids=["FIFO", "symlink out", "index out", "weights missing", "a million layers"],
 )
 def test_a_model_folder_is_read_through_its_own_regular_files_only(tiny: Path, tmp_path: Path, spoil) -> None:
     # A downloaded folder is data: what it makes the loader read is refused in one line, before anything reads it.

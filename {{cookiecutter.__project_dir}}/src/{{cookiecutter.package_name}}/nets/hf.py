@@ -144,10 +144,13 @@ def check_weights_present(auto_class: Any, found: Pretrained, fix: str, num_labe
     beside a tiny weight file made it allocate and initialise hundreds of millions of numbers, and a
     partial copy trains from noise without a word. The model is built on the ``meta`` device (no memory)
     and its parameters counted against the tensors the files' headers declare; a new head (another
-    number of classes) is a small part of a model, so half is the bound.
+    number of classes) is a small part of a model, so half is the bound. The build itself is bounded
+    too: past twice the files' tensors (and 64 more) it stops, so a config declaring a million layers
+    costs no more than the files it came with (``register_module_parameter_registration_hook``).
 
     Raises:
-        ConfigError: the weights hold less than half the declared parameters (both counts, and ``fix``).
+        ConfigError: the weights hold less than half the declared parameters, or far fewer tensors than
+            the model registers (both counts, and ``fix``).
     """
     import transformers
     from safetensors import safe_open
@@ -155,22 +158,38 @@ def check_weights_present(auto_class: Any, found: Pretrained, fix: str, num_labe
     files = sorted(found.folder.glob("*.safetensors"))
     if not files:
         return  # no weights at all: from_pretrained names the file it looked for
+    stored, tensors = 0, 0
+    for file in files:
+        try:
+            with safe_open(file, framework="pt") as weights:
+                shapes = [weights.get_slice(name).get_shape() for name in weights.keys()]  # noqa: SIM118
+        except Exception as error:  # safetensors' errors share no base class
+            raise ConfigError(f"net.model: {file} is not a readable safetensors file ({error}); {fix}") from None
+        stored, tensors = stored + sum(map(math.prod, shapes)), tensors + len(shapes)
+    limit, registered = 2 * tensors + 64, [0]
+
+    def count(*_: Any) -> None:
+        registered[0] += 1
+        if registered[0] > limit:
+            raise ConfigError(
+                f"net.model: {found.folder}'s config.json declares a model of more than {limit:,} weight tensors, "
+                f"but its files hold {tensors:,}: most weights are missing (a partial copy?); {fix}"
+            )
+
     extra = {} if num_labels is None else {"num_labels": num_labels}
+    hook = torch.nn.modules.module.register_module_parameter_registration_hook(count)
     try:
         config = transformers.AutoConfig.from_pretrained(
             found.folder, local_files_only=True, trust_remote_code=False, **extra
         )
         with torch.device("meta"):
             declared = sum(parameter.numel() for parameter in auto_class.from_config(config).parameters())
+    except ConfigError:
+        raise
     except (OSError, ValueError, KeyError, TypeError):
         return  # not a model of this kind: from_pretrained names the problem
-    stored = 0
-    for file in files:
-        try:
-            with safe_open(file, framework="pt") as weights:
-                stored += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())  # noqa: SIM118
-        except Exception as error:  # safetensors' errors share no base class
-            raise ConfigError(f"net.model: {file} is not a readable safetensors file ({error}); {fix}") from None
+    finally:
+        hook.remove()
     if stored < declared / 2:
         raise ConfigError(
             f"net.model: {found.folder} holds weights for {stored:,} numbers, but its config.json declares a model "
