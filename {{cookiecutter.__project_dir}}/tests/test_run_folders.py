@@ -418,8 +418,8 @@ def test_every_leaf_of_a_checkpoint_is_data(tmp_path: Path) -> None:
     outcomes = {kind: sum(r["outcome"].startswith(kind) for r in results) for kind in ("ran", "refused", "traceback")}
     print(f"{len(results)} cases: {outcomes}; leaves: {sorted({r['leaf'] for r in results})}")
     # What inference reads (weights, arguments, the DataModule's state) and a resume's loop and callback states
-    # (engine.checkpoints.check_training_state) are refused in one line. The optimizer's and the schedule's
-    # states of another type still end in torch's own error: safe (checked above), not yet one line.
+    # (engine.checkpoints.check_training_state) are refused in one line. The optimizer's per-parameter state of
+    # another type still ends in torch's own error: safe (checked above), not yet one line.
     one_line = [r for r in results if r["command"] == "load_trained" or r["leaf"].startswith(("loops", "callbacks"))]
     loud = [r for r in one_line if not r["outcome"].startswith(("ran", "refused"))]
     assert loud == [], "\n".join(f"{r['leaf']} = {r['value']}: {r['outcome']}" for r in loud[:30])

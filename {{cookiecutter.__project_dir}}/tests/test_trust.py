@@ -727,17 +727,20 @@ def test_arguments_of_the_wrong_kind_are_one_line(trained_run: Path, tmp_path: P
         ("callbacks/RandomStateCheckpoint/python/state", "abc", r"\.python\.state holds str, not a list"),
         ("callbacks/RandomStateCheckpoint/torch", torch.zeros(3), r"\.torch holds torch\.float32, not a tensor of \S+"),
         ("callbacks/RandomStateCheckpoint/numpy/position", 2.5, r"numpy\.position holds float, not a number \(int\)"),
+        ("lr_schedulers/0/last_epoch", "7", r"lr_schedulers\[0\]\.last_epoch holds str, not a number \(int\)"),
+        ("optimizer_states/0/param_groups/0/lr", [0.1], r"param_groups\[0\]\.lr holds list, not a number \(float\)"),
     ],
 )
 def test_a_training_state_of_another_kind_is_refused_before_it_is_restored(
     trained_run: Path, tmp_path: Path, position: str, value: Any, named: str
 ) -> None:
-    """Loop progress and callback states are data Lightning restores as given (a traceback mid-restore, or later)."""
+    """Loop progress, callback, optimizer and schedule states are data Lightning restores as given (a traceback
+    mid-restore, or later)."""
     checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
     *parents, last = position.split("/")
     place = checkpoint
     for key in parents:
-        place = place[key]
+        place = place[int(key) if key.isdigit() else key]
     if value is None:
         del place[last]
     else:

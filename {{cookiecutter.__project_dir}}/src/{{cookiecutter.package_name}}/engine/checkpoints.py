@@ -446,15 +446,18 @@ def check_optimizer_continues(checkpoint: dict[str, Any], model: torch.nn.Module
             )
 
 
-def check_training_state(checkpoint: dict[str, Any], trainer: Any, path: _PATH) -> None:
-    """Refuse to resume from a checkpoint whose loop progress or callback states differ in kind from what this
-    run's own loops and callbacks write, before Lightning restores them.
+def check_training_state(checkpoint: dict[str, Any], trainer: Any, path: _PATH, optimizer: Any = None) -> None:
+    """Refuse to resume from a checkpoint whose loop progress, callback, optimizer or schedule states differ in
+    kind from what this run's own loops, callbacks and (``optimizer``: a throwaway ``(optimizer, schedule)``
+    built as fit builds them) optimizer and schedule write, before Lightning restores them.
 
     Lightning loads these states as given: a counter that is text, a progress that is a list, a random
     state of another shape fails in the middle of its restore with a traceback, or later in training.
     Each is compared, position by position, with the state the live object gives now (the reference):
     a mapping where it has a mapping, with every key its loops need; numbers where it has numbers,
     text where text, tensors of its dtype where tensors.
+
+    An optimizer's per-parameter state has no reference before a step, and is left to torch.
 
     Raises:
         CheckpointError: names the first position that differs, what it holds and what was expected.
@@ -463,6 +466,9 @@ def check_training_state(checkpoint: dict[str, Any], trainer: Any, path: _PATH) 
     callbacks = {callback.state_key: callback.state_dict() for callback in trainer.callbacks}
     saved_callbacks = checkpoint.get("callbacks") or {}
     problem = _unlike(checkpoint.get("loops"), loops, "loops", every_key=True) if "loops" in checkpoint else None
+    for key, live in zip(("optimizer_states", "lr_schedulers"), optimizer or (), strict=False):
+        if problem is None and live is not None and key in checkpoint:
+            problem = _unlike(checkpoint[key], [live.state_dict()], key, every_key=False)
     if problem is None and isinstance(saved_callbacks, dict):
         shared = {key: callbacks[key] for key in saved_callbacks.keys() & callbacks.keys()}
         problem = _unlike({key: saved_callbacks[key] for key in shared}, shared, "callbacks", every_key=False)

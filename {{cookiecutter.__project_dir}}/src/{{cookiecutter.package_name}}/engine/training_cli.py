@@ -307,7 +307,8 @@ class TrainingCLI(LightningCLI):
         if _is_checkpoint_file(ckpt_path):  # fit continues the optimizer and schedule too
             checkpoint = self._read_checkpoint(ckpt_path)
             check_optimizer_continues(checkpoint, self.model, ckpt_path)
-            check_training_state(checkpoint, self.trainer, ckpt_path)
+            built = self.model.build_optimizer(total_steps=1000) if isinstance(self.model, TrainingModule) else None
+            check_training_state(checkpoint, self.trainer, ckpt_path, built)
         self._hand_over_checkpoint()
         if ckpt_path and self.trainer.is_global_zero:
             replace_resume_warnings(str(run_dir(self.trainer)))
