@@ -2,6 +2,9 @@
 in pieces as whole, saved in the checkpoint{{ " and the prepared data set" if cookiecutter.use_prepared == "yes" else "" }}, refused where it cannot work."""
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from conftest import (
 {%- endif %}
     shrunk_args,
     user_error,
+    with_tests_importable,
 )
 {%- if cookiecutter.use_prepared == "yes" %}
 from test_language_model import write_texts
@@ -106,6 +110,99 @@ def test_a_saved_tokenizer_runs_only_the_pipeline_this_project_trains(part: str,
         tree[part] = value
     with pytest.raises(DataError, match=rf"checkpoint: the saved BPE tokenizer's {refusal} is not as this project "):
         BPETokenizer.from_json(json.dumps(tree))
+
+
+TOKENIZER_LEAVES = textwrap.dedent(
+    """
+    import json, resource, sys, time
+    resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]), int(sys.argv[2])))
+    from {{ cookiecutter.package_name }}.data.tokenizer import BPETokenizer
+    from {{ cookiecutter.package_name }}.engine.errors import UserError
+
+    for case in json.loads(open(sys.argv[1]).read()):
+        start = time.perf_counter()
+        try:
+            BPETokenizer.from_json(case["text"]).encode("Call me Ishmael. " * 20)
+            outcome = "ran"
+        except UserError as error:
+            outcome = "refused" if "\\n" not in str(error) else "refused over several lines"
+        except Exception as error:  # a traceback: not a one-line refusal
+            outcome = f"traceback {type(error).__name__}: {str(error)[:120]}"
+        print(json.dumps({"leaf": case["leaf"], "value": case["value"], "outcome": outcome,
+                          "seconds": time.perf_counter() - start}), flush=True)
+    """
+)
+
+
+def json_leaves(tree, where: tuple = ()):
+    """``(key path, value)`` for every leaf of a JSON tree."""
+    if isinstance(tree, dict) and tree:
+        for key, value in tree.items():
+            yield from json_leaves(value, (*where, key))
+    elif isinstance(tree, list) and tree:
+        for index, value in enumerate(tree):
+            yield from json_leaves(value, (*where, index))
+    else:
+        yield where, tree
+
+
+def json_replaced(tree, where: tuple, value):
+    """A copy of ``tree`` with the leaf at ``where`` replaced by ``value``."""
+    if not where:
+        return value
+    copy = dict(tree) if isinstance(tree, dict) else list(tree)
+    copy[where[0]] = json_replaced(tree[where[0]], where[1:], value)
+    return copy
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS: Linux")
+def test_every_leaf_of_a_saved_tokenizer_is_data(tmp_path: Path) -> None:
+    # One leaf of each kind of a real BPE's JSON (a vocabulary entry, a merge's half, every pipeline field) is
+    # replaced in turn by each hostile value, and the tokenizer read and run as a checkpoint's is: nothing may take
+    # memory past the limit or long, and a refusal is one line.
+    deep: object = "x"
+    for _ in range(200):
+        deep = [deep]
+    hostile = {
+        "class spec": {"class_path": "os.system", "init_args": {"command": "id"}},
+        "dotted function": "os.system",
+        "path outside": "/etc/passwd",
+        "http URL": "http://127.0.0.1:9/x",
+        "id past u32": 2**40,
+        "largest u32 id": 2**32 - 1,
+        "negative": -5,
+        "float": 0.5,
+        "deep nesting": deep,
+        "wide mapping": {f"k{index}": index for index in range(100_000)},
+        "long text": "a" * 5_000_000,
+        "null": None,
+    }
+    tree = json.loads(BPETokenizer.train([AWKWARD * 5], 300).to_json())
+    kinds: dict[tuple, tuple] = {}
+    for where, _ in json_leaves(tree):  # list positions alike, and every vocabulary entry alike
+        kind = tuple("*" if isinstance(key, int) or where[:2] == ("model", "vocab") else key for key in where)
+        kinds.setdefault(kind, where)
+    cases = [
+        {"leaf": ".".join(map(str, where)), "value": label, "text": json.dumps(json_replaced(tree, where, value))}
+        for where in kinds.values()
+        for label, value in hostile.items()
+    ]
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    (tmp_path / "driver.py").write_text(TOKENIZER_LEAVES)
+    limit = 3 << 30  # bytes of address space: a vocabulary indexed up to a u32 id would take 32 GB
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "cases.json"), str(limit)],
+        env=with_tests_importable(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(cases) > 100
+    loud = [r for r in results if not r["outcome"].startswith(("ran", "refused"))]  # a hang: the timeout above
+    assert loud == [], "\n".join(f"{r['leaf']} = {r['value']}: {r['outcome']}" for r in loud[:30])
+    print(f"{len(results)} cases: {sum(r['outcome'] == 'ran' for r in results)} ran, the rest refused in one line")
 
 
 def test_bpe_learns_from_the_training_split_only(tmp_path: Path) -> None:
