@@ -395,10 +395,22 @@ def _declares_a_million_layers(folder: Path) -> str:
     return r"config.json declares a model of more than [\d,]+ weight tensors, but its files hold [\d,]+"
 
 
+def _declares_a_layer_more(folder: Path) -> str:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": LAYERS + 1}))
+    return r"weights do not fit the model its config.json declares: 9 tensor\(s\) missing or of another shape"
+
+
+def _wrong_type(folder: Path) -> str:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "use_cache": "os.system"}))
+    return r"holds no tokenizer transformers can read \(StrictDataclassFieldValidationError: .*use_cache"
+
+
 @pytest.mark.parametrize(
     "spoil",
-    [_fifo, _link_out, _index_out, _declares_more, _declares_a_million_layers],
-    ids=["FIFO", "symlink out", "index out", "weights missing", "a million layers"],
+    [_fifo, _link_out, _index_out, _declares_more, _declares_a_million_layers, _declares_a_layer_more, _wrong_type],
+    ids=["FIFO", "symlink out", "index out", "weights missing", "a million layers", "a layer more", "wrong type"],
 )
 def test_a_model_folder_is_read_through_its_own_regular_files_only(tiny: Path, tmp_path: Path, spoil) -> None:
     # A downloaded folder is data: what it makes the loader read is refused in one line, before anything reads it.

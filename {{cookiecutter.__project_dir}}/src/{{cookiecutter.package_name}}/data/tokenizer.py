@@ -160,8 +160,9 @@ class PretrainedTokenizer:
         found = locate(source, key=key)
         try:
             backend = AutoTokenizer.from_pretrained(found.folder, local_files_only=True, trust_remote_code=False)
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"{key}: {found.folder} holds no tokenizer transformers can read ({error})") from None
+        except Exception as error:  # data: every failure of the loader on it is the folder's (nets.hf.from_files)
+            said = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+            raise ConfigError(f"{key}: {found.folder} holds no tokenizer transformers can read ({said})") from None
         if not backend.is_fast:
             raise ConfigError(f"{key}: {found.folder} has no fast tokenizer (tokenizer.json); convert it or use bytes")
         self.source, self.backend = source, backend

@@ -117,24 +117,44 @@ class HFNet(nn.Module):
             )
 
 
-def from_files(auto_class: Any, found: Pretrained, kind: str, fix: str, **options: Any) -> nn.Module:
-    """``auto_class.from_pretrained`` of ``found``'s folder, offline and never running the folder's code.
+def from_files(auto_class: Any, found: Pretrained, kind: str, fix: str, new: str = "", **options: Any) -> nn.Module:
+    """``auto_class.from_pretrained`` of ``found``'s folder, offline and never running the folder's code, with
+    every weight from the folder: one the folder lacks, or holds in another shape, is refused, not initialised
+    (transformers would initialise it with a note), but under the module named ``new`` (a new head).
+
+    A folder is data: whatever transformers raises on it (a field of the wrong type in ``config.json``
+    fails as a TypeError, an AttributeError, a dataclass validation error, a negative size as a
+    RuntimeError) is the folder's fault and one line, but running out of memory.
 
     Raises:
         ValueError: the folder does not hold a ``kind`` model (names it, the error, and ``fix``), or its
             weight files lack most of the model its ``config.json`` declares (:func:`check_weights_present`).
     """
+    if torch.get_default_device().type == "meta":  # engine.inference's shell: a pretrained net is built from its files
+        raise NotImplementedError("a pretrained net is built from its files, not on the meta device")
     check_weights_present(auto_class, found, fix, num_labels=options.get("num_labels"))
     try:
-        return auto_class.from_pretrained(
+        model, loaded = auto_class.from_pretrained(
             found.folder,
             local_files_only=True,
             trust_remote_code=False,  # a folder's own Python never runs (nets.hub.check_data_only)
             use_safetensors=True,  # never a pickled pytorch_model.bin
+            output_loading_info=True,
             **options,
         )
-    except (OSError, ValueError, KeyError) as error:
-        raise ConfigError(f"net.model: {found.folder} is not {kind} ({error}); {fix}") from None
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as error:  # data: every failure of the loader on it is the folder's
+        said = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+        raise ConfigError(f"net.model: {found.folder} is not {kind} ({said}); {fix}") from None
+    keys = [*loaded["missing_keys"], *(key if isinstance(key, str) else key[0] for key in loaded["mismatched_keys"])]
+    initialised = sorted(key for key in keys if not (new and key.split(".")[0] == new))
+    if initialised:
+        raise ConfigError(
+            f"net.model: {found.folder}'s weights do not fit the model its config.json declares: {len(initialised)} "
+            f"tensor(s) missing or of another shape ({initialised[0]} first), which would start from noise; {fix}"
+        )
+    return model
 
 
 def check_weights_present(auto_class: Any, found: Pretrained, fix: str, num_labels: int | None = None) -> None:
@@ -184,10 +204,10 @@ def check_weights_present(auto_class: Any, found: Pretrained, fix: str, num_labe
         )
         with torch.device("meta"):
             declared = sum(parameter.numel() for parameter in auto_class.from_config(config).parameters())
-    except ConfigError:
+    except (ConfigError, MemoryError, torch.OutOfMemoryError):
         raise
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # not a model of this kind: from_pretrained names the problem
+    except Exception:  # not a model of this kind: from_pretrained names the problem
+        return
     finally:
         hook.remove()
     if stored < declared / 2:

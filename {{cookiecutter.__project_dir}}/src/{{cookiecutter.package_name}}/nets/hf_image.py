@@ -66,6 +66,7 @@ class HFImageClassifier(HFNet):
                 found,
                 "an image model transformers can classify with",
                 "give a folder that save_pretrained wrote for a vision model (ViT, DINOv2, ConvNeXt, ResNet, ...)",
+                new=HEAD,
                 num_labels=num_classes,
                 ignore_mismatched_sizes=True,  # a folder's own head for other classes is replaced
             )
