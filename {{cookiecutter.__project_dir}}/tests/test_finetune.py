@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from conftest import (
 {%- endif %}
     shrunk_args,
     user_error,
+    with_tests_importable,
 )
 from test_language_model import assert_cached_decoding_equals_uncached
 {%- if cookiecutter.use_serving == "yes" %}
@@ -419,6 +421,64 @@ def test_a_model_folder_is_read_through_its_own_regular_files_only(tiny: Path, t
     message = spoil(folder)
     with user_error(rf"^(data\.tokenizer|net\.model): {re.escape(str(folder))}.*{message}"):
         main(["fit", *finetune_args(tmp_path, folder), *SHORT])
+
+
+MODEL_FOLDER_FIELDS = textwrap.dedent(
+    """
+    import json, resource, shutil, sys
+    from pathlib import Path
+    resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[3]), int(sys.argv[3])))
+    from {{ cookiecutter.package_name }}.engine.errors import UserError
+    from {{ cookiecutter.package_name }}.nets import HFCausalLM
+
+    base, work = Path(sys.argv[2]), Path(sys.argv[2]).with_name("case")
+    config = json.loads((base / "config.json").read_text())
+    for case in json.loads(open(sys.argv[1]).read()):
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(base, work)
+        (work / "config.json").write_text(json.dumps({**config, case["field"]: case["value"]}))
+        try:
+            HFCausalLM(str(work))
+            outcome = "ran"
+        except UserError as error:
+            outcome = "refused" if "\\n" not in str(error) else "refused over several lines"
+        except Exception as error:  # a traceback: not a one-line refusal
+            outcome = f"traceback {type(error).__name__}: {str(error)[:120]}"
+        print(json.dumps({"field": case["field"], "label": case["label"], "outcome": outcome}), flush=True)
+    """
+)
+
+
+@pytest.mark.slow  # about 250 loads of the tiny Llama, in one process under a memory limit
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS: Linux")
+def test_every_field_of_a_model_folders_config_is_data(tiny: Path, tmp_path: Path) -> None:
+    # Each field of a real config.json is replaced in turn by each hostile value and the folder loaded as a
+    # net: nothing may take memory past the limit or hang (the timeout), and a refusal is one line.
+    deep: object = "x"
+    for _ in range(200):
+        deep = [deep]
+    hostile = {"class spec": {"class_path": "os.system", "init_args": {"command": "id"}}, "dotted function": "x.y"}
+    hostile |= {"huge": 2**40, "negative": -5, "float": 0.5, "deep nesting": deep, "text": "x", "null": None}
+    hostile["list"] = [1, 2]
+    fields = json.loads((tiny / "config.json").read_text())
+    cases = [{"field": field, "label": label, "value": value} for field in fields for label, value in hostile.items()]
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    (tmp_path / "driver.py").write_text(MODEL_FOLDER_FIELDS)
+    shutil.copytree(tiny, tmp_path / "base")
+    limit = 6 << 30  # bytes of address space: a config of 2**40 positions or vocabulary rows made whole takes more
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "cases.json"), str(tmp_path / "base"), str(limit)],
+        env=with_tests_importable(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(cases) > 100
+    loud = [r for r in results if not r["outcome"].startswith(("ran", "refused"))]
+    assert loud == [], "\n".join(f"{r['field']} = {r['label']}: {r['outcome']}" for r in loud[:30])
+    print(f"{len(results)} cases: {sum(r['outcome'] == 'ran' for r in results)} loaded, the rest refused in one line")
 
 
 def adapter_gradients(net: HFCausalLM, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
