@@ -457,7 +457,7 @@ def test_every_field_of_a_model_folders_config_is_data(tiny: Path, tmp_path: Pat
     deep: object = "x"
     for _ in range(200):
         deep = [deep]
-    hostile = {"class spec": {"class_path": "os.system", "init_args": {"command": "id"}}, "dotted function": "x.y"}
+    hostile = {"class spec": {"class_path": "os.system", "init_args": dict(command="id")}, "dotted function": "x.y"}
     hostile |= {"huge": 2**40, "negative": -5, "float": 0.5, "deep nesting": deep, "text": "x", "null": None}
     hostile["list"] = [1, 2]
     fields = json.loads((tiny / "config.json").read_text())

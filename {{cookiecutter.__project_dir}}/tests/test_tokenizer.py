@@ -164,7 +164,7 @@ def test_every_leaf_of_a_saved_tokenizer_is_data(tmp_path: Path) -> None:
     for _ in range(200):
         deep = [deep]
     hostile = {
-        "class spec": {"class_path": "os.system", "init_args": {"command": "id"}},
+        "class spec": {"class_path": "os.system", "init_args": dict(command="id")},
         "dotted function": "os.system",
         "path outside": "/etc/passwd",
         "http URL": "http://127.0.0.1:9/x",
