@@ -104,7 +104,7 @@ def _jsonargparse_messages() -> bool:
 
 def _fused_step_reads_found_inf() -> bool:
     optimizer = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], fused=True)
-    return optimizer._step_supports_amp_scaling is True and "found_inf" in inspect.getsource(torch.optim.Adam.step)
+    return optimizer._step_supports_amp_scaling is True and "found_inf" in inspect.getsource(type(optimizer).step)
 
 
 def _model_parallel_sizes() -> bool:
