@@ -238,6 +238,48 @@ def with_tests_importable() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in paths if path)}
 
 
+{% if cookiecutter.task != "tabular" -%}
+def leaves(tree, where: tuple = ()):
+    """``(key path, value)`` for every leaf of a loaded checkpoint or JSON tree: what is not a dict, list or tuple."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from leaves(value, (*where, key))
+    elif isinstance(tree, list | tuple) and tree:
+        for index, value in enumerate(tree):
+            yield from leaves(value, (*where, index))
+    else:
+        yield where, tree
+
+
+def replaced(tree, where: tuple, value):
+    """``tree`` with the leaf at ``where`` replaced by ``value`` (a tuple on the way rebuilt as a tuple)."""
+    if not where:
+        return value
+    key, rest = where[0], where[1:]
+    if isinstance(tree, tuple):
+        return tuple(replaced(item, rest, value) if index == key else item for index, item in enumerate(tree))
+    copy = dict(tree) if isinstance(tree, dict) else list(tree)
+    copy[key] = replaced(tree[key], rest, value)
+    return copy
+
+
+def run_hostile_cases(driver: str, cases: list[dict], folder: Path, limit: int, *args: str) -> list[dict]:
+    """Run ``driver`` (a script's text, written into ``folder``) in a fresh process on ``cases`` under an
+    address-space limit of ``limit`` bytes; the results it prints, one JSON line a case. The driver reads the
+    cases file (argv[1]), the limit (argv[2]), then ``args``; ``folder`` is importable (a planted module)."""
+    (folder / "cases.json").write_text(json.dumps(cases))
+    (folder / "driver.py").write_text(driver)
+    env = with_tests_importable()
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), env["PYTHONPATH"]])
+    command = [sys.executable, str(folder / "driver.py"), str(folder / "cases.json"), str(limit), *args]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(cases)
+    return results
+
+
+{% endif -%}
 class StartingWeights(L.Callback):
     """Saves each process's parameters as training starts to ``folder``/rank<N>.pt (a state dict on the CPU)."""
 

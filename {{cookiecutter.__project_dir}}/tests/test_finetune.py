@@ -26,9 +26,9 @@ from conftest import (
 {%- if cookiecutter.use_serving != "yes" %}
     greedy_completions,
 {%- endif %}
+    run_hostile_cases,
     shrunk_args,
     user_error,
-    with_tests_importable,
 )
 from test_language_model import assert_cached_decoding_equals_uncached
 {%- if cookiecutter.use_serving == "yes" %}
@@ -427,11 +427,11 @@ MODEL_FOLDER_FIELDS = textwrap.dedent(
     """
     import json, resource, shutil, sys
     from pathlib import Path
-    resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[3]), int(sys.argv[3])))
+    resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]), int(sys.argv[2])))
     from {{ cookiecutter.package_name }}.engine.errors import UserError
     from {{ cookiecutter.package_name }}.nets import HFCausalLM
 
-    base, work = Path(sys.argv[2]), Path(sys.argv[2]).with_name("case")
+    base, work = Path(sys.argv[3]), Path(sys.argv[3]).with_name("case")
     config = json.loads((base / "config.json").read_text())
     for case in json.loads(open(sys.argv[1]).read()):
         shutil.rmtree(work, ignore_errors=True)
@@ -462,19 +462,9 @@ def test_every_field_of_a_model_folders_config_is_data(tiny: Path, tmp_path: Pat
     hostile["list"] = [1, 2]
     fields = json.loads((tiny / "config.json").read_text())
     cases = [{"field": field, "label": label, "value": value} for field in fields for label, value in hostile.items()]
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    (tmp_path / "driver.py").write_text(MODEL_FOLDER_FIELDS)
     shutil.copytree(tiny, tmp_path / "base")
     limit = 6 << 30  # bytes of address space: a config of 2**40 positions or vocabulary rows made whole takes more
-    done = subprocess.run(
-        [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "cases.json"), str(tmp_path / "base"), str(limit)],
-        env=with_tests_importable(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    results = run_hostile_cases(MODEL_FOLDER_FIELDS, cases, tmp_path, limit, str(tmp_path / "base"))
     assert len(results) == len(cases) > 100
     loud = [r for r in results if not r["outcome"].startswith(("ran", "refused"))]
     assert loud == [], "\n".join(f"{r['field']} = {r['label']}: {r['outcome']}" for r in loud[:30])

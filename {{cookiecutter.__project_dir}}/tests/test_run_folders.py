@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import {{ "ROOT, " if cookiecutter.task == "image-classification" else "" }}shrunk_args, user_error{{ ", with_tests_importable" if cookiecutter.task == "image-classification" else "" }}
+from conftest import {{ "ROOT, leaves, replaced, run_hostile_cases, " if cookiecutter.task == "image-classification" else "" }}shrunk_args, user_error{{ ", with_tests_importable" if cookiecutter.task == "image-classification" else "" }}
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -323,30 +323,6 @@ LEAF_DRIVER = textwrap.dedent(
 )
 
 
-def leaves(tree, where: tuple = ()):
-    """``(key path, value)`` for every leaf of a loaded checkpoint: what is not a dict, list or tuple."""
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from leaves(value, (*where, key))
-    elif isinstance(tree, list | tuple) and tree:
-        for index, value in enumerate(tree):
-            yield from leaves(value, (*where, index))
-    else:
-        yield where, tree
-
-
-def replaced(tree, where: tuple, value):
-    """``tree`` with the leaf at ``where`` replaced by ``value`` (a tuple on the way rebuilt as a tuple)."""
-    if not where:
-        return value
-    key, rest = where[0], where[1:]
-    if isinstance(tree, tuple):
-        return tuple(replaced(item, rest, value) if index == key else item for index, item in enumerate(tree))
-    copy = dict(tree) if isinstance(tree, dict) else list(tree)
-    copy[key] = replaced(tree[key], rest, value)
-    return copy
-
-
 def hostile_values(module: str, home: Path, fifo: Path) -> dict[str, object]:
     deep: object = "x"
     for _ in range(200):
@@ -373,7 +349,6 @@ def test_every_leaf_of_a_checkpoint_is_data(tmp_path: Path) -> None:
     # predict{{ ", export, serve" if cookiecutter.use_serving == "yes" else "" }}{{ ", generate" if cookiecutter.task == "language-model" else "" }} load with.)
     # Nothing may run (a planted module leaves a mark when imported), change a file outside the run, hang (the
     # process's timeout) or take memory past the limit (RLIMIT_AS); a refusal is one line.
-    import json
     import random
 
     first = main(["fit", *shrunk_args(tmp_path / "trained"), "--test_after_fit=false"])
@@ -399,20 +374,8 @@ def test_every_leaf_of_a_checkpoint_is_data(tmp_path: Path) -> None:
             folder = str(tmp_path / "runs" / f"{number}-{command}")
             leaf = ".".join(map(str, where))
             cases.append({"leaf": leaf, "value": label, "command": command, "path": str(path), "folder": folder})
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    (tmp_path / "driver.py").write_text(LEAF_DRIVER)
     limit = 6 << 30  # bytes of address space: a few times a run's, far below what a stride-0 tensor made whole takes
-    done = subprocess.run(
-        [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "cases.json"), str(limit)],
-        cwd=ROOT,
-        env={**with_tests_importable(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{with_tests_importable()['PYTHONPATH']}"},
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == len(cases)
+    results = run_hostile_cases(LEAF_DRIVER, cases, tmp_path, limit)
     assert not (tmp_path / "imported").exists(), "a hostile leaf imported the planted module"
     assert fingerprint(home) == before
     outcomes = {kind: sum(r["outcome"].startswith(kind) for r in results) for kind in ("ran", "refused", "traceback")}

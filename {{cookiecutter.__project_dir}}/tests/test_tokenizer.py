@@ -2,7 +2,6 @@
 in pieces as whole, saved in the checkpoint{{ " and the prepared data set" if cookiecutter.use_prepared == "yes" else "" }}, refused where it cannot work."""
 
 import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -19,9 +18,11 @@ from conftest import (
 {%- if cookiecutter.use_serving != "yes" %}
     greedy_completions,
 {%- endif %}
+    leaves,
+    replaced,
+    run_hostile_cases,
     shrunk_args,
     user_error,
-    with_tests_importable,
 )
 {%- if cookiecutter.use_prepared == "yes" %}
 from test_language_model import write_texts
@@ -134,27 +135,6 @@ TOKENIZER_LEAVES = textwrap.dedent(
 )
 
 
-def json_leaves(tree, where: tuple = ()):
-    """``(key path, value)`` for every leaf of a JSON tree."""
-    if isinstance(tree, dict) and tree:
-        for key, value in tree.items():
-            yield from json_leaves(value, (*where, key))
-    elif isinstance(tree, list) and tree:
-        for index, value in enumerate(tree):
-            yield from json_leaves(value, (*where, index))
-    else:
-        yield where, tree
-
-
-def json_replaced(tree, where: tuple, value):
-    """A copy of ``tree`` with the leaf at ``where`` replaced by ``value``."""
-    if not where:
-        return value
-    copy = dict(tree) if isinstance(tree, dict) else list(tree)
-    copy[where[0]] = json_replaced(tree[where[0]], where[1:], value)
-    return copy
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS: Linux")
 def test_every_leaf_of_a_saved_tokenizer_is_data(tmp_path: Path) -> None:
     # One leaf of each kind of a real BPE's JSON (a vocabulary entry, a merge's half, every pipeline field) is
@@ -179,26 +159,16 @@ def test_every_leaf_of_a_saved_tokenizer_is_data(tmp_path: Path) -> None:
     }
     tree = json.loads(BPETokenizer.train([AWKWARD * 5], 300).to_json())
     kinds: dict[tuple, tuple] = {}
-    for where, _ in json_leaves(tree):  # list positions alike, and every vocabulary entry alike
+    for where, _ in leaves(tree):  # list positions alike, and every vocabulary entry alike
         kind = tuple("*" if isinstance(key, int) or where[:2] == ("model", "vocab") else key for key in where)
         kinds.setdefault(kind, where)
     cases = [
-        {"leaf": ".".join(map(str, where)), "value": label, "text": json.dumps(json_replaced(tree, where, value))}
+        {"leaf": ".".join(map(str, where)), "value": label, "text": json.dumps(replaced(tree, where, value))}
         for where in kinds.values()
         for label, value in hostile.items()
     ]
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    (tmp_path / "driver.py").write_text(TOKENIZER_LEAVES)
     limit = 3 << 30  # bytes of address space: a vocabulary indexed up to a u32 id would take 32 GB
-    done = subprocess.run(
-        [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "cases.json"), str(limit)],
-        env=with_tests_importable(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    results = run_hostile_cases(TOKENIZER_LEAVES, cases, tmp_path, limit)
     assert len(results) == len(cases) > 100
     loud = [r for r in results if not r["outcome"].startswith(("ran", "refused"))]  # a hang: the timeout above
     assert loud == [], "\n".join(f"{r['leaf']} = {r['value']}: {r['outcome']}" for r in loud[:30])
