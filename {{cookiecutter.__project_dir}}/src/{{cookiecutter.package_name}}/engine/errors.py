@@ -94,7 +94,7 @@ def check_config_files(args: Sequence[str]) -> None:
 
 
 def config_paths(args: Sequence[str]) -> list[str]:
-    """The files of ``args``' ``--config`` options (``--config a.yaml`` and ``--config=a.yaml``), in order."""
+    """The files of ``args``' ``--config`` options (``--config <file>`` and ``--config=<file>``), in order."""
     return [
         arg.split("=", 1)[1] if arg.startswith("--config=") else value
         for arg, value in itertools.pairwise([*args, ""])
