@@ -729,13 +729,21 @@ def test_arguments_of_the_wrong_kind_are_one_line(trained_run: Path, tmp_path: P
         ("callbacks/RandomStateCheckpoint/numpy/position", 2.5, r"numpy\.position holds float, not a number \(int\)"),
         ("lr_schedulers/0/last_epoch", "7", r"lr_schedulers\[0\]\.last_epoch holds str, not a number \(int\)"),
         ("optimizer_states/0/param_groups/0/lr", [0.1], r"param_groups\[0\]\.lr holds list, not a number \(float\)"),
+        ("optimizer_states/0/state/0/exp_avg", "m", r"state\.0\.exp_avg holds str, not a tensor of torch\.float32"),
+        ("optimizer_states/0/state/0/exp_avg", torch.zeros(2), r"exp_avg holds a tensor of shape \(2,\), not \(.*\)"),
+        (
+            "optimizer_states/0/state/1/exp_avg_sq",
+            torch.zeros(1, dtype=torch.int8),
+            r"exp_avg_sq holds torch\.int8, not a tensor of torch\.float32",
+        ),
+        ("optimizer_states/0/state/0/step", torch.zeros(5), r"state\.0\.step holds a tensor of shape \(5,\), not \(\)"),
     ],
 )
 def test_a_training_state_of_another_kind_is_refused_before_it_is_restored(
     trained_run: Path, tmp_path: Path, position: str, value: Any, named: str
 ) -> None:
-    """Loop progress, callback, optimizer and schedule states are data Lightning restores as given (a traceback
-    mid-restore, or later)."""
+    """Loop progress, callback, optimizer (its moments too) and schedule states are data Lightning restores as
+    given (a traceback mid-restore, or at the first step)."""
     checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
     *parents, last = position.split("/")
     place = checkpoint

@@ -457,7 +457,11 @@ def check_training_state(checkpoint: dict[str, Any], trainer: Any, path: _PATH, 
     a mapping where it has a mapping, with every key its loops need; numbers where it has numbers,
     text where text, tensors of its dtype where tensors.
 
-    An optimizer's per-parameter state has no reference before a step, and is left to torch.
+    An optimizer has no per-parameter state before its first step: its reference is that of a copy of it
+    stepped once over meta-device stand-ins of its parameters (no memory, no change to the live one), and
+    its tensors' shapes are compared too (a moment of another shape fails the first step, not the restore).
+    An optimizer that cannot step on the meta device (``LBFGS``' closure, ``Adafactor``'s ``.item()``)
+    is compared in its parameter groups only.
 
     Raises:
         CheckpointError: names the first position that differs, what it holds and what was expected.
@@ -468,7 +472,8 @@ def check_training_state(checkpoint: dict[str, Any], trainer: Any, path: _PATH, 
     problem = _unlike(checkpoint.get("loops"), loops, "loops", every_key=True) if "loops" in checkpoint else None
     for key, live in zip(("optimizer_states", "lr_schedulers"), optimizer or (), strict=False):
         if problem is None and live is not None and key in checkpoint:
-            problem = _unlike(checkpoint[key], [live.state_dict()], key, every_key=False)
+            reference = _stepped_state(live) if key == "optimizer_states" else live.state_dict()
+            problem = _unlike(checkpoint[key], [reference], key, every_key=False, shapes=key == "optimizer_states")
     if problem is None and isinstance(saved_callbacks, dict):
         shared = {key: callbacks[key] for key in saved_callbacks.keys() & callbacks.keys()}
         problem = _unlike({key: saved_callbacks[key] for key in shared}, shared, "callbacks", every_key=False)
@@ -479,10 +484,32 @@ def check_training_state(checkpoint: dict[str, Any], trainer: Any, path: _PATH, 
         )
 
 
-def _unlike(saved: Any, reference: Any, where: str, every_key: bool) -> str | None:
+def _stepped_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer``'s state after one step of a copy of it over meta-device stand-ins of its parameters (zero
+    gradients: no memory is allocated, the live optimizer is untouched), or its state now where that fails."""
+    groups = []
+    for group in optimizer.param_groups:
+        stand_ins = [torch.nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad) for p in group["params"]]
+        for stand_in in stand_ins:
+            stand_in.grad = torch.empty_like(stand_in)
+        kernel = {"fused": None} if group.get("fused") else {}  # the same state, from kernels that run on meta
+        groups.append({**group, "params": stand_ins, **kernel})
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            copy = type(optimizer)(groups)
+            copy.step()
+        state = copy.state_dict()
+    except Exception:  # closures and .item() do not run on meta: the parameter groups only
+        return optimizer.state_dict()
+    return {**state, "param_groups": optimizer.state_dict()["param_groups"]}
+
+
+def _unlike(saved: Any, reference: Any, where: str, every_key: bool, shapes: bool = False) -> str | None:
     """The first position (``where`` + keys) at which ``saved`` differs in kind from ``reference``, else None.
 
-    ``every_key``: a key of a reference mapping must be in ``saved`` too (the loops read every one)."""
+    ``every_key``: a key of a reference mapping must be in ``saved`` too (the loops read every one).
+    ``shapes``: tensors must have the reference's shape too (an optimizer's moments and step counts)."""
     stack = [(saved, reference, where)]
     while stack:
         saved, reference, where = stack.pop()
@@ -507,6 +534,8 @@ def _unlike(saved: Any, reference: Any, where: str, every_key: bool) -> str | No
             )
             if not same:
                 return f"{where} holds {getattr(saved, 'dtype', kind)}, not a tensor of {reference.dtype}"
+            if shapes and saved.shape != reference.shape:
+                return f"{where} holds a tensor of shape {tuple(saved.shape)}, not {tuple(reference.shape)}"
         elif reference is None:  # not set yet in the live object (a best score before any): plain values only
             if not (saved is None or isinstance(saved, bool | int | float | str | torch.Tensor)):
                 return f"{where} holds {kind}, not a value"
