@@ -105,8 +105,8 @@ SWEEP_FILES = [
 ]
 
 
-# The files of the training benchmark (use_benchmark): make bench's command.
-BENCHMARK_FILES = ["src/{package}/commands/bench.py"]
+# The files of the training benchmark (use_benchmark): make bench's command and the step's op-count guard.
+BENCHMARK_FILES = ["src/{package}/commands/bench.py", "tests/test_step_ops.py"]
 
 
 # The files of shipping a model (use_serving): make export and make serve, their load test and tests.

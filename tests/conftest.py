@@ -89,7 +89,7 @@ TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", 
 TEST_FILES += ["test_private_apis.py", "test_find.py"]
 TEST_FILES += ["own_pieces.py", "test_environment.py", "test_ship.py", "test_sweep.py", "test_prepared.py"]
 TEST_FILES += ["test_trust.py", "test_precision.py", "test_init_from.py"]
-TEST_FILES += ["test_run_folders.py", "test_documented_commands.py", "test_fsdp.py"]
+TEST_FILES += ["test_run_folders.py", "test_documented_commands.py", "test_fsdp.py", "test_step_ops.py"]
 # Each task family's own files, stated here independently of the post-gen hook's list.
 TASK_PACKAGE_FILES = {
     "image-classification": [
@@ -166,8 +166,8 @@ def expected_files(
         files -= {f"src/{package}/commands/find.py", "tests/test_find.py"}
         files -= {f"src/{package}/commands/cv.py", "tests/test_cv.py"}
         files -= {"scripts/slurm/sweep.sbatch"}
-    if not use_benchmark:  # make bench's command
-        files -= {f"src/{package}/commands/bench.py"}
+    if not use_benchmark:  # make bench's command and the step's op-count guard
+        files -= {f"src/{package}/commands/bench.py", "tests/test_step_ops.py"}
     if not use_serving:  # make export and make serve: their commands, the HTTP APIs, the load test and tests
         serving = ("__init__.py", "api.py", "connections.py", "openai_api.py", "batching.py", "completions.py")
         files -= {f"src/{package}/serving/{name}" for name in serving}

@@ -37,10 +37,11 @@ What each path does on the host, whatever the device: ``project_eager_ops_per_st
 (torch.profiler over a window of steps in a run of its own: not one inside another op, not inside a
 torch.compile graph), ``eager_ops_ratio`` is their ratio, and ``*_eager_ops_by_op`` /
 ``*_eager_ops_by_part`` break them down by op and by the Lightning hook (or plain-loop stage) that
-dispatched them ("[Callback]StopOnNonFinite.on_before_optimizer_step", "plain: clipping"). The window
-is averaged per step and may hold an epoch's end (validation, checkpoints), as a run does. Each op
-costs the host a few microseconds: on a GPU whose kernels are fast, their count is what separates
-the two paths.
+dispatched them ("[Callback]StopOnNonFinite.on_before_optimizer_step", "plain: clipping"). An epoch's
+end in the window (metrics computed, checkpoints saved, the next epoch set up; validation left out)
+is counted apart, per epoch end: ``*_eager_ops_per_epoch_end``, ``*_eager_ops_by_part_at_epoch_end``
+and ``epoch_end_ops_ratio``. Each op costs the host a few microseconds: on a GPU whose kernels are
+fast, their count is what separates the two paths.
 
 Usage: ``python -m {{ cookiecutter.package_name }}.commands.bench [--config FILE ...] [--steps N] [--repeats R] [CLI arguments ...]``
 (``make bench`` passes the Makefile's ``CONFIG``; the config path is relative to the working folder.)
@@ -140,25 +141,36 @@ class OpWindow:
 
 
 class OpWindowCallback(L.Callback):
-    """:class:`OpWindow` driven by Lightning's ``on_train_batch_end``; marks where validation runs start and end.
+    """:class:`OpWindow` driven by Lightning's ``on_train_batch_end``; marks where validation runs and epoch ends
+    start and end.
 
-    Lightning's evaluation loop is no profiler range of its own (a validation batch's transfer sits
-    under no validation range), so the validation runs of the window are told apart by time.
+    Lightning's evaluation loop and epoch end are no profiler ranges of their own (a validation batch's
+    transfer sits under no validation range), so they are told apart by time: an epoch's end runs from
+    its last step's ``on_train_batch_end`` to the next epoch's ``on_train_epoch_start``.
     """
 
     def __init__(self, window: OpWindow) -> None:
         self.window = window
 
-    def on_train_batch_end(self, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, index) -> None:
         self.window.after_step()
+        if index + 1 == trainer.num_training_batches:
+            mark(EPOCH_END_STARTS)
+
+    def on_train_epoch_start(self, *args: Any) -> None:
+        mark(EPOCH_END_ENDS)
 
     def on_validation_start(self, *args: Any) -> None:
-        with torch.profiler.record_function(VALIDATION_STARTS):
-            pass
+        mark(VALIDATION_STARTS)
 
     def on_validation_end(self, *args: Any) -> None:
-        with torch.profiler.record_function(VALIDATION_ENDS):
-            pass
+        mark(VALIDATION_ENDS)
+
+
+def mark(name: str) -> None:
+    """An empty ``torch.profiler`` range: a point in time the recorded events are sorted against."""
+    with torch.profiler.record_function(name):
+        pass
 
 
 # Ranges inside which ops run as a compiled graph (torch.compile), not dispatched one by one from Python.
@@ -166,32 +178,42 @@ COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGrap
 # Validation is not a training step's work: the plain loop's runs inside a range, Lightning's between marks.
 VALIDATION = "plain: validation"
 VALIDATION_STARTS, VALIDATION_ENDS = "bench: validation starts", "bench: validation ends"
+# An epoch's end (metrics computed, checkpoints saved, the next epoch's set-up) is reported beside the step.
+EPOCH_END_STARTS, EPOCH_END_ENDS = "bench: epoch end starts", "bench: epoch end ends"
 
 
-def validation_runs(events: list) -> list[tuple[float, float]]:
-    """The (start, end) times of the validation runs between :class:`OpWindowCallback`'s marks (open: no end)."""
+def marked_runs(events: list, starts: str, ends: str) -> list[tuple[float, float]]:
+    """The (start, end) times between marks named ``starts`` and ``ends`` (:func:`mark`; open: no end)."""
     runs: list[tuple[float, float]] = []
     for event in sorted(events, key=lambda event: event.time_range.start):
-        if event.name == VALIDATION_STARTS:
+        if event.name == starts:
             runs.append((event.time_range.start, float("inf")))
-        elif event.name == VALIDATION_ENDS and runs:
+        elif event.name == ends and runs and runs[-1][1] == float("inf"):
             runs[-1] = (runs[-1][0], event.time_range.end)
     return runs
 
 
 def eager_ops(window: OpWindow) -> dict[str, Any]:
-    """Eager ops per step of a recorded window: every ``aten::`` call dispatched from Python (not one inside
-    another op, not inside a compiled graph, not in a validation run that falls in the window), in total,
-    by op and by the innermost Lightning hook (or plain-loop stage) around it."""
+    """Eager ops of a recorded window: every ``aten::`` call dispatched from Python (not one inside another op,
+    not inside a compiled graph, not in a validation run that falls in the window).
+
+    Those of the training steps, per step (``eager_ops_per_step``), by op and by the innermost
+    Lightning hook (or plain-loop stage) around it; those of the epoch ends in the window (from an
+    epoch's last step to the next epoch's start, validation left out), per epoch end
+    (``eager_ops_per_epoch_end``, 0.0 when none falls in the window) and by hook.
+    """
     by_name: dict[str, int] = {}
     by_part: dict[str, int] = {}
+    epoch_end_parts: dict[str, int] = {}
     events = window.profile.events()
-    validation = validation_runs(events)
+    validation = marked_runs(events, VALIDATION_STARTS, VALIDATION_ENDS)
+    epoch_ends = marked_runs(events, EPOCH_END_STARTS, EPOCH_END_ENDS)
     for event in events:
         if not event.name.startswith("aten::"):
             continue
         if any(start <= event.time_range.start <= end for start, end in validation):
             continue
+        at_epoch_end = any(start <= event.time_range.start <= end for start, end in epoch_ends)
         part, parent, nested = "(outside any hook)", event.cpu_parent, False
         while parent is not None:
             if parent.name.startswith(("aten::", *COMPILED, VALIDATION)):
@@ -202,14 +224,21 @@ def eager_ops(window: OpWindow) -> dict[str, Any]:
             parent = parent.cpu_parent
         if nested:
             continue
+        if at_epoch_end:
+            epoch_end_parts[part] = epoch_end_parts.get(part, 0) + 1
+            continue
         by_name[event.name] = by_name.get(event.name, 0) + 1
         by_part[part] = by_part.get(part, 0) + 1
     per_step = {name: count / window.count for name, count in by_name.items()}
     parts = {name: count / window.count for name, count in by_part.items()}
+    ends = max(1, len(epoch_ends))
+    epoch_end = {name: count / ends for name, count in epoch_end_parts.items()}
     return {
         "eager_ops_per_step": sum(per_step.values()),
         "eager_ops_by_op": dict(sorted(per_step.items(), key=lambda item: -item[1])[:12]),
         "eager_ops_by_part": dict(sorted(parts.items(), key=lambda item: -item[1])[:12]),
+        "eager_ops_per_epoch_end": sum(epoch_end.values()),
+        "eager_ops_by_part_at_epoch_end": dict(sorted(epoch_end.items(), key=lambda item: -item[1])[:12]),
     }
 
 
@@ -299,6 +328,7 @@ def run_plain(
     ends: list[float] = []
     step, epoch = 0, 0
     while step < steps:
+        mark(EPOCH_END_ENDS)
         model.train()
         if hasattr(train_loader.sampler, "set_epoch"):
             train_loader.sampler.set_epoch(epoch)
@@ -329,6 +359,7 @@ def run_plain(
                 ends.append(time.perf_counter())
             if step == steps:
                 break
+        mark(EPOCH_END_STARTS)
         train_metrics.compute()
         train_metrics.reset()
         model.eval()
@@ -544,6 +575,9 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         counted = run_in_fresh_process(config, f"{path}_ops", args.steps, extra)
         result.update({f"{path}_{name}": value for name, value in counted.items()})
     result["eager_ops_ratio"] = result["project_eager_ops_per_step"] / result["plain_eager_ops_per_step"]
+    result["epoch_end_ops_ratio"] = result["project_eager_ops_per_epoch_end"] / max(
+        1.0, result["plain_eager_ops_per_epoch_end"]
+    )
     result.update(run_in_fresh_process(config, "loader", args.steps, extra))
     # How far the loader is ahead of training: below about 2, the data sets the speed.
     result["loader_headroom"] = result["loader_samples_per_s"] / result["train_samples_per_s"]
