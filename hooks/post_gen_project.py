@@ -57,6 +57,7 @@ TASK_FILES = {
     ],
     "tabular": [
         "src/{package}/data/tabular.py",
+        "src/{package}/engine/tables.py",
         "src/{package}/models/tabular.py",
         "src/{package}/nets/tabular_mlp.py",
         "tests/test_tabular.py",

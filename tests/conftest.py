@@ -98,7 +98,7 @@ TASK_PACKAGE_FILES = {
         *("nets/hub.py", "nets/image_preprocessing.py", "data/image_files.py", "data/image_transforms.py"),
         "commands/cv.py",
     ],
-    "tabular": ["data/tabular.py", "models/tabular.py", "nets/tabular_mlp.py", "commands/cv.py"],
+    "tabular": ["data/tabular.py", "engine/tables.py", "models/tabular.py", "nets/tabular_mlp.py", "commands/cv.py"],
     "language-model": [
         *("data/text.py", "data/corpora/moby_dick.txt.gz", "models/language_model.py", "nets/gpt.py"),
         *("data/prompts.py", "data/tokenizer.py", "nets/causal_lm.py", "commands/generate.py"),

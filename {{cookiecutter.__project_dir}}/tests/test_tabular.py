@@ -503,3 +503,131 @@ def test_the_readmes_headerless_table_recipe_trains_on_scikit_learns_wine_data(t
     header_row = "that header row reads as data: a file without one needs --data.init_args.header=false"
     with user_error(rf"is not a column .*{header_row}, and its columns are then column_0 to column_13"):
         main(["fit", *shrunk_args(tmp_path), f"--data.init_args.path={wine}", "--data.init_args.skip_rows=1"])
+
+
+# ---- Parquet and Arrow tables: the schema's types, the same rows as a CSV's -----------------------------------
+
+
+def typed_frame(folder: Path, rows: int = 600) -> pd.DataFrame:
+    """write_table's rows with typed columns, as a warehouse export holds them: category (dictionary) columns,
+    a boolean and an integer with gaps, an id, and the index a filter leaves (pandas writes it beside the data)."""
+    rng = np.random.default_rng(1)
+    frame = pd.read_csv(write_table(folder / "rows.csv", rows))
+    frame["colour"] = frame["colour"].astype("category")
+    frame["label"] = frame["label"].astype("category")
+    member, gaps = rng.random(rows) < 0.5, rng.random(rows) < 0.1
+    frame["member"] = pd.array([None if gap else bool(m) for gap, m in zip(gaps, member, strict=True)], "boolean")
+    visits, gaps = rng.integers(0, 9, rows), rng.random(rows) < 0.1
+    frame["visits"] = pd.array([None if gap else int(v) for gap, v in zip(gaps, visits, strict=True)], "Int64")
+    frame.insert(0, "customer", [f"c{i:05d}" for i in range(rows)])
+    frame.index = frame.index * 2 + 10  # a filtered frame's index: to_parquet stores it as a column of the file
+    return frame
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_a_parquet_or_arrow_table_gives_the_split_and_encoding_of_the_same_rows_as_a_csv(
+    tmp_path: Path, suffix: str
+) -> None:
+    frame = typed_frame(tmp_path)
+    columnar, csv = tmp_path / f"table{suffix}", tmp_path / "table.csv"
+    frame.to_parquet(columnar) if suffix == ".parquet" else frame.to_feather(columnar)  # feather: no index
+    frame.to_csv(csv, index=False)
+    read = {}
+    for path in (columnar, csv):
+        read[path.suffix] = data = TabularDataModule(path=str(path), target="label", id_column="customer")
+        data.setup("fit")
+    typed, plain = read[suffix], read[".csv"]
+    assert typed.preprocessing == plain.preprocessing  # the index written beside the data is no column
+    assert typed.preprocessing["categorical"]["member"] == ["False", "True"]  # a boolean: a category, gaps apart
+    assert typed.preprocessing["numeric"]["visits"]["indicator"]  # an integer with gaps: a number, NaN-imputed
+    assert typed.num_features == 2 + 1 + 3 + 2 + 1 + 1  # x1 (+ gap), x2, colours, member, visits (+ gap)
+    for name in ("train", "val", "test"):
+        np.testing.assert_array_equal(typed.split_rows[name], plain.split_rows[name])
+    torch.testing.assert_close(typed.train_set.tensors, plain.train_set.tensors, rtol=0, atol=0)
+    assert typed.test_ids() == plain.test_ids() == frame["customer"].iloc[typed.split_rows["test"]].tolist()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda f: f.assign(seen=pd.Timestamp("2026-01-01") + pd.to_timedelta(np.arange(len(f)), "D")),
+            r"column 'seen' holds dates or times \(timestamp\[\w+\]\): .*days since a date, or year, month and day "
+            r"columns, or leave it out with --data.init_args.drop_columns='\[\"seen\"\]'",
+        ),
+        (lambda f: f.assign(tags=[["a", "b"]] * len(f)), r"column 'tags' holds values that are not numbers, booleans"),
+        (lambda f: f.assign(blob=[b"\x00\x01"] * len(f)), r"column 'blob' holds values that are not numbers"),
+        (lambda f: f.iloc[:0], r"the table has no rows"),
+    ],
+    ids=["dates", "lists", "bytes", "no-rows"],
+)
+def test_a_parquet_column_the_model_cannot_take_fails_before_training_and_writes_nothing(
+    tmp_path: Path, change, message: str
+) -> None:
+    path = tmp_path / "data" / "table.parquet"
+    path.parent.mkdir()
+    change(typed_frame(tmp_path)).to_parquet(path)
+    with user_error(rf"data.path={re.escape(str(path))}: {message}"):
+        main(["fit", *shrunk_args(tmp_path / "runs"), f"--data.init_args.path={path}", "--data.init_args.target=label"])
+    assert not [path for path in (tmp_path / "runs").rglob("*") if path.is_file()]  # no run folder, no file
+
+
+def test_a_dropped_date_column_and_a_date_id_are_read_as_text_never_features(tmp_path: Path) -> None:
+    frame = typed_frame(tmp_path).drop(columns=["customer"])
+    frame["seen"] = pd.Timestamp("2026-01-01") + pd.to_timedelta(np.arange(len(frame)), "D")
+    frame["logged"] = pd.Timestamp("2026-01-01") + pd.to_timedelta(np.arange(len(frame)), "min")
+    frame.to_parquet(path := tmp_path / "table.parquet")
+    data = TabularDataModule(path=str(path), target="label", drop_columns=["seen"], id_column="logged")
+    data.setup("fit")
+    assert "seen" not in data.preprocessing["numeric"] | data.preprocessing["categorical"]
+    assert pd.Timestamp(data.test_ids()[0]) == frame["logged"].iloc[data.split_rows["test"][0]]  # as Arrow writes it
+
+
+@pytest.mark.parametrize(
+    ("write", "message"),
+    [
+        (lambda path: path.write_bytes(b"PAR1" + bytes(range(256)) * 4), "not a readable Parquet file"),
+        (lambda path: path.write_bytes(path.with_suffix(".whole").read_bytes()[:-40]), "not a readable Parquet file"),
+        (lambda path: path.write_text("a,label\n1,x\n"), "not a readable Parquet file"),
+    ],
+    ids=["garbage", "truncated", "a-csv-named-parquet"],
+)
+def test_a_broken_parquet_file_is_one_line_naming_it(tmp_path: Path, write, message: str) -> None:
+    typed_frame(tmp_path).to_parquet(tmp_path / "table.whole")
+    write(path := tmp_path / "table.parquet")
+    with user_error(rf"data.path={re.escape(str(path))}: {message} \(.*\); check the file and its suffix"):
+        main(["fit", *shrunk_args(tmp_path / "runs"), f"--data.init_args.path={path}", "--data.init_args.target=label"])
+
+
+def test_csv_reading_options_given_for_a_parquet_file_fail_before_anything_is_read(tmp_path: Path) -> None:
+    typed_frame(tmp_path).to_parquet(path := tmp_path / "table.parquet")
+    with user_error(r"data.separator: a CSV reading option, and data.path=.*table.parquet is a Parquet file"):
+        main(["fit", *shrunk_args(tmp_path), f"--data.init_args.path={path}", "--data.init_args.separator=;"])
+
+
+@pytest.mark.slow
+def test_a_parquet_table_trains_to_85_percent_and_predicts_a_parquet_file_of_new_rows(tmp_path: Path) -> None:
+    frame = typed_frame(tmp_path)
+    frame.to_parquet(path := tmp_path / "table.parquet")
+    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.path={path}"]
+    args += ["--data.init_args.target=label", "--data.init_args.id_column=customer", "--trainer.max_epochs=25"]
+    cli = main(["fit", *args])
+    summary = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
+    assert summary["metrics"]["test/acc"] >= 0.85
+    new = frame.drop(columns=["label"]).head(5)
+    new.to_parquet(tmp_path / "new.parquet")
+    best = summary["checkpoint"]
+    predicted = pd.read_csv(predict(ckpt=best, inputs=str(tmp_path / "new.parquet"), output=tmp_path / "p.csv"))
+    assert predicted["id"].tolist() == new["customer"].tolist()
+    new.to_csv(tmp_path / "new.csv", index=False)  # the same rows as a CSV: the same predictions
+    same = pd.read_csv(predict(ckpt=best, inputs=str(tmp_path / "new.csv"), output=tmp_path / "q.csv"))
+    pd.testing.assert_frame_equal(predicted, same)
+
+
+@pytest.mark.slow
+def test_a_parquet_table_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
+    typed_frame(tmp_path).to_parquet(path := tmp_path / "table.parquet")
+    args = [f"--config={EXPERIMENT}", f"--data.init_args.path={path}", "--data.init_args.target=label"]
+    args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
+    args += ["--trainer.log_every_n_steps=2", "--data.init_args.id_column=customer"]
+    assert_ddp_run_resumes_exactly(tmp_path, lambda root: [*shrunk_args(root), *args], step=6)

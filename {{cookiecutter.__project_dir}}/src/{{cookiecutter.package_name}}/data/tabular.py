@@ -1,6 +1,8 @@
-"""Tables from a CSV file: numeric and string columns, missing values, a class or a number to predict.
+"""Tables from CSV, Parquet or Arrow files: numeric and categorical columns, missing values, a class or a number.
 
-``--data.init_args.path=FILE --data.init_args.target=COLUMN`` is all a new table needs. Without a
+``--data.init_args.path=FILE --data.init_args.target=COLUMN`` is all a new table needs (``.parquet`` /
+``.pq`` and ``.feather`` / ``.arrow`` / ``.ipc`` files are read with their schema's column types,
+any other as CSV). Without a
 path the DataModule serves a table that ships inside scikit-learn, so ``make train`` works
 offline: ``bundled="breast_cancer"`` (569 rows, 30 numeric features, malignant or benign; Street,
 Wolberg & Mangasarian, 1993, UCI) or ``bundled="diabetes"`` (442 rows, 10 features, a float
@@ -28,8 +30,6 @@ table's size (prepare itself reads the table with pandas once: it must fit in me
 {%- endif %}
 """
 
-import csv
-import json
 import math
 import shlex
 from collections.abc import Sequence
@@ -47,10 +47,11 @@ from torch.utils.data import TensorDataset
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.datamodule import check_folds, check_fractions, listed, split_indices
-from {{ cookiecutter.package_name }}.engine.errors import {{ "ConfigError, " if cookiecutter.use_prepared == "yes" else "" }}DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import MAPPING, ArrayRecords, PreparedWriter, fingerprint, open_prepared
 {%- endif %}
+from {{ cookiecutter.package_name }}.engine.tables import CSV_OPTIONS, drop_option, file_kind, read_columnar, read_table
 from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, checkpoint_arguments, loading
 
 TargetType = Literal["auto", "classification", "regression"]
@@ -89,104 +90,6 @@ def _is_number(text: Any) -> bool:
     except ValueError:
         return False
     return True
-
-
-SEPARATORS = ",;\t|"
-SAMPLE_BYTES = 1 << 16  # what the separator, the decimal mark and the field counts are read from
-# A number written with a decimal comma (1,5 / -0,25), as spreadsheets export it in much of Europe.
-DECIMAL_COMMA = r"[+-]?\d+,\d+"
-NUMBER = r"[+-]?\d+(?:,\d+)?"  # an integer, or a number with a decimal comma
-
-
-def read_table(
-    path: str | Path,
-    key: str,
-    separator: str | None = None,
-    skip_rows: int = 0,
-    header: bool = True,
-    encoding: str = "utf-8",
-    decimal: Literal[".", ","] | None = None,
-) -> pd.DataFrame:
-    """A CSV file as written: every field a column, never an index pandas builds out of data.
-
-    pandas makes the first columns of every row the index when the header has fewer fields than the
-    rows (a metadata line above the data, as in scikit-learn's ``wine_data.csv``), and a model then
-    trains on the remaining columns without a word; with more such lines (an export note, units) it
-    fails on a row's field count. Here the lines above the data (read from the first ``SAMPLE_BYTES``)
-    whose field count no row below them has are refused in one line that names them and the
-    ``skip_rows`` that leaves them out.
-
-    Args:
-        path: the CSV file; ``key`` names it in errors (``data.path``, ``INPUTS``).
-        separator: one character; None sniffs it among ``, ; tab |`` (csv.Sniffer).
-        skip_rows: lines above the header (or above the data, without a header) to leave out.
-        header: whether the first line after ``skip_rows`` names the columns; without one they are
-            named ``column_0``, ``column_1``, ...
-        encoding: of the file ("utf-8" also reads a byte-order mark; "latin-1", "cp1252", ...).
-        decimal: the decimal mark of its numbers. None: ``.``, and when the separator is not a comma,
-            a column whose every value is a number, some written with a decimal comma (``70,5``, as
-            spreadsheets export in much of Europe), is read as numbers too, not as text categories.
-
-    Raises:
-        ValueError: unreadable (encoding, no rows, a row with more fields than the header), or lines
-            above the header whose field count is not the rows' (``DataError``, one line).
-    """
-    try:
-        with open(path, encoding=encoding, newline="") as file:
-            sample = file.read(SAMPLE_BYTES)
-    except (UnicodeDecodeError, LookupError) as error:
-        raise DataError(
-            f"{key}={path}: not readable as {encoding} text ({error}); set data.init_args.encoding"
-        ) from None
-    lines = sample.lstrip("\ufeff").splitlines()[skip_rows:]
-    if len(sample) == SAMPLE_BYTES:
-        lines = lines[:-1]  # the sample may end inside a line
-    if separator is None:
-        try:
-            separator = csv.Sniffer().sniff("\n".join(lines[:50]), delimiters=SEPARATORS).delimiter
-        except csv.Error:
-            separator = ","
-    rows = list(csv.reader(lines[:50], delimiter=separator))
-    counted = [(number, len(row)) for number, row in enumerate(rows, start=skip_rows + 1) if row]
-    counts = [fields for _, fields in counted]
-    # Lines above the data whose field count no row below them has: metadata (a title, an export note,
-    # wine_data.csv's counts line), which pandas reads as the header, an index or a row, without a word.
-    data = next((k for k in range(len(counts)) if len(set(counts[k:])) == 1), 0)
-    if data > 0 and len(counts) - data >= min(2, data) and counts[-1] not in counts[:data]:
-        first, last = counted[0][0], counted[data - 1][0]
-        named = f"line {first}, the header," if header else f"line {first}"  # header=false: a line of notes
-        lines_above = f"{named} has" if first == last else f"lines {first} to {last} have"
-        fields = "/".join(map(str, sorted(set(counts[:data]))))
-        raise DataError(
-            f"{key}={path}: {lines_above} {fields} field{'' if fields == '1' else 's'} (separator "
-            f"{separator!r}) but the rows below have {counts[-1]}: not the header of these rows (metadata above "
-            f"the data?). Leave {'it' if first == last else 'them'} out with data.init_args.skip_rows={last}, and "
-            "if the file has no header row at all, add data.init_args.header=false (columns are then named "
-            "column_0, column_1, ...)"
-        )
-    options = {"sep": separator, "skiprows": skip_rows, "encoding": encoding, "index_col": False}
-    options["decimal"] = decimal or "."
-    if not header:
-        options.update(header=None, names=[f"column_{i}" for i in range(max(counts, default=0))])
-    try:
-        frame = pd.read_csv(path, **options)
-    except pd.errors.EmptyDataError:
-        raise DataError(f"{key}={path}: not a readable CSV table: it holds no rows") from None
-    except pd.errors.ParserError as error:
-        raise DataError(
-            f"{key}={path}: not a readable CSV table ({' '.join(str(error).split())}); set data.init_args.separator "
-            f"(read as {separator!r}) or leave lines above the header out with data.init_args.skip_rows"
-        ) from None
-    except UnicodeDecodeError as error:
-        raise DataError(
-            f"{key}={path}: not readable as {encoding} text ({error}); set data.init_args.encoding"
-        ) from None
-    if decimal is None and separator != ",":
-        for name in [name for name in frame.columns if pd.api.types.is_string_dtype(frame[name])]:
-            values = frame[name].dropna().astype(str).str.strip()
-            if values.str.fullmatch(DECIMAL_COMMA).any() and values.str.fullmatch(NUMBER).all():
-                frame[name] = pd.to_numeric(frame[name].str.replace(",", ".", regex=False))
-    return frame
 
 
 def identifier_columns(frame: pd.DataFrame, ignore: list[str]) -> list[str]:
@@ -242,13 +145,8 @@ def column_list(columns: Sequence[Any], shown: int = 12) -> str:
     return f"{names[:shown]}{rest}"
 
 
-def drop_option(names: Sequence[str]) -> str:
-    """The command-line option that drops ``names``, quoted for a shell (names with spaces, quotes)."""
-    return f"--data.init_args.drop_columns={shlex.quote(json.dumps(list(names)))}"
-
-
 class TabularDataModule(ResumableDataModule):
-    """A CSV table split (stratified for classes), encoded with training statistics, served as (B, F) batches.
+    """A table split (stratified for classes), encoded with training statistics, served as (B, F) batches.
 
     Batches are ``(features, targets)``: features (B, num_features) float32; targets (B,) int64
     class indices for classification, or (B,) float32 standardised values for regression.
@@ -256,9 +154,11 @@ class TabularDataModule(ResumableDataModule):
     ``target_scale`` are known as soon as the module exists: the CLI links them to the model.
 
     Args:
-        path: a CSV file; None for the ``bundled`` table. Read by :func:`read_table`: the header's
-            field count must match the rows' (a metadata line above it is named, with the fix).
-        separator, skip_rows, header, encoding, decimal: how to read ``path`` (:func:`read_table`):
+        path: a CSV, Parquet or Arrow file (by its suffix: :func:`file_kind`); None for the ``bundled``
+            table. A CSV is read by :func:`read_table` (the header's field count must match the rows'; a
+            metadata line above it is named, with the fix), the others by :func:`read_columnar` (types
+            from the schema; dates refused with what to do).
+        separator, skip_rows, header, encoding, decimal: how to read a CSV ``path`` (:func:`read_table`):
             the separator is sniffed among ``, ; tab |`` and the decimal mark (``.`` or ``,``) read
             from the numbers unless given.
         target: the column to predict (the bundled tables' is "target").
@@ -362,7 +262,7 @@ class TabularDataModule(ResumableDataModule):
         """The whole table as a DataFrame (the bundled one when ``path`` is None).
 
         Raises:
-            ValueError: the file is missing, empty or not parseable as CSV.
+            ValueError: the file is missing, empty, or not a readable CSV, Parquet or Arrow table.
         """
         path = self.hparams.path
         if path is None and self.hparams.bundled == "diabetes":
@@ -373,12 +273,30 @@ class TabularDataModule(ResumableDataModule):
             frame["target"] = pd.Categorical.from_codes(table.target, categories=list(table.target_names))
             return frame
         if not Path(path).is_file():
-            raise DataError(f"data.path={path}: no such file; give a CSV file with a header row")
-        hp = self.hparams
-        frame = read_table(path, "data.path", hp.separator, hp.skip_rows, hp.header, hp.encoding, hp.decimal)
+            raise DataError(f"data.path={path}: no such file; give a CSV, Parquet or Arrow file with a header row")
+        frame = self._read_file(path, "data.path")
         if frame.empty:
-            raise DataError(f"data.path={path}: the table has no rows; give a CSV file with data below its header")
+            raise DataError(f"data.path={path}: the table has no rows; give a table with data below its header")
         return frame
+
+    def _read_file(self, path: str, key: str) -> pd.DataFrame:
+        """``path`` read by its kind (:func:`file_kind`): CSV with this module's reading options, or Parquet / Arrow.
+
+        Raises:
+            ConfigError: a CSV reading option set for a Parquet or Arrow file (their schema says it all).
+        """
+        hp = self.hparams
+        if file_kind(path) == "CSV" and key == "INPUTS":  # rows to predict: a header, no lines above it
+            return read_table(path, key, hp.separator, encoding=hp.encoding, decimal=hp.decimal)
+        if file_kind(path) == "CSV":
+            return read_table(path, key, hp.separator, hp.skip_rows, hp.header, hp.encoding, hp.decimal)
+        set_options = [name for name, default in CSV_OPTIONS.items() if hp[name] != default]
+        if set_options and key == "data.path":  # INPUTS's kind may differ from the training table's
+            raise ConfigError(
+                f"data.{set_options[0]}: a CSV reading option, and {key}={path} is a {file_kind(path)} file, whose "
+                "schema gives its columns and types; leave the option out"
+            )
+        return read_columnar(path, key, as_text=[*(hp.drop_columns or []), *([hp.id_column] if hp.id_column else [])])
 
     def _preprocessing(self) -> dict[str, Any]:
 {%- if cookiecutter.use_prepared == "yes" %}
@@ -401,9 +319,13 @@ class TabularDataModule(ResumableDataModule):
             self.frame = frame
         return self.frame
 
-    def _first_data_line(self) -> int:
-        """The file line (1-based) of the table's first row: after the skipped lines and the header."""
-        return 1 + self.hparams.skip_rows + (1 if self.hparams.header else 0)
+    def _rows_named(self, rows: np.ndarray) -> str:
+        """Rows (0-based indices) as a person finds them: a CSV's file lines (1-based, after the skipped lines
+        and the header), a Parquet or Arrow table's rows (0-based)."""
+        if self.hparams.path is not None and file_kind(self.hparams.path) != "CSV":
+            return f"rows {', '.join(map(str, rows[:5].tolist()))}{', ...' if len(rows) > 5 else ''}"
+        first = 1 + self.hparams.skip_rows + (1 if self.hparams.header else 0)
+        return f"file lines {', '.join(map(str, (rows[:5] + first).tolist()))}{', ...' if len(rows) > 5 else ''}"
 
     def _fit(self, frame: pd.DataFrame) -> dict[str, Any]:
         hp = self.hparams
@@ -428,10 +350,9 @@ class TabularDataModule(ResumableDataModule):
             )
         if labels.isna().any():  # data.drop_missing_target=false: rows without a target stop the run
             empty_rows = np.flatnonzero(labels.isna().to_numpy())
-            lines = (empty_rows[:5] + self._first_data_line()).tolist()
             raise DataError(
                 f"{source}: the target column {target!r} is empty in {len(empty_rows)} of {len(frame)} rows "
-                f"(file lines {', '.join(map(str, lines))}{', ...' if len(empty_rows) > 5 else ''}): fill them, or "
+                f"({self._rows_named(empty_rows)}): fill them, or "
                 "leave those rows out with --data.init_args.drop_missing_target=true"
             )
         if labels.nunique() < 2:
@@ -625,7 +546,7 @@ class TabularDataModule(ResumableDataModule):
         return self.split_rows["test"].tolist()
 
     def truth(self, path: str | None) -> list[Any] | None:
-        """The target column as the table writes it: of the test rows (``path`` None), or of the CSV file
+        """The target column as the table writes it: of the test rows (``path`` None), or of the file
         at ``path`` when it has that column (None when it has not{{ ', or for prepared data' if cookiecutter.use_prepared == 'yes' else '' }})."""
 {%- if cookiecutter.use_prepared == "yes" %}
         if path is None and self.hparams.prepared is not None:
@@ -643,11 +564,11 @@ class TabularDataModule(ResumableDataModule):
         return ["" if pd.isna(value) else value for value in column.tolist()]
 
     def _read_inputs_table(self, path: str) -> pd.DataFrame:
-        hp = self.hparams
-        return read_table(path, "INPUTS", hp.separator, encoding=hp.encoding, decimal=hp.decimal)
+        return self._read_file(path, "INPUTS")
 
     def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
-        """Rows of a CSV file with the training columns; ids are the ``id_column`` values, else row numbers.
+        """Rows of a CSV, Parquet or Arrow file with the training columns; ids are the ``id_column`` values, else row
+        numbers.
 
 {%- if cookiecutter.use_serving == "yes" %}
         Other columns (the target, notes, ids) are left out, as the server leaves out other keys of a
@@ -658,10 +579,10 @@ class TabularDataModule(ResumableDataModule):
 
         Raises:
             FileNotFoundError: no such file.
-            ValueError: not a CSV table, or a training column is missing.
+            ValueError: not a readable table, or a training column is missing.
         """
         if not Path(path).is_file():
-            raise MissingFileError(f"INPUTS={path}: no such file; give a CSV file with the training columns")
+            raise MissingFileError(f"INPUTS={path}: no such file; give a CSV or Parquet file with the training columns")
         frame = self._read_inputs_table(path)
         self._inputs_table = (path, frame)
         if frame.empty:
