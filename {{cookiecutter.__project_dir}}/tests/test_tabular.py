@@ -382,10 +382,14 @@ def test_a_saved_preprocessing_of_another_shape_is_one_line(table: Path, change,
 {%- if cookiecutter.use_prepared == "yes" %}
 
 
-@pytest.mark.parametrize("bundled", [None, "diabetes"])
+@pytest.mark.parametrize("bundled", [None, "diabetes", "parquet"])
 def test_a_prepared_table_holds_exactly_what_memory_would(tmp_path: Path, table: Path, bundled: str | None) -> None:
-    # A CSV with gaps and strings (classification) read 100 rows at a time, and the bundled regression table.
+    # A CSV with gaps and strings (classification) read 100 rows at a time, the bundled regression table, and a
+    # Parquet table with typed columns (categories, a boolean and an integer with gaps).
     settings = {"path": str(table), "target": "label"} if bundled is None else {"path": None, "bundled": bundled}
+    if bundled == "parquet":
+        typed_frame(tmp_path).to_parquet(path := tmp_path / "typed.parquet")
+        settings = {"path": str(path), "target": "label", "drop_columns": ["customer"]}
     out = tmp_path / "prepared"
     counts = TabularDataModule(**settings).write_prepared(out, rows=100)
     in_memory, on_disk = TabularDataModule(**settings), TabularDataModule(**settings, prepared=str(out))
