@@ -66,6 +66,7 @@ TASK_FILES = {
     ],
     "language-model": [
         "src/{package}/data/text.py",
+        "src/{package}/engine/text_files.py",
         "src/{package}/data/prompts.py",
         "src/{package}/data/tokenizer.py",
         "src/{package}/data/corpora/moby_dick.txt.gz",

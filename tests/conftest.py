@@ -101,6 +101,7 @@ TASK_PACKAGE_FILES = {
     "tabular": ["data/tabular.py", "engine/tables.py", "models/tabular.py", "nets/tabular_mlp.py", "commands/cv.py"],
     "language-model": [
         *("data/text.py", "data/corpora/moby_dick.txt.gz", "models/language_model.py", "nets/gpt.py"),
+        "engine/text_files.py",
         *("data/prompts.py", "data/tokenizer.py", "nets/causal_lm.py", "commands/generate.py"),
         *("serving/openai_api.py", "serving/batching.py", "serving/completions.py", "commands/evaluate.py"),
         *("nets/hf.py", "nets/hub.py"),

@@ -209,6 +209,82 @@ def test_suffixes_pick_the_files_a_folder_is_read_from(tmp_path: Path) -> None:
         TextDataModule(path=str(folder), suffixes=())
 
 
+def write_dataset(folder: Path, form: str, documents: list[str | None]) -> tuple[Path, list[list[str | None]]]:
+    """``documents`` as a Hugging Face dataset holds them: a table with a ``text`` column (and others), in two
+    Parquet shards, one Arrow stream (``save_to_disk``'s) or file (Feather), or JSON Lines; the path and shards."""
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    shards = [documents[: len(documents) // 2], documents[len(documents) // 2 :]] if form == "parquet" else [documents]
+    tables = [pa.table({"id": list(range(len(rows))), "text": rows, "source": ["web"] * len(rows)}) for rows in shards]
+    if form == "parquet":
+        for index, table in enumerate(tables):
+            pq.write_table(table, folder / f"train-{index:05d}-of-00002.parquet", row_group_size=7)
+        return folder, shards
+    path = folder / ("data.jsonl" if form == "jsonl" else "data-00000-of-00001.arrow")
+    if form == "jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in tables[0].to_pylist()))
+    elif form == "arrow file":
+        feather.write_feather(tables[0], path)
+    else:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, tables[0].schema) as writer:
+            writer.write_table(tables[0], max_chunksize=7)
+    return path, shards
+
+
+@pytest.mark.parametrize("form", ["parquet", "arrow stream", "arrow file", "jsonl"])
+def test_a_datasets_text_column_gives_the_tokens_of_the_same_text_in_files(tmp_path: Path, form: str) -> None:
+    # A document a row; empty and missing rows carry no text. The same documents in text files, a file a shard,
+    # give the same splits token for token: every guarantee of the text path holds for the table.
+    documents = [f"Call me Ishmael, {i} — déjà 🐋. " * (i % 5 + 1) for i in range(60)]
+    documents[3], documents[40] = "", None
+    path, shards = write_dataset(tmp_path / "dataset", form, documents)
+    files = tmp_path / "files"
+    files.mkdir()
+    for index, rows in enumerate(shards):
+        (files / f"{index}.txt").write_text("\n\n".join(row for row in rows if row))
+    settings = {"block_size": 8, "val_fraction": 0.2, "test_fraction": 0.2}
+    suffixes = {"suffixes": (".parquet",)} if form == "parquet" else {}
+    table, text = TextDataModule(path=str(path), **suffixes, **settings), TextDataModule(path=str(files), **settings)
+    for split in ("train", "val", "test"):
+        assert torch.equal(table.splits[split][0], text.splits[split][0]), split
+    assert read_text(path, suffixes.get("suffixes", (".txt",))) == read_text(files)
+{%- if cookiecutter.use_prepared == "yes" %}
+    counts = TextDataModule(path=str(path), **suffixes, **settings).write_prepared(tmp_path / "prepared", block=64)
+    on_disk = TextDataModule(path=str(path), **suffixes, **settings, prepared=str(tmp_path / "prepared"))
+    for split in ("train", "val", "test"):
+        assert torch.equal(torch.from_numpy(on_disk.splits[split][0][:]), text.splits[split][0]), split
+    assert counts["bytes"] == len(read_text(files))
+    prepared = {"prepared": str(tmp_path / "prepared")}
+    other = TextDataModule(path=str(path), **suffixes, **settings, text_column="id", **prepared)
+    with pytest.raises(ValueError, match=r"data.text_column='id', but data.prepared=.* was prepared with text_column="):
+        other.splits  # noqa: B018
+{%- endif %}
+
+
+@pytest.mark.parametrize(
+    ("column", "content", "message"),
+    [
+        ("body", None, r"has no column 'body' \(its columns: id, text, source\); name the text column in data\.text_"),
+        ("id", None, r"column 'id' holds int64, not text; name a text column in data.text_column"),
+        ("text", b"PAR1 not a table", r"is not a readable Parquet table \(.*\); check the file"),
+    ],
+    ids=["no-such-column", "not-text", "garbage"],
+)
+def test_a_table_without_its_text_column_fails_before_training_and_writes_nothing(
+    tmp_path: Path, column: str, content: bytes | None, message: str
+) -> None:
+    path, _ = write_dataset(tmp_path / "dataset", "parquet", ["Call me Ishmael. " * 20] * 30)
+    if content is not None:
+        (path / "train-00000-of-00002.parquet").write_bytes(content)
+    args = [f"--config={EXPERIMENT}", f"--data.init_args.path={path}", "--data.init_args.suffixes=[.parquet]"]
+    with user_error(rf"data.path: {re.escape(str(path))}/train-0000\d-of-00002.parquet:? .*{message}"):
+        main(["fit", *shrunk_args(tmp_path / "run"), *args, f"--data.init_args.text_column={column}"])
+    assert not [file for file in (tmp_path / "run").rglob("*") if file.is_file()]  # no run folder, no file
+
+
 def test_a_data_folder_is_walked_once_per_folder_and_within_a_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -27,7 +27,6 @@ and the splits are the same cuts at the same byte fractions.
 {%- endif %}
 """
 
-import codecs
 import gzip
 {% if cookiecutter.use_prepared == "yes" -%}
 import itertools
@@ -55,7 +54,7 @@ from {{ cookiecutter.package_name }}.data.tokenizer import (
     saved_bpe,
 )
 from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.datamodule import WholeBatches, check_fractions, data_files, left_out_note
+from {{ cookiecutter.package_name }}.engine.datamodule import WholeBatches, check_fractions, left_out_note
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
@@ -67,6 +66,15 @@ from {{ cookiecutter.package_name }}.engine.prepared import (
     open_prepared,
 )
 {%- endif %}
+from {{ cookiecutter.package_name }}.engine.text_files import (
+    checked_text_files,
+    joined,
+{%- if cookiecutter.use_prepared == "yes" %}
+    text_bytes,
+    text_chunks,
+    text_files,
+{%- endif %}
+)
 
 BUNDLED = "moby_dick.txt.gz"
 SPLITS = ("train", "val", "test")
@@ -116,106 +124,24 @@ def _long(values: torch.Tensor | np.ndarray) -> torch.Tensor:
     return values.long() if isinstance(values, torch.Tensor) else torch.from_numpy(values.astype(np.int64))
 
 
-def read_text(path: str | Path | None, suffixes: Sequence[str] = (".txt",)) -> bytes:
+def read_text(path: str | Path | None, suffixes: Sequence[str] = (".txt",), column: str = "text") -> bytes:
     """The UTF-8 bytes of ``path``: a text file, or a folder whose files ending in one of ``suffixes``
-    (searched recursively) are joined in name order.
+    (searched recursively) are joined in name order; a Parquet, Arrow or JSON Lines table gives the rows
+    of its ``column`` (:mod:`engine.text_files`).
 
-    None reads the bundled corpus. Files in a folder are separated by a blank line.
+    None reads the bundled corpus. Files in a folder, and a table's rows, are separated by a blank line.
 
     Raises:
         FileNotFoundError: ``path`` does not exist (names ``data.path``).
         ValueError: the folder has no file with those suffixes, the text is empty, or a file is not
             valid UTF-8 (names the file and the byte offset, and how to convert it).
     """
-    return bundled_text() if path is None else joined(checked_text_files(path, suffixes))
-
-
-def joined(files: Sequence[Path]) -> bytes:
-    """The bytes of ``files`` in order, separated by a blank line."""
-    return b"\n\n".join(file.read_bytes() for file in files)
+    return bundled_text() if path is None else joined(checked_text_files(path, suffixes, column), column)
 
 
 def bundled_text() -> bytes:
     with resources.files(__package__).joinpath("corpora", BUNDLED).open("rb") as packed:
         return gzip.decompress(packed.read())
-
-
-def text_files(path: str | Path, suffixes: Sequence[str] = (".txt",)) -> list[Path]:
-    """``path`` itself, or the files of folder ``path`` that :func:`engine.datamodule.data_files` lists.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: the folder has no such file.
-    """
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise MissingFileError(f"data.path: {path} does not exist; give a text file or a folder of text files")
-    if not path.is_dir():
-        return [path]
-    files = data_files(path, suffixes)
-    if not files:
-        named = ", ".join(suffixes)
-        raise DataError(
-            f"data.path: {path} has no files ending in {named}; put the text in such files, or name their "
-            "endings in data.suffixes (e.g. [.txt, .md])"
-        )
-    return files
-
-
-def checked_text_files(path: str | Path, suffixes: Sequence[str] = (".txt",), block: int = 1 << 24) -> list[Path]:
-    """:func:`text_files` that hold text: each read once, ``block`` bytes at a time (memory stays flat),
-    checked to be UTF-8; empty or blank files are left out.
-
-    Raises:
-        FileNotFoundError, ValueError: see :func:`text_files`; a file that is not UTF-8 (names the file
-            and the byte offset, and how to convert it); no file holds text.
-    """
-    kept = []
-    for file in text_files(path, suffixes):
-        decoder, offset, blank = codecs.getincrementaldecoder("utf-8")(), 0, True
-        with open(file, "rb") as stream:
-            while True:
-                raw = stream.read(block)
-                pending = decoder.getstate()[0]  # the start of a character cut by the previous block
-                try:
-                    decoder.decode(raw, final=not raw)
-                except UnicodeDecodeError as error:
-                    at, bad = offset - len(pending) + error.start, error.object[error.start : error.start + 4]
-                    raise DataError(
-                        f"data.path: {file} is not UTF-8 text (byte {at}: {bad!r}); "
-                        f"convert it, e.g. `iconv -f latin1 -t utf-8 {file.name} > {file.stem}.utf8.txt`"
-                    ) from None
-                if not raw:
-                    break
-                blank, offset = blank and not raw.strip(), offset + len(raw)
-        if not blank:
-            kept.append(file)
-    if not kept:
-        raise DataError(f"data.path: {path} holds no text (every file is empty or blank)")
-    return kept
-{%- if cookiecutter.use_prepared == "yes" %}
-
-
-def text_chunks(files: Sequence[Path], block: int = 1 << 24) -> Iterator[bytes]:
-    """The bytes :func:`read_text` joins (files separated by a blank line), in pieces of about
-    ``block`` bytes that end at a line end (or, in a line longer than ``block``, at a character start)."""
-    for index, file in enumerate(files):
-        if index:
-            yield b"\n\n"
-        carry = b""
-        with open(file, "rb") as stream:
-            while raw := stream.read(block):
-                raw = carry + raw
-                cut = raw.rfind(b"\n") + 1
-                if not cut:  # a line longer than block: cut before its last character (complete or not)
-                    cut = len(raw) - 1
-                    while cut > 0 and raw[cut] & 0xC0 == 0x80:
-                        cut -= 1
-                yield raw[:cut]
-                carry = raw[cut:]
-        if carry:
-            yield carry
-{%- endif %}
 
 
 def utf8_boundary(text: bytes, position: int) -> int:
@@ -450,8 +376,10 @@ class TextDataModule(LanguageDataModule):
     serve (text in, text out): the corpus may move after training.
 
     Args:
-        path: a UTF-8 text file or a folder of text files; None for the bundled corpus.
+        path: a UTF-8 text file or a folder of text files, or a Parquet, Arrow or JSON Lines table (a
+            Hugging Face dataset's shards: ``suffixes: [.parquet]``); None for the bundled corpus.
         suffixes: endings of the files read from a folder (case-insensitive), e.g. ``[.txt, .md]``.
+        text_column: a table's column of text, one document a row (:mod:`engine.text_files`).
         tokenizer: None (or ``bytes``) for UTF-8 bytes; ``bpe`` for a byte-level BPE trained on the
             training split (saved in the checkpoint{{ " and the prepared data set" if cookiecutter.use_prepared == "yes" else "" }}); or a pretrained
             model's folder or hub id (its tokenizer).
@@ -478,6 +406,7 @@ class TextDataModule(LanguageDataModule):
         self,
         path: str | None = None,
         suffixes: tuple[str, ...] = (".txt",),
+        text_column: str = "text",
         tokenizer: str | None = None,
         bpe_vocab_size: int = 2048,
         block_size: int = 128,
@@ -536,8 +465,8 @@ class TextDataModule(LanguageDataModule):
     def _read_splits(self) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor | None]], int]:
         """The text read into memory, cut at the byte fractions and tokenized; and its size in bytes."""
         hp = self.hparams
-        files = None if hp.path is None else checked_text_files(hp.path, self._endings)
-        text = bundled_text() if files is None else joined(files)
+        files = None if hp.path is None else checked_text_files(hp.path, self._endings, hp.text_column)
+        text = bundled_text() if files is None else joined(files, hp.text_column)
         ends = (
             utf8_boundary(text, int(len(text) * (1 - hp.val_fraction - hp.test_fraction))),
             utf8_boundary(text, int(len(text) * (1 - hp.test_fraction))),
@@ -603,6 +532,7 @@ class TextDataModule(LanguageDataModule):
             **vocabulary,
             "val_fraction": hp.val_fraction,
             "test_fraction": hp.test_fraction,
+            "text_column": hp.text_column,
         }
 
     def write_prepared(self, out: str | Path, workers: int | None = None, block: int = 1 << 24) -> dict[str, Any]:
@@ -631,12 +561,12 @@ class TextDataModule(LanguageDataModule):
             def chunks() -> Iterator[bytes]:
                 return iter([text])
         else:
-            files = checked_text_files(hp.path, self._endings, block)
+            files = checked_text_files(hp.path, self._endings, hp.text_column, block)
             source = fingerprint(hp.path, self._files(Path(hp.path)))
-            total = sum(file.stat().st_size for file in files) + 2 * (len(files) - 1)
+            total = text_bytes(files, hp.text_column, block)
 
             def chunks() -> Iterator[bytes]:
-                return text_chunks(files, block)
+                return text_chunks(files, hp.text_column, block)
 
         cuts = [int(total * (1 - hp.val_fraction - hp.test_fraction)), int(total * (1 - hp.test_fraction)), total]
         if self._tokenizer_name == BPE:

@@ -1,0 +1,184 @@
+"""Reading a corpus as written: text files (checked to be UTF-8, a block at a time) and the text column of
+Parquet, Arrow or JSON Lines tables (a Hugging Face dataset's shards), a file's text joined to the next by a
+blank line.
+
+A table's rows are its documents, joined by a blank line as files are; only the named column is read (a
+Parquet or Arrow file a batch of rows at a time, so memory stays flat in its size), and nothing in the file
+is run: pyarrow >= 14.0.1 (CVE-2023-47248) loads no Python extension type, and a dataset's loading script is
+never read. Every error is one line naming the file and the fix.
+"""
+
+import codecs
+import itertools
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from {{ cookiecutter.package_name }}.engine.datamodule import data_files
+from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
+
+# Files read as tables whose ``text_column`` holds the text; any other file is text.
+TABLE_SUFFIXES = (".parquet", ".pq", ".arrow", ".feather", ".ipc", ".jsonl")
+TABLE_ROWS = 4096  # rows of a Parquet or Arrow table read at a time
+
+
+def text_files(path: str | Path, suffixes: Sequence[str] = (".txt",)) -> list[Path]:
+    """``path`` itself, or the files of folder ``path`` that :func:`engine.datamodule.data_files` lists.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: the folder has no such file.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise MissingFileError(f"data.path: {path} does not exist; give a text file or a folder of text files")
+    if not path.is_dir():
+        return [path]
+    files = data_files(path, suffixes)
+    if not files:
+        named = ", ".join(suffixes)
+        raise DataError(
+            f"data.path: {path} has no files ending in {named}; put the text in such files, or name their "
+            "endings in data.suffixes (e.g. [.txt, .md], or [.parquet] for a dataset's shards)"
+        )
+    return files
+
+
+def file_pieces(file: Path, column: str, block: int = 1 << 24) -> Iterator[bytes]:
+    """The text of ``file`` in pieces: a text file's bytes ``block`` at a time, a table's rows of ``column``
+    (empty and missing ones left out) a batch at a time, joined by blank lines, as UTF-8.
+
+    Raises:
+        ValueError: a table that is not readable, has no ``column`` or whose ``column`` is not text.
+    """
+    if file.suffix.lower() not in TABLE_SUFFIXES:
+        with open(file, "rb") as stream:
+            while raw := stream.read(block):
+                yield raw
+        return
+    first = True
+    for rows in table_rows(file, column):
+        text = "\n\n".join(row for row in rows if row)
+        if text:
+            yield text.encode("utf-8") if first else b"\n\n" + text.encode("utf-8")
+            first = False
+
+
+def table_rows(file: Path, column: str) -> Iterator[list[str | None]]:
+    """The values of ``column`` of a Parquet, Arrow (file or stream: a Hugging Face dataset's ``.arrow``
+    shards) or JSON Lines table, in row order, a batch of rows at a time.
+
+    Raises:
+        ValueError: not a readable table of its kind; no ``column`` (names the columns and
+            ``data.text_column``); a ``column`` that does not hold text.
+    """
+    import pyarrow as pa
+    import pyarrow.json as pa_json
+    import pyarrow.parquet as pq
+
+    suffix = file.suffix.lower()
+    kind = "Parquet" if suffix in (".parquet", ".pq") else "JSON Lines" if suffix == ".jsonl" else "Arrow"
+    try:
+        if kind == "Parquet":
+            table = pq.ParquetFile(file)
+        elif kind == "JSON Lines":  # read whole: pyarrow's JSON reader has no batches of a file
+            table = pa_json.read_json(file)
+        else:
+            mapped = pa.memory_map(str(file))
+            try:
+                table = pa.ipc.open_file(mapped)
+            except pa.ArrowInvalid:  # a stream: what Hugging Face datasets write
+                mapped.seek(0)
+                table = pa.ipc.open_stream(mapped)
+        schema = table.schema_arrow if kind == "Parquet" else table.schema
+        if column not in schema.names:
+            raise DataError(
+                f"data.path: {file} has no column {column!r} (its columns: {', '.join(schema.names[:12])}); "
+                "name the text column in data.text_column"
+            )
+        kind_of = schema.field(column).type
+        kind_of = kind_of.value_type if pa.types.is_dictionary(kind_of) else kind_of
+        if not (pa.types.is_string(kind_of) or pa.types.is_large_string(kind_of)):
+            raise DataError(
+                f"data.path: {file}: column {column!r} holds {kind_of}, not text; name a text column in "
+                "data.text_column (chat messages: configs/experiments/chat.yaml)"
+            )
+        if kind == "Parquet":
+            batches = table.iter_batches(batch_size=TABLE_ROWS, columns=[column])
+        elif kind == "JSON Lines":
+            batches = table.to_batches(TABLE_ROWS)
+        elif isinstance(table, pa.ipc.RecordBatchFileReader):
+            batches = map(table.get_batch, range(table.num_record_batches))
+        else:
+            batches = table
+        for batch in batches:
+            yield batch.column(batch.schema.get_field_index(column)).to_pylist()
+    except DataError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as error:
+        problem = " ".join(str(error).split())[:300]
+        raise DataError(f"data.path: {file} is not a readable {kind} table ({problem}); check the file") from None
+
+
+def joined(files: Sequence[Path], column: str) -> bytes:
+    """The text of ``files`` (:func:`file_pieces`) in order, separated by a blank line."""
+    return b"\n\n".join(b"".join(file_pieces(file, column)) for file in files)
+
+
+def checked_text_files(
+    path: str | Path, suffixes: Sequence[str] = (".txt",), column: str = "text", block: int = 1 << 24
+) -> list[Path]:
+    """:func:`text_files` that hold text: each read once, ``block`` bytes at a time (memory stays flat),
+    checked to be UTF-8 (a table's ``column``: to be text); empty or blank files are left out.
+
+    Raises:
+        FileNotFoundError, ValueError: see :func:`text_files` and :func:`table_rows`; a file that is not
+            UTF-8 (names the file and the byte offset, and how to convert it); no file holds text.
+    """
+    kept = []
+    for file in text_files(path, suffixes):
+        decoder, offset, blank = codecs.getincrementaldecoder("utf-8")(), 0, True
+        for raw in itertools.chain(file_pieces(file, column, block), [b""]):  # b"": the end
+            pending = decoder.getstate()[0]  # the start of a character cut by the previous block
+            try:
+                decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as error:
+                at, bad = offset - len(pending) + error.start, error.object[error.start : error.start + 4]
+                raise DataError(
+                    f"data.path: {file} is not UTF-8 text (byte {at}: {bad!r}); "
+                    f"convert it, e.g. `iconv -f latin1 -t utf-8 {file.name} > {file.stem}.utf8.txt`"
+                ) from None
+            blank, offset = blank and not raw.strip(), offset + len(raw)
+        if not blank:
+            kept.append(file)
+    if not kept:
+        raise DataError(f"data.path: {path} holds no text (every file is empty or blank)")
+    return kept
+{%- if cookiecutter.use_prepared == "yes" %}
+
+
+def text_bytes(files: Sequence[Path], column: str, block: int = 1 << 24) -> int:
+    """The bytes of :func:`joined`'s text, counted without holding it (a table's text is read once to count)."""
+    tables = [file for file in files if file.suffix.lower() in TABLE_SUFFIXES]
+    size = sum(len(piece) for file in tables for piece in file_pieces(file, column, block))
+    return size + sum(file.stat().st_size for file in files if file not in tables) + 2 * (len(files) - 1)
+
+
+def text_chunks(files: Sequence[Path], column: str, block: int = 1 << 24) -> Iterator[bytes]:
+    """The bytes :func:`joined` joins (files separated by a blank line), in pieces of about
+    ``block`` bytes that end at a line end (or, in a line longer than ``block``, at a character start)."""
+    for index, file in enumerate(files):
+        if index:
+            yield b"\n\n"
+        carry = b""
+        for raw in file_pieces(file, column, block):
+            raw = carry + raw
+            cut = raw.rfind(b"\n") + 1
+            if not cut:  # a line longer than block: cut before its last character (complete or not)
+                cut = len(raw) - 1
+                while cut > 0 and raw[cut] & 0xC0 == 0x80:
+                    cut -= 1
+            yield raw[:cut]
+            carry = raw[cut:]
+        if carry:
+            yield carry
+{%- endif %}
