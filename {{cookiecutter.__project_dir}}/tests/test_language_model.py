@@ -32,7 +32,7 @@ from {{ cookiecutter.package_name }}.commands.predict import main as predict_mai
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.commands.prepare import main as prepare_main
 {%- endif %}
-from {{ cookiecutter.package_name }}.data import TextDataModule
+from {{ cookiecutter.package_name }}.data import PromptCompletionDataModule, TextDataModule
 from {{ cookiecutter.package_name }}.data.text import TokenWindows, checked_text_files, read_text
 from {{ cookiecutter.package_name }}.engine import datamodule
 from {{ cookiecutter.package_name }}.engine.callbacks import StopOnNonFinite
@@ -262,6 +262,36 @@ def test_a_datasets_text_column_gives_the_tokens_of_the_same_text_in_files(tmp_p
     with pytest.raises(ValueError, match=r"data.text_column='id', but data.prepared=.* was prepared with text_column="):
         other.splits  # noqa: B018
 {%- endif %}
+
+
+@pytest.mark.parametrize("form", ["parquet", "arrow stream"])
+def test_a_datasets_chats_and_pairs_give_the_examples_of_the_same_jsonl(tmp_path: Path, form: str) -> None:
+    # A chat dataset's shard: a messages column of {role, content} structs (and other columns); and pairs.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    chats = [
+        {"id": i, "messages": [{"role": "user", "content": f"Who is {i}?"}, {"role": "assistant", "content": "Ahab."}]}
+        for i in range(12)
+    ]
+    pairs = [{"id": i, "prompt": f"Whale {i}:", "completion": " white"} for i in range(12)]
+    for name, rows in (("chats", chats), ("pairs", pairs)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        table, path = pa.Table.from_pylist(rows), tmp_path / f"{name}.{'parquet' if form == 'parquet' else 'arrow'}"
+        if form == "parquet":
+            pq.write_table(table, path, row_group_size=5)
+        else:
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table, max_chunksize=5)
+        from_table = PromptCompletionDataModule(path=str(path), block_size=64)
+        from_lines = PromptCompletionDataModule(path=str(tmp_path / f"{name}.jsonl"), block_size=64)
+        for split in ("train", "val", "test"):
+            for ours, theirs in zip(from_table.splits[split], from_lines.splits[split], strict=True):
+                assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True)), (name, split)
+    # A row without the columns is named by its row, as a JSONL line by its line.
+    pq.write_table(pa.table({"text": ["no chat here"] * 3}), bad := tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match=r"bad.parquet row 0 needs the strings .prompt. and .completion., or a"):
+        PromptCompletionDataModule(path=str(bad)).splits  # noqa: B018
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """Supervised fine-tuning data: JSONL, a ``{"prompt": ..., "completion": ...}`` or a chat
 ``{"messages": [{"role": ..., "content": ...}, ...]}`` per line (the format of TRL and most chat
-data sets: https://huggingface.co/docs/trl/dataset_formats).
+data sets: https://huggingface.co/docs/trl/dataset_formats), or a Parquet or Arrow table (a Hugging
+Face dataset's shard) with those columns.
 
 A pair is the prompt's tokens, then the completion's, then the tokenizer's end-of-text token (so
 the model learns where to stop). A chat is its text through the tokenizer's chat template (or the
@@ -19,7 +20,9 @@ depends on the training seed. Training order and exact mid-epoch resume come fro
 import functools
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +31,7 @@ from {{ cookiecutter.package_name }}.data.text import LanguageDataModule
 from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate
 from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine.text_files import TABLE_SUFFIXES, table_records
 
 IGNORE = -100  # the target of a position the loss skips (torch.nn.functional.cross_entropy's ignore_index)
 
@@ -47,12 +51,34 @@ def pad_examples(samples: list[tuple[torch.Tensor, ...]], pad_id: int) -> tuple[
     )
 
 
+def records(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where, record) of each example of a JSONL file (its lines), or of a Parquet or Arrow table (its rows: a
+    Hugging Face dataset's shard); ``where`` names the file and line or row for errors.
+
+    Raises:
+        ValueError: a line that is not JSON; a table that is not readable.
+    """
+    if path.suffix.lower() in TABLE_SUFFIXES and path.suffix.lower() != ".jsonl":
+        for number, record in enumerate(table_records(path)):
+            yield f"data.path: {path} row {number}", record
+        return
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    yield f"data.path: {path} line {number}", json.loads(line)
+                except json.JSONDecodeError as error:
+                    where = f"data.path: {path} line {number}"
+                    raise DataError(f"{where} is not JSON ({error.msg}); write one JSON object per line") from None
+
+
 class PromptCompletionDataModule(LanguageDataModule):
     """Batches of (inputs (B, L), targets (B, L), target bytes (B, L)), L <= ``block_size``, from a JSONL file.
 
     Args:
         path: a JSONL file; each line an object with the strings ``prompt`` and ``completion``, or a
-            ``messages`` list of ``{"role", "content"}`` with at least one ``assistant`` message.
+            ``messages`` list of ``{"role", "content"}`` with at least one ``assistant`` message. Or a
+            Parquet or Arrow table whose rows are such objects (other columns are left out).
         tokenizer: {{ 'the pretrained model whose tokenizer to use (folder or hub id); None for bytes.' if cookiecutter.use_pretrained == "yes" else 'None (or ``bytes``): UTF-8 bytes, the one tokenizer a JSONL file of examples can use.' }}
         block_size: most tokens an example may have (the context the model is trained on); a
             longer completion or chat is cut (the count is logged); a longer prompt, or a chat whose
@@ -111,26 +137,18 @@ class PromptCompletionDataModule(LanguageDataModule):
         if not path.is_file():
             raise MissingFileError(f"data.path: {path} does not exist; give a JSONL file of prompt/completion pairs")
         examples, cut = [], 0
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                where = f"data.path: {path} line {number}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise DataError(f"{where} is not JSON ({error.msg}); write one JSON object per line") from None
-                if isinstance(record, dict) and isinstance(record.get("messages"), list):
-                    example, was_cut = self._chat(record["messages"], where)
-                elif isinstance(record, dict) and all(isinstance(record.get(k), str) for k in ("prompt", "completion")):
-                    example, was_cut = self._example(record["prompt"], record["completion"], where)
-                else:
-                    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                    raise DataError(
-                        f'{where} needs the strings "prompt" and "completion", or a "messages" list (it has {keys})'
-                    )
-                examples.append(example)
-                cut += was_cut
+        for where, record in records(path):
+            if isinstance(record, dict) and isinstance(record.get("messages"), list):
+                example, was_cut = self._chat(record["messages"], where)
+            elif isinstance(record, dict) and all(isinstance(record.get(k), str) for k in ("prompt", "completion")):
+                example, was_cut = self._example(record["prompt"], record["completion"], where)
+            else:
+                keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+                raise DataError(
+                    f'{where} needs the strings "prompt" and "completion", or a "messages" list (it has {keys})'
+                )
+            examples.append(example)
+            cut += was_cut
         if cut:
             cut_to = f"cut to data.block_size={self.hparams.block_size} tokens"
             log.info(f"data.path: {path}: {cut} completion(s) or chat(s) {cut_to}")

@@ -9,9 +9,11 @@ never read. Every error is one line naming the file and the fix.
 """
 
 import codecs
+import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from {{ cookiecutter.package_name }}.engine.datamodule import data_files
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
@@ -72,24 +74,9 @@ def table_rows(file: Path, column: str) -> Iterator[list[str | None]]:
             ``data.text_column``); a ``column`` that does not hold text.
     """
     import pyarrow as pa
-    import pyarrow.json as pa_json
-    import pyarrow.parquet as pq
 
-    suffix = file.suffix.lower()
-    kind = "Parquet" if suffix in (".parquet", ".pq") else "JSON Lines" if suffix == ".jsonl" else "Arrow"
-    try:
-        if kind == "Parquet":
-            table = pq.ParquetFile(file)
-        elif kind == "JSON Lines":  # read whole: pyarrow's JSON reader has no batches of a file
-            table = pa_json.read_json(file)
-        else:
-            mapped = pa.memory_map(str(file))
-            try:
-                table = pa.ipc.open_file(mapped)
-            except pa.ArrowInvalid:  # a stream: what Hugging Face datasets write
-                mapped.seek(0)
-                table = pa.ipc.open_stream(mapped)
-        schema = table.schema_arrow if kind == "Parquet" else table.schema
+    with _table_errors(file):
+        kind, table, schema = _open_table(file)
         if column not in schema.names:
             raise DataError(
                 f"data.path: {file} has no column {column!r} (its columns: {', '.join(schema.names[:12])}); "
@@ -102,19 +89,71 @@ def table_rows(file: Path, column: str) -> Iterator[list[str | None]]:
                 f"data.path: {file}: column {column!r} holds {kind_of}, not text; name a text column in "
                 "data.text_column (chat messages: configs/experiments/chat.yaml)"
             )
-        if kind == "Parquet":
-            batches = table.iter_batches(batch_size=TABLE_ROWS, columns=[column])
-        elif kind == "JSON Lines":
-            batches = table.to_batches(TABLE_ROWS)
-        elif isinstance(table, pa.ipc.RecordBatchFileReader):
-            batches = map(table.get_batch, range(table.num_record_batches))
-        else:
-            batches = table
-        for batch in batches:
-            yield batch.column(batch.schema.get_field_index(column)).to_pylist()
+        for batch in _batches(kind, table, [column]):
+            yield batch.column(0).to_pylist()
+
+
+def table_records(file: Path) -> Iterator[dict[str, Any]]:
+    """The rows of a Parquet or Arrow table as ``{column: value}`` (lists and structs as Python lists and
+    dicts: a chat's ``messages``), in row order, a batch at a time.
+
+    Raises:
+        ValueError: not a readable table of its kind.
+    """
+    with _table_errors(file):
+        kind, table, schema = _open_table(file)
+        for batch in _batches(kind, table, schema.names):
+            yield from batch.to_pylist()
+
+
+def _open_table(file: Path) -> tuple[str, Any, Any]:
+    """(kind, reader, Arrow schema) of a table file, by its suffix."""
+    import pyarrow as pa
+    import pyarrow.json as pa_json
+    import pyarrow.parquet as pq
+
+    suffix = file.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        table = pq.ParquetFile(file)
+        return "Parquet", table, table.schema_arrow
+    if suffix == ".jsonl":  # read whole: pyarrow's JSON reader has no batches of a file
+        table = pa_json.read_json(file)
+        return "JSON Lines", table, table.schema
+    mapped = pa.memory_map(str(file))
+    try:
+        table = pa.ipc.open_file(mapped)
+    except pa.ArrowInvalid:  # a stream: what Hugging Face datasets write
+        mapped.seek(0)
+        table = pa.ipc.open_stream(mapped)
+    return "Arrow", table, table.schema
+
+
+def _batches(kind: str, table: Any, columns: list[str]) -> Iterator[Any]:
+    """The record batches of ``columns`` of an opened table (:func:`_open_table`), in order."""
+    import pyarrow as pa
+
+    if kind == "Parquet":
+        yield from table.iter_batches(batch_size=TABLE_ROWS, columns=columns)
+        return
+    batches = table.to_batches(TABLE_ROWS) if kind == "JSON Lines" else table
+    if isinstance(table, pa.ipc.RecordBatchFileReader):
+        batches = map(table.get_batch, range(table.num_record_batches))
+    for batch in batches:
+        yield batch.select(columns)
+
+
+@contextlib.contextmanager
+def _table_errors(file: Path) -> Iterator[None]:
+    """What pyarrow raises on a file it cannot read, as one line naming it."""
+    import pyarrow as pa
+
+    try:
+        yield
     except DataError:
         raise
     except (pa.ArrowException, OSError, ValueError) as error:
+        suffix = file.suffix.lower()
+        kind = "Parquet" if suffix in (".parquet", ".pq") else "JSON Lines" if suffix == ".jsonl" else "Arrow"
         problem = " ".join(str(error).split())[:300]
         raise DataError(f"data.path: {file} is not a readable {kind} table ({problem}); check the file") from None
 
