@@ -462,6 +462,17 @@ def test_a_corpus_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -
 {%- endif %}
 
 
+@pytest.mark.slow
+def test_a_datasets_parquet_shards_under_ddp_stopped_by_sigterm_resume_exactly(tmp_path: Path) -> None:
+    # write_texts' sentences as a dataset's shards, a sentence a row; two processes, SIGTERM mid-epoch 2.
+    folder = write_texts(tmp_path / "texts")
+    documents = [line for file in sorted(folder.iterdir()) for line in file.read_text().splitlines()]
+    path, _ = write_dataset(tmp_path / "dataset", "parquet", documents)
+    args = [f"--config={EXPERIMENT}", f"--data.init_args.path={path}", "--data.init_args.suffixes=[.parquet]"]
+    args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
+    assert_ddp_run_resumes_exactly(tmp_path, lambda root: [*shrunk_args(root), *args], step=7)
+
+
 NOUNS = ["the whale", "the sea", "a ship", "the captain", "an oar"]
 VERBS = ["sees", "follows", "leaves", "finds"]
 
