@@ -33,6 +33,11 @@ the progress bar).
 {%- if cookiecutter.use_prepared == "yes" %}
 ``prepared.py``: prepared data sets (``make prepare``).
 {%- endif %}
+{%- if cookiecutter.task == "tabular" %}
+``tables.py``: CSV, Parquet and Arrow tables read as written.
+{%- elif cookiecutter.task == "language-model" %}
+``text_files.py``: a corpus's text files, and a dataset's Parquet, Arrow or JSON Lines files.
+{%- endif %}
 {%- if cookiecutter.use_serving == 'yes' %}
 ``export.py``: ONNX, torch.export, AOTInductor, int8, each checked against eager PyTorch; the HTTP
 APIs of ``make serve`` live in ``serving/``.
