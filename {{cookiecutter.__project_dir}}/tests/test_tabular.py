@@ -603,6 +603,19 @@ def test_a_broken_parquet_file_is_one_line_naming_it(tmp_path: Path, write, mess
         main(["fit", *shrunk_args(tmp_path / "runs"), f"--data.init_args.path={path}", "--data.init_args.target=label"])
 
 
+def test_a_parquet_table_larger_than_the_free_memory_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A few kilobytes on disk may expand to any size: the row groups' sizes in memory are in the footer.
+    typed_frame(tmp_path).to_parquet(path := tmp_path / "table.parquet")
+    from {{ cookiecutter.package_name }}.engine import tables
+
+    pages = {"SC_AVPHYS_PAGES": 1, "SC_PAGE_SIZE": 4096}  # 4 KiB free
+    monkeypatch.setattr(tables.os, "sysconf", lambda name: pages[name])
+    with pytest.raises(ValueError, match=r"table.parquet: the table takes 0.0 GiB in memory, more than half of the"):
+        tables.read_columnar(path, "data.path")
+
+
 def test_csv_reading_options_given_for_a_parquet_file_fail_before_anything_is_read(tmp_path: Path) -> None:
     typed_frame(tmp_path).to_parquet(path := tmp_path / "table.parquet")
     with user_error(r"data.separator: a CSV reading option, and data.path=.*table.parquet is a Parquet file"):
