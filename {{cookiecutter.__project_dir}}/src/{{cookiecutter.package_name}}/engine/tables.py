@@ -149,7 +149,8 @@ def read_columnar(path: str | Path, key: str, as_text: Sequence[str] = ()) -> pd
         if kind == "Parquet":
             metadata = pq.ParquetFile(path).metadata
             size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else None
+            known = "SC_AVPHYS_PAGES" in getattr(os, "sysconf_names", {})  # Linux; not macOS or Windows
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if known else None
             if free is not None and size > free // 2:  # pandas' copy doubles it
                 raise DataError(
                     f"{key}={path}: the table takes {size / 2**30:.1f} GiB in memory, more than half of the "
