@@ -347,9 +347,9 @@ def unused_code(project: Path) -> list[str]:
 # Arrow tables read with their schema's types (engine/tables.py, with the CSV reader moved there from the room),
 # and the language model +95 for a Hugging Face dataset's files: a text column in Parquet, Arrow and JSON Lines
 # files, chats and pairs in Parquet and Arrow shards (engine/text_files.py, with the text-file readers moved
-# there from the room: the room fell to 1,665); measured 4,024 / 4,115 / 4,525.
+# there from the room: the room fell to 1,665); measured 4,024 / 4,116 / 4,525.
 # (The design of 2026-12-01 retires these code-line bounds for an engine bound; issue 76 moves to it.)
-MINIMAL_CODE_LINES = {"image-classification": 4024, "tabular": 4115, "language-model": 4525}
+MINIMAL_CODE_LINES = {"image-classification": 4024, "tabular": 4116, "language-model": 4525}
 
 
 def code_lines(source: str) -> int:
