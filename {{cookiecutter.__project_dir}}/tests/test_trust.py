@@ -730,7 +730,6 @@ def test_arguments_of_the_wrong_kind_are_one_line(trained_run: Path, tmp_path: P
         ("lr_schedulers/0/last_epoch", "7", r"lr_schedulers\[0\]\.last_epoch holds str, not a number \(int\)"),
         ("optimizer_states/0/param_groups/0/lr", [0.1], r"param_groups\[0\]\.lr holds list, not a number \(float\)"),
         ("optimizer_states/0/state/0/exp_avg", "m", r"state\.0\.exp_avg holds str, not a tensor of torch\.float32"),
-        ("optimizer_states/0/state/0/exp_avg", torch.zeros(2), r"exp_avg holds a tensor of shape \(2,\), not \(.*\)"),
         (
             "optimizer_states/0/state/1/exp_avg_sq",
             torch.zeros(1, dtype=torch.int8),

@@ -458,8 +458,9 @@ def check_training_state(checkpoint: dict[str, Any], trainer: Any, path: _PATH, 
     text where text, tensors of its dtype where tensors.
 
     An optimizer has no per-parameter state before its first step: its reference is that of a copy of it
-    stepped once over meta-device stand-ins of its parameters (no memory, no change to the live one), and
-    its tensors' shapes are compared too (a moment of another shape fails the first step, not the restore).
+    stepped once over meta-device stand-ins of its parameters (no memory, no change to the live one). Step
+    counts' shapes are compared too; a moment's shape is not, as it depends on which parameter a position
+    holds, which a run that adds parameter groups (``BackboneFreeze``'s unfreeze) changes.
     An optimizer that cannot step on the meta device (``LBFGS``' closure, ``Adafactor``'s ``.item()``)
     is compared in its parameter groups only.
 
@@ -509,7 +510,7 @@ def _unlike(saved: Any, reference: Any, where: str, every_key: bool, shapes: boo
     """The first position (``where`` + keys) at which ``saved`` differs in kind from ``reference``, else None.
 
     ``every_key``: a key of a reference mapping must be in ``saved`` too (the loops read every one).
-    ``shapes``: tensors must have the reference's shape too (an optimizer's moments and step counts)."""
+    ``shapes``: tensors must have the reference's shape too, but for meta-device ones (an optimizer's moments)."""
     stack = [(saved, reference, where)]
     while stack:
         saved, reference, where = stack.pop()
@@ -534,7 +535,7 @@ def _unlike(saved: Any, reference: Any, where: str, every_key: bool, shapes: boo
             )
             if not same:
                 return f"{where} holds {getattr(saved, 'dtype', kind)}, not a tensor of {reference.dtype}"
-            if shapes and saved.shape != reference.shape:
+            if shapes and not reference.is_meta and saved.shape != reference.shape:  # meta: a moment (above)
                 return f"{where} holds a tensor of shape {tuple(saved.shape)}, not {tuple(reference.shape)}"
         elif reference is None:  # not set yet in the live object (a best score before any): plain values only
             if not (saved is None or isinstance(saved, bool | int | float | str | torch.Tensor)):
