@@ -460,7 +460,7 @@ def check_training_state(checkpoint: dict[str, Any], trainer: Any, path: _PATH, 
     An optimizer has no per-parameter state before its first step: its reference is that of a copy of it
     stepped once over meta-device stand-ins of its parameters (no memory, no change to the live one). Step
     counts' shapes are compared too; a moment's shape is not, as it depends on which parameter a position
-    holds, which a run that adds parameter groups (``BackboneFreeze``'s unfreeze) changes.
+    holds, which a run that adds parameter groups (a backbone unfrozen mid-run) changes.
     An optimizer that cannot step on the meta device (``LBFGS``' closure, ``Adafactor``'s ``.item()``)
     is compared in its parameter groups only.
 
