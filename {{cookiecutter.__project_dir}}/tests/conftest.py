@@ -11,9 +11,7 @@ import re
 import resource
 {% endif -%}
 import signal
-{% if cookiecutter.use_serving == "yes" -%}
 import socket
-{% endif -%}
 import subprocess
 import sys
 {% if cookiecutter.use_serving == "yes" -%}
@@ -39,6 +37,53 @@ if (_workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
     _share = max(1, (os.cpu_count() or 1) // _workers)
     torch.set_num_threads(_share)
     os.environ["OMP_NUM_THREADS"] = str(_share)
+
+
+# ---- ports ---------------------------------------------------------------------------------------
+
+
+def _ports_of_this_worker() -> Iterator[int]:
+    # Below the kernel's ephemeral range: a port found free by binding port 0 is one the kernel may hand
+    # to another process's socket (a gloo listener of a DDP test running beside this one) before its
+    # owner binds it, and a client that then connects to it (a health poll, a TCPStore client) talks to
+    # a stranger: CI saw a torchrun rank abort so. Each pytest-xdist worker takes its own block of 400.
+    try:
+        first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: macOS's range starts at 49152
+        first_ephemeral = 49152
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    start = 20000 + 400 * worker
+    if start + 400 > first_ephemeral:
+        raise RuntimeError(f"{worker + 1} pytest-xdist workers need ports above {first_ephemeral}, the ephemeral range")
+    while True:
+        yield from range(start, start + 400)
+
+
+_PORTS = _ports_of_this_worker()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on, that the kernel never gives a socket by itself and no other
+    pytest-xdist worker takes.
+
+    Raises:
+        RuntimeError: the worker's 400 ports are all in use.
+    """
+    for _, port in zip(range(400), _PORTS, strict=False):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in this pytest-xdist worker's block")
+
+
+@pytest.fixture(autouse=True)
+def master_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every DDP run a test starts through Lightning's launcher rendezvouses on a port of :func:`free_port`
+    (Lightning otherwise picks one by binding port 0: see ``_ports_of_this_worker``); torchrun picks its own."""
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
 
 
 @contextmanager
@@ -446,12 +491,6 @@ def _no_pytest_argv():
 
 
 # ---- a server to test against --------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def as_in_a_terminal(nofile: int | None) -> None:
