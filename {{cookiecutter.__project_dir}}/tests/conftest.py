@@ -46,7 +46,7 @@ def _ports_of_this_worker() -> Iterator[int]:
     # Below the kernel's ephemeral range: a port found free by binding port 0 is one the kernel may hand
     # to another process's socket (a gloo listener of a DDP test running beside this one) before its
     # owner binds it, and a client that then connects to it (a health poll, a TCPStore client) talks to
-    # a stranger: CI saw a torchrun rank abort so. Each pytest-xdist worker takes its own block of 400.
+    # a stranger (the likely cause of a torchrun rank that aborted in CI). Each xdist worker has 400 ports.
     try:
         first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):  # not Linux: macOS's range starts at 49152
