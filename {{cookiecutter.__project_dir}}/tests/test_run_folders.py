@@ -290,7 +290,7 @@ def test_a_compressed_checkpoint_is_not_taken_to_resume(tmp_path: Path) -> None:
 
 LEAF_DRIVER = textwrap.dedent(
     """
-    import contextlib, io, json, resource, sys
+    import contextlib, io, json, resource, shutil, sys
     from pathlib import Path
     limit = int(sys.argv[2])
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -305,8 +305,15 @@ LEAF_DRIVER = textwrap.dedent(
             with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
                 if case["command"] == "load_trained":
                     load_trained(case["path"])
-                else:  # fit --ckpt_path, a short epoch past the checkpoint's: resume reads every part of the file
-                    args = [*shrunk_args(Path(case["folder"])), f"--ckpt_path={case['path']}", "--test_after_fit=false"]
+                else:  # a short epoch past the checkpoint's: resume reads every part of the file
+                    args = [*shrunk_args(Path(case["folder"])), "--test_after_fit=false"]
+                    if case["command"] == "fit --ckpt_path":
+                        args.append(f"--ckpt_path={case['path']}")
+                    else:  # make resume (and make cv's folds): the run folder's newest checkpoint, chosen
+                        run = Path(case["folder"], "logs", "test", Path(case["run"]).name)
+                        shutil.copytree(case["run"], run)
+                        shutil.copyfile(case["path"], run / "checkpoints" / "last.ckpt")  # the newest
+                        args.append("--resume=true")
                     args += ["--trainer.max_epochs=2", "--trainer.limit_train_batches=2"]
                     args += ["--trainer.limit_val_batches=1"]
                     main(["fit", *args])
@@ -345,7 +352,8 @@ def hostile_values(module: str, home: Path, fifo: Path) -> dict[str, object]:
 @pytest.mark.skipif(not hasattr(os, "mkfifo") or sys.platform != "linux", reason="FIFOs and RLIMIT_AS: Linux")
 def test_every_leaf_of_a_checkpoint_is_data(tmp_path: Path) -> None:
     # Each leaf of a real checkpoint (weights, hyper-parameters, optimizer, callback and loop states), sampled, is
-    # replaced in turn by each hostile value; load_trained and a resume read each file. (load_trained is what
+    # replaced in turn by each hostile value; load_trained and a resume (fit --ckpt_path, or make resume and make
+    # cv's folds finding it in its run folder) read each file. (load_trained is what
     # predict{{ ", export, serve" if cookiecutter.use_serving == "yes" else "" }}{{ ", generate" if cookiecutter.task == "language-model" else "" }} load with.)
     # Nothing may run (a planted module leaves a mark when imported), change a file outside the run, hang (the
     # process's timeout) or take memory past the limit (RLIMIT_AS); a refusal is one line.
@@ -370,17 +378,25 @@ def test_every_leaf_of_a_checkpoint_is_data(tmp_path: Path) -> None:
         path = tmp_path / "hostile" / f"{number}.ckpt"
         path.parent.mkdir(exist_ok=True)
         torch.save(replaced(checkpoint, where, value), path)
-        resumed = label in ("class spec", "local URL", "stride-0 tensor")  # a resume is a fit: three values each
-        for command in ("load_trained", "resume") if resumed else ("load_trained",):
-            folder = str(tmp_path / "runs" / f"{number}-{command}")
+        # A resume is a fit: three values each, from a path given (fit --ckpt_path) or found in a run folder.
+        resume = "fit --ckpt_path" if number % 2 else "make resume"
+        resumed = label in ("class spec", "local URL", "stride-0 tensor")
+        for command in ("load_trained", resume) if resumed else ("load_trained",):
+            folder = str(tmp_path / "runs" / f"{number}-{command.split()[-1]}")
             leaf = ".".join(map(str, where))
-            cases.append({"leaf": leaf, "value": label, "command": command, "path": str(path), "folder": folder})
+            case = {"leaf": leaf, "value": label, "command": command, "path": str(path), "folder": folder}
+            cases.append({**case, "run": str(run_dir(first.trainer))})
     limit = 6 << 30  # bytes of address space: a few times a run's, far below what a stride-0 tensor made whole takes
     results = run_hostile_cases(LEAF_DRIVER, cases, tmp_path, limit)
     assert not (tmp_path / "imported").exists(), "a hostile leaf imported the planted module"
     assert fingerprint(home) == before
-    outcomes = {kind: sum(r["outcome"].startswith(kind) for r in results) for kind in ("ran", "refused", "traceback")}
+    outcomes = {
+        (command, kind): sum(r["command"] == command and r["outcome"].startswith(kind) for r in results)
+        for command in ("load_trained", "fit --ckpt_path", "make resume")
+        for kind in ("ran", "refused", "traceback")
+    }
     print(f"{len(results)} cases: {outcomes}; leaves: {sorted({r['leaf'] for r in results})}")
+    assert {r["command"] for r in results} == {"load_trained", "fit --ckpt_path", "make resume"}
     # What inference reads (weights, arguments, the DataModule's state) and a resume's loop, callback, optimizer
     # and schedule states (engine.checkpoints.check_training_state) are refused in one line.
     loud = [r for r in results if not r["outcome"].startswith(("ran", "refused"))]

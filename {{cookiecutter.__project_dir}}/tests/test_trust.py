@@ -757,6 +757,29 @@ def test_a_training_state_of_another_kind_is_refused_before_it_is_restored(
         main(["fit", *shrunk_args(tmp_path / "resumed"), f"--ckpt_path={path}", "--trainer.max_epochs=2"])
 
 
+# Lightning's ModelCheckpoint, restored from another run's folder (its callback state is read before the optimizer's).
+@pytest.mark.filterwarnings("ignore:The dirpath has changed:UserWarning")
+@pytest.mark.parametrize("other", ["another parameter's", "one-dimensional"])
+def test_a_moment_of_another_shape_is_refused_when_the_optimizer_loads_it(
+    trained_run: Path, tmp_path: Path, other: str
+) -> None:
+    """Which parameter a saved moment belongs to is known only once the optimizer pairs them: the load's own
+    check (engine.checkpoints.guard_optimizer_loads), instead of torch's error at the first step."""
+    checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
+    state = checkpoint["optimizer_states"][0]["state"]
+    first, *rest = sorted(state)
+    shape = tuple(state[first]["exp_avg"].shape)
+    if other == "one-dimensional":
+        wrong = (3,)
+    else:
+        wrong = next(tuple(state[at]["exp_avg"].shape) for at in rest if tuple(state[at]["exp_avg"].shape) != shape)
+    state[first]["exp_avg"] = torch.zeros(wrong)
+    torch.save(checkpoint, path := tmp_path / "odd.ckpt")
+    shapes = rf"has shape {re.escape(str(wrong))}, where this run's has {re.escape(str(shape))}"
+    with user_error(rf"optimizer state 'exp_avg' of parameter \S+ {shapes}; this is not a training state"):
+        main(["fit", *shrunk_args(tmp_path / "resumed"), f"--ckpt_path={path}", "--trainer.max_epochs=2"])
+
+
 def test_shared_lists_do_not_make_a_small_file_a_huge_walk(trained_run: Path, tmp_path: Path) -> None:
     # A list that holds itself ten times, twelve levels deep: 1.7 KB on disk, 10^12 values to walk.
     checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)

@@ -460,7 +460,8 @@ def check_training_state(checkpoint: dict[str, Any], trainer: Any, path: _PATH, 
     An optimizer has no per-parameter state before its first step: its reference is that of a copy of it
     stepped once over meta-device stand-ins of its parameters (no memory, no change to the live one). Step
     counts' shapes are compared too; a moment's shape is not, as it depends on which parameter a position
-    holds, which a run that adds parameter groups (a backbone unfrozen mid-run) changes.
+    holds, which a run that adds parameter groups (a backbone unfrozen mid-run) changes: the load compares
+    them once it has paired them (:func:`guard_optimizer_loads`).
     An optimizer that cannot step on the meta device (``LBFGS``' closure, ``Adafactor``'s ``.item()``)
     is compared in its parameter groups only.
 
@@ -483,6 +484,38 @@ def check_training_state(checkpoint: dict[str, Any], trainer: Any, path: _PATH, 
             f"{path}: {problem}; this is not a training state a run of this project writes: resume from a checkpoint "
             "`make train` wrote, or start a new run (without --resume or --ckpt_path)"
         )
+
+
+def guard_optimizer_loads(optimizer: torch.optim.Optimizer, module: torch.nn.Module) -> None:
+    """Make every ``optimizer.load_state_dict`` (a resume's) refuse a per-parameter state of another shape.
+
+    torch's load pairs saved states with parameters by position and keeps what it is given: a moment
+    of another shape fails at the first step, in the middle of the kernel. :func:`check_training_state`
+    cannot compare moments' shapes before the run is built (which parameter a position holds is known
+    only then); this post-load hook does once the pairing is made, against the state a copy of the
+    optimizer stepped on meta-device stand-ins would hold (so factored states, Adafactor's, are right too).
+
+    Raises (from the load):
+        CheckpointError: names the parameter, the state's key and both shapes.
+    """
+
+    def check(loaded: torch.optim.Optimizer) -> None:
+        reference = _stepped_state(loaded)["state"]  # by position, as the load paired them
+        names = {id(parameter): name for name, parameter in module.named_parameters()}
+        parameters = [parameter for group in loaded.param_groups for parameter in group["params"]]
+        for position, parameter in enumerate(parameters):
+            expected = reference.get(position, {})
+            for key, value in loaded.state.get(parameter, {}).items():
+                shape = getattr(expected.get(key), "shape", None)
+                if torch.is_tensor(value) and shape is not None and value.shape != shape:
+                    raise CheckpointError(
+                        f"the checkpoint's optimizer state {key!r} of parameter {names.get(id(parameter), position)} "
+                        f"has shape {tuple(value.shape)}, where this run's has {tuple(shape)}; this is not a training "
+                        "state a run of this project writes: resume from a checkpoint `make train` wrote, or start a "
+                        "new run"
+                    )
+
+    optimizer.register_load_state_dict_post_hook(check)
 
 
 def _stepped_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

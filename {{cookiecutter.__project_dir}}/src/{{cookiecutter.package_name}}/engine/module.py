@@ -33,7 +33,12 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torchmetrics import MetricCollection
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, net_differences, read_checkpoint
+from {{ cookiecutter.package_name }}.engine.checkpoints import (
+    check_fits,
+    guard_optimizer_loads,
+    net_differences,
+    read_checkpoint,
+)
 from {{ cookiecutter.package_name }}.engine.contract import ShippableModel
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
 from {{ cookiecutter.package_name }}.engine.gradients import gradient_norms
@@ -344,6 +349,7 @@ class TrainingModule(ShippableModel, L.LightningModule):
         chose the kernel itself (``fused`` or ``foreach`` in the optimizer's ``init_args``).
         """
         optimizer = self._optimizer(fused)
+        guard_optimizer_loads(optimizer, self)
         return optimizer, self._schedule(optimizer, total_steps)
 
     def _optimizer(self, fused: bool) -> torch.optim.Optimizer:
