@@ -9,6 +9,7 @@ folder) before and after.
 import hashlib
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -243,14 +244,17 @@ class RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
-def distributed_checkpoint(folder: Path) -> Path:
-    """A distributed checkpoint folder as FSDP2Strategy writes it: torch's shards and .metadata, and meta.pt."""
+def distributed_checkpoint(folder: Path, extra: object = None) -> Path:
+    """A distributed checkpoint folder as FSDP2Strategy writes it: torch's shards and .metadata, and meta.pt;
+    ``extra``, when given, an item that is not a tensor (stored pickled, as an optimizer's param_groups are)."""
     import torch.distributed.checkpoint as dcp
 
-    weights = {"net.weight": torch.ones(2, 3)}
+    state: dict[str, object] = {"state_dict": {"net.weight": torch.ones(2, 3)}}
+    if extra is not None:
+        state["extra"] = extra
     with warnings.catch_warnings():  # torch's: "torch.distributed is disabled ... save in a single process"
         warnings.simplefilter("ignore")
-        dcp.save({"state_dict": weights}, checkpoint_id=folder)
+        dcp.save(state, checkpoint_id=folder)
     meta = {"epoch": 0, "global_step": 1, "callbacks": dict()}
     torch.save(meta, folder / "meta.pt")
     return folder
@@ -270,6 +274,54 @@ def test_a_distributed_checkpoints_metadata_never_runs_code(tmp_path: Path) -> N
     with pytest.raises(CheckpointError, match="not the metadata torch writes"):
         consolidate(bad)
     assert not marker.exists()
+
+
+def test_every_item_of_a_distributed_checkpoint_is_data(tmp_path: Path) -> None:
+    """torch's distributed-checkpoint reader unpickles an item stored as bytes (an optimizer's param_groups are)
+    with ``weights_only=False``, reads whatever file and span its metadata names, and undoes any transform it
+    names: each is checked before torch reads anything."""
+    import dataclasses
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    marker = tmp_path / "ran"
+    cases: dict[str, Path] = {}
+    where = tmp_path / "code" / "checkpoints" / "last.ckpt"
+    cases["an item that runs code"] = distributed_checkpoint(where, extra=RunsCode(marker))
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"x" * 64)
+    for name, change in {
+        "a file outside the folder": dict(relative_path="../../outside.bin", offset=0, length=64),
+        "a span past the file's end": dict(offset=0, length=1 << 40),
+        "a transform to undo": dict(transform_descriptors=["zstd"]),
+    }.items():
+        folder = distributed_checkpoint(tmp_path / name.replace(" ", "-").replace("'", "") / "checkpoints" / "x.ckpt")
+        metadata = FileSystemReader(folder).read_metadata()  # torch's own reader: a file this test wrote
+        index = next(iter(metadata.storage_data))
+        metadata.storage_data[index] = dataclasses.replace(metadata.storage_data[index], **change)
+        (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+        cases[name] = folder
+    for name, folder in cases.items():
+        with pytest.raises(CheckpointError, match=rf"^{re.escape(str(folder))}: [^\n]*refused$"):
+            check_distributed_checkpoint(folder)
+        assert latest_checkpoint(folder.parent.parent) is None, name  # make resume passes it over
+        with pytest.raises(CheckpointError):
+            consolidate(folder)
+    assert not marker.exists()
+    check_distributed_checkpoint(distributed_checkpoint(tmp_path / "plain" / "checkpoints" / "last.ckpt", extra=[0.1]))
+
+
+def test_a_distributed_checkpoints_states_are_checked_before_a_resume(tmp_path: Path) -> None:
+    """A folder's meta.pt (loop, callback and DataModule states, arguments) is checked as a file's is, before
+    Lightning restores it; a folder given to a strategy that reads one file is one line too."""
+    folder = distributed_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    args = ["fit", *shrunk_args(tmp_path / "resumed"), f"--ckpt_path={folder}", "--trainer.max_epochs=2"]
+    with user_error(rf"{re.escape(str(folder))}: a distributed checkpoint .* resumes under the fsdp2 preset"):
+        main(args)
+    meta = torch.load(folder / "meta.pt", weights_only=True)
+    torch.save({**meta, "loops": {"fit_loop": [1]}}, folder / "meta.pt")
+    with user_error(rf"{re.escape(str(folder))}: loops has no 'validate_loop'; this is not a training state"):
+        main(args)
 
 
 def test_a_compressed_checkpoint_is_not_taken_to_resume(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import enum
 import errno
+import io
 import os
 import pickle
 import re
@@ -25,7 +26,7 @@ import socket
 import warnings
 import zipfile
 from pathlib import Path, PurePath
-from typing import Any
+from typing import IO, Any
 
 import torch
 from lightning.fabric.utilities.types import _PATH
@@ -242,6 +243,26 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
         )
     if not path.is_file():  # a FIFO would block the read forever
         raise CheckpointError(f"{path}: not a regular file, so not a checkpoint")
+    checkpoint = _load_checked(path)
+    if "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path}: not a Lightning checkpoint (no 'state_dict' in it)")
+    return checkpoint
+
+
+def read_distributed_state(folder: Path) -> dict[str, Any]:
+    """What a distributed checkpoint folder holds besides its shards (``meta.pt``: the arguments, loop,
+    callback and DataModule states), read as :func:`read_checkpoint` reads a file once the folder passed
+    :func:`check_distributed_checkpoint`: the states a resume checks before Lightning restores them.
+
+    Raises:
+        CheckpointError: as both of those do, naming the folder or its ``meta.pt``.
+    """
+    check_distributed_checkpoint(folder)
+    return _load_checked(folder / "meta.pt")
+
+
+def _load_checked(path: Path) -> dict[str, Any]:
+    """A regular file read with ``torch.load(weights_only=True)`` on the CPU, its members and tensors checked."""
     check_members(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
@@ -264,8 +285,8 @@ def read_checkpoint(path: _PATH) -> dict[str, Any]:
             f"{path}: not a readable checkpoint: truncated (a save that was interrupted) or corrupt ({error}). "
             "Use another one, e.g. the run's checkpoints/last.ckpt or a best epoch*.ckpt."
         ) from error
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise CheckpointError(f"{path}: not a Lightning checkpoint (no 'state_dict' in it)")
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f"{path}: not a Lightning checkpoint (it holds a {type(checkpoint).__name__})")
     check_tensors(checkpoint, path)
     return checkpoint
 
@@ -336,8 +357,14 @@ _PLAIN_CONTAINERS = {("collections", "OrderedDict"), *(("builtins", n) for n in 
 
 
 def check_distributed_checkpoint(folder: Path) -> None:
-    """Refuse a distributed checkpoint folder (FSDP2's shards) whose ``.metadata`` names anything but the
-    metadata classes torch writes, before torch's reader unpickles it; and one without its ``meta.pt``.
+    """Refuse a distributed checkpoint folder (FSDP2's shards) unless every part of it is data, before torch reads it.
+
+    torch's reader unpickles the ``.metadata`` with plain ``pickle.load``: it may name only the metadata
+    classes torch writes. It then reads each item from the file and span the metadata names, undoes any
+    transform named there, and unpickles an item stored as bytes (an optimizer's ``param_groups``) with
+    ``weights_only=False``: each item must lie within a regular file of the folder, untransformed, as a
+    ``torch.save`` archive of stored (never compressed) members, and a bytes item must load with
+    ``weights_only=True``. The folder needs its ``meta.pt`` too.
 
     Raises:
         CheckpointError: naming the folder and what it holds.
@@ -347,30 +374,108 @@ def check_distributed_checkpoint(folder: Path) -> None:
         raise CheckpointError(f"{folder}: not a distributed checkpoint (no regular meta.pt and .metadata files in it)")
     try:
         with metadata.open("rb") as file:
-            _DistributedMetadataUnpickler(file).load()
+            read = _DistributedMetadataUnpickler(file).load()
     except Exception as error:  # any reason the file is not torch's metadata: refused, named
         raise CheckpointError(
             f"{metadata}: not the metadata torch writes ({type(error).__name__}: {str(error)[:120]}): a distributed "
             "checkpoint is data, and this one names code or is corrupt; refused"
         ) from error
+    problem = _distributed_items_problem(folder, read)
+    if problem is not None:
+        raise CheckpointError(f"{folder}: {problem}: a distributed checkpoint is data; refused")
+
+
+def _distributed_items_problem(folder: Path, metadata: Any) -> str | None:
+    """What is wrong with the items a distributed checkpoint's ``metadata`` points torch's reader at, or None."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex
+
+    tables = (getattr(metadata, "storage_data", None), getattr(metadata, "state_dict_metadata", None))
+    if not isinstance(metadata, Metadata) or not all(isinstance(table, dict) for table in tables):
+        return "its .metadata does not hold torch's Metadata with its storage table"
+    sizes: dict[str, int] = {}
+    for index, stored in metadata.storage_data.items():
+        item, name = getattr(index, "fqn", index), getattr(stored, "relative_path", None)
+        if not isinstance(name, str) or name in ("", ".", "..") or PurePath(name).name != name or "\\" in name:
+            return f"item {item} is stored in {name!r}, not in a file of the folder"
+        if name not in sizes:
+            path = folder / name
+            if path.is_symlink() or not path.is_file():
+                return f"item {item} is stored in {name}, not a regular file of the folder"
+            sizes[name] = path.stat().st_size
+        start, length = getattr(stored, "offset", None), getattr(stored, "length", None)
+        if not (type(start) is int and type(length) is int and start >= 0 and 0 <= length <= sizes[name] - start):
+            return f"item {item} spans bytes {start!r}+{length!r} of {name}, which has {sizes[name]:,}"
+        if getattr(stored, "transform_descriptors", None):
+            return f"item {item} is stored transformed ({stored.transform_descriptors!r}), which expands when undone"
+    for index, stored in metadata.storage_data.items():
+        with (folder / stored.relative_path).open("rb") as file:
+            span = _Span(file, stored.offset, stored.length)
+            packed = _compressed_member(span)
+            if packed is not None:
+                return f"item {getattr(index, 'fqn', index)} holds a compressed member ({packed}), made to expand"
+            if isinstance(metadata.state_dict_metadata.get(getattr(index, "fqn", None)), BytesStorageMetadata):
+                if index != MetadataIndex(index.fqn):
+                    continue  # bytes are read from the index of the item's name alone
+                try:
+                    span.seek(0)
+                    torch.load(io.BytesIO(span.read()), map_location="cpu", weights_only=True)
+                except Exception as error:  # torch would unpickle it with weights_only=False: code, or corrupt
+                    return f"item {index.fqn} is not plain data ({type(error).__name__}: {str(error)[:120]})"
+    return None
+
+
+class _Span(io.RawIOBase):
+    """``length`` bytes of ``file`` from ``start``, as a file of their own (what zipfile and torch.load read)."""
+
+    def __init__(self, file: IO[bytes], start: int, length: int) -> None:
+        super().__init__()
+        self.file, self.start, self.length, self.position = file, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.length}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        self.file.seek(self.start + self.position)
+        data = self.file.read(max(0, min(len(buffer), self.length - self.position)))
+        buffer[: len(data)] = data
+        self.position += len(data)
+        return len(data)
 
 
 # torch.save stores every member of its zip file uncompressed: a compressed one is a file made to expand.
 def check_members(path: Path) -> None:
     """Refuse a checkpoint whose zip members are compressed (torch.save never compresses them): a small
     file that would expand to any size in memory. A legacy (non-zip) file is left to ``torch.load``."""
-    if not zipfile.is_zipfile(path):
-        return
-    try:
-        with zipfile.ZipFile(path) as archive:
-            packed = [info.filename for info in archive.infolist() if info.compress_type != zipfile.ZIP_STORED]
-    except (zipfile.BadZipFile, OSError, ValueError):
-        return  # torch.load names what is wrong with it
-    if packed:
+    with open(path, "rb") as file:
+        packed = _compressed_member(file)
+    if packed is not None:
         raise CheckpointError(
-            f"{path}: holds compressed members ({packed[0]}), which torch.save never writes: a file made to "
+            f"{path}: holds compressed members ({packed}), which torch.save never writes: a file made to "
             "expand in memory, refused"
         )
+
+
+def _compressed_member(file: IO[bytes]) -> str | None:
+    """The name of a compressed member of the zip archive ``file``, or None (none, or not a zip: torch.load
+    names what is wrong with it)."""
+    try:
+        if not zipfile.is_zipfile(file):
+            return None
+        with zipfile.ZipFile(file) as archive:
+            return next((i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED), None)
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return None
 
 
 FITS_FIX = (

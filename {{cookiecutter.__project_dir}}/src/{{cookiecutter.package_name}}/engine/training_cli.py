@@ -24,10 +24,12 @@ from {{ cookiecutter.package_name }}.engine import run_config
 from {{ cookiecutter.package_name }}.engine.checkpoints import (
     FITS_FIX,
     AtomicCheckpointIO,
+    CheckpointError,
     check_fits,
     check_optimizer_continues,
     check_training_state,
     read_checkpoint,
+    read_distributed_state,
 )
 from {{ cookiecutter.package_name }}.engine.datamodule import ResumableDataModule
 from {{ cookiecutter.package_name }}.engine.errors import (
@@ -184,7 +186,9 @@ class TrainingCLI(LightningCLI):
         if self._checkpoints is None:
             self._checkpoints = {}
         if path not in self._checkpoints:
-            self._checkpoints[path] = read_checkpoint(path)
+            # A distributed checkpoint (a folder): its states besides the shards, to check them as a file's.
+            read = read_distributed_state if Path(path).is_dir() else read_checkpoint
+            self._checkpoints[path] = read(Path(path))
         return self._checkpoints[path]
 
     def _parse_ckpt_path(self) -> None:
@@ -255,13 +259,14 @@ class TrainingCLI(LightningCLI):
     def _check_ckpt_path(self) -> None:
         # A checkpoint that does not fit the data or the model fails here with what differs, before anything runs.
         ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
-        if _is_checkpoint_file(ckpt_path):
+        if _is_checkpoint(ckpt_path):
             checkpoint = self._read_checkpoint(ckpt_path)
             check_checkpoint(checkpoint, ckpt_path, self.trusted)  # make resume finds its checkpoint after parsing
             state = checkpoint.get(type(self.datamodule).__qualname__)  # where Lightning saves the DataModule's
             if state is not None and isinstance(self.datamodule, ResumableDataModule):
                 self.datamodule.check_checkpoint_state(state)
-            check_fits(checkpoint, self.model, ckpt_path, self._fits_fix())
+            if "state_dict" in checkpoint:  # a folder's weights are its shards: torch's reader compares their sizes
+                check_fits(checkpoint, self.model, ckpt_path, self._fits_fix())
 
     def _hand_over_checkpoint(self) -> None:
         # Checked: the copy read once goes to the checkpoint plugin, which hands it to Lightning's restore
@@ -272,9 +277,15 @@ class TrainingCLI(LightningCLI):
         strategy = self.trainer.strategy
         through_plugin = type(strategy).load_checkpoint is Strategy.load_checkpoint
         checkpoint_io = strategy.checkpoint_io if through_plugin else None
-        if self._checkpoints and ckpt_path in self._checkpoints and isinstance(checkpoint_io, AtomicCheckpointIO):
-            checkpoint_io.hand_over(ckpt_path, self._checkpoints[ckpt_path])
+        read = (self._checkpoints or {}).get(ckpt_path)
         self._checkpoints = None
+        if read is not None and "state_dict" not in read and through_plugin:  # a folder: a file was expected
+            raise CheckpointError(
+                f"{ckpt_path}: a distributed checkpoint (a folder of shards) resumes under the fsdp2 preset; for "
+                f"another strategy gather it into one file first: python -m {__package__}.sharding {ckpt_path}"
+            )
+        if read is not None and isinstance(checkpoint_io, AtomicCheckpointIO):
+            checkpoint_io.hand_over(ckpt_path, read)
 
     def _fits_fix(self) -> str:
         if self.resumed_with is None:
@@ -304,7 +315,7 @@ class TrainingCLI(LightningCLI):
         if self.trainer.is_global_zero:
             replace_srun_hint()
         ckpt_path = self.config_init.fit.get("ckpt_path")
-        if _is_checkpoint_file(ckpt_path):  # fit continues the optimizer and schedule too
+        if _is_checkpoint(ckpt_path):  # fit continues the optimizer and schedule too
             checkpoint = self._read_checkpoint(ckpt_path)
             check_optimizer_continues(checkpoint, self.model, ckpt_path)
             built = self.model.build_optimizer(total_steps=1000) if isinstance(self.model, TrainingModule) else None
@@ -334,8 +345,13 @@ def _option_keys(parser) -> list[str]:
 
 
 def _is_checkpoint_file(ckpt_path: str | None) -> bool:
-    # A sharded (FSDP) checkpoint is a folder: Lightning reads and checks it itself.
-    return bool(ckpt_path) and ckpt_path not in _NAMED_CHECKPOINTS and not Path(ckpt_path).is_dir()
+    # A sharded (FSDP) checkpoint is a folder: its arguments are not read into the config (its states are checked).
+    return _is_checkpoint(ckpt_path) and not Path(ckpt_path).is_dir()
+
+
+def _is_checkpoint(ckpt_path: str | None) -> bool:
+    # A path, file or distributed checkpoint's folder, not Lightning's "last" or "best".
+    return bool(ckpt_path) and ckpt_path not in _NAMED_CHECKPOINTS
 
 
 def run_cli(cli_class: type[TrainingCLI], args: list[str] | None = None, run: bool = True) -> TrainingCLI:
