@@ -249,7 +249,8 @@ def distributed_checkpoint(folder: Path, extra: object = None) -> Path:
     ``extra``, when given, an item that is not a tensor (stored pickled, as an optimizer's param_groups are)."""
     import torch.distributed.checkpoint as dcp
 
-    state: dict[str, object] = {"state_dict": {"net.weight": torch.ones(2, 3)}}
+    weights = {"net.weight": torch.ones(2, 3)}
+    state: dict[str, object] = {"state_dict": weights}
     if extra is not None:
         state["extra"] = extra
     with warnings.catch_warnings():  # torch's: "torch.distributed is disabled ... save in a single process"
@@ -319,7 +320,8 @@ def test_a_distributed_checkpoints_states_are_checked_before_a_resume(tmp_path: 
     with user_error(rf"{re.escape(str(folder))}: a distributed checkpoint .* resumes under the fsdp2 preset"):
         main(args)
     meta = torch.load(folder / "meta.pt", weights_only=True)
-    torch.save({**meta, "loops": {"fit_loop": [1]}}, folder / "meta.pt")
+    loops = {"fit_loop": [1]}
+    torch.save({**meta, "loops": loops}, folder / "meta.pt")
     with user_error(rf"{re.escape(str(folder))}: loops has no 'validate_loop'; this is not a training state"):
         main(args)
 
