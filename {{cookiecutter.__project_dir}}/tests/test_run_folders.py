@@ -115,6 +115,26 @@ def test_cv_refuses_a_fold_folder_that_holds_files_and_keeps_them(tmp_path: Path
     assert fingerprint(tmp_path / "logs") == before
 {%- endif %}
 
+{%- if cookiecutter.use_sweeps == "yes" %}
+
+
+@pytest.mark.parametrize("where", ["logger", "default_root_dir"])
+def test_find_lr_keeps_the_folder_it_is_pointed_at(tmp_path: Path, monkeypatch, where: str) -> None:
+    # make find-lr cleans up too (the Tuner's own checkpoint): a search refused, and one that ran, leave the
+    # user's folder as they found it.
+    from {{ cookiecutter.package_name }}.commands import find
+
+    monkeypatch.chdir(tmp_path)
+    thesis = sentinel_tree(tmp_path / "home" / "thesis")
+    before = fingerprint(tmp_path / "home")
+    at = logger_at(thesis) if where == "logger" else ["--trainer.logger=false", f"--trainer.default_root_dir={thesis}"]
+    with user_error("larger than the training split"):
+        find.main(["lr", *shrunk_args(tmp_path), *at, TOO_BIG_A_BATCH])
+    assert fingerprint(tmp_path / "home") == before
+    find.main(["lr", *shrunk_args(tmp_path), *at, "--min_lr=1e-5", "--max_lr=0.5", "--num_training=30"])
+    assert fingerprint(tmp_path / "home") == before
+    assert len(list((tmp_path / "logs" / "find").iterdir())) == 1  # what it wrote is in a folder of its own
+{%- endif %}
 
 def test_a_resumed_checkpoint_cannot_make_the_run_delete_or_test_a_path_outside_its_folder(tmp_path: Path) -> None:
     args = [*shrunk_args(tmp_path), "--trainer.max_epochs=1", "--test_after_fit=false"]
