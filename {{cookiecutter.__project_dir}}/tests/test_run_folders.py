@@ -136,6 +136,7 @@ def test_find_lr_keeps_the_folder_it_is_pointed_at(tmp_path: Path, monkeypatch, 
     assert len(list((tmp_path / "logs" / "find").iterdir())) == 1  # what it wrote is in a folder of its own
 {%- endif %}
 
+
 def test_a_resumed_checkpoint_cannot_make_the_run_delete_or_test_a_path_outside_its_folder(tmp_path: Path) -> None:
     args = [*shrunk_args(tmp_path), "--trainer.max_epochs=1", "--test_after_fit=false"]
     first = main(["fit", *args])
