@@ -283,7 +283,6 @@ def with_tests_importable() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in paths if path)}
 
 
-{% if cookiecutter.task != "tabular" -%}
 def leaves(tree, where: tuple = ()):
     """``(key path, value)`` for every leaf of a loaded checkpoint or JSON tree: what is not a dict, list or tuple."""
     if isinstance(tree, dict):
@@ -324,7 +323,6 @@ def run_hostile_cases(driver: str, cases: list[dict], folder: Path, limit: int, 
     return results
 
 
-{% endif -%}
 class StartingWeights(L.Callback):
     """Saves each process's parameters as training starts to ``folder``/rank<N>.pt (a state dict on the CPU)."""
 

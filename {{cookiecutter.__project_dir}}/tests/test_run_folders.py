@@ -13,16 +13,14 @@ import re
 import socket
 import subprocess
 import sys
-{%- if cookiecutter.task == "image-classification" %}
 import textwrap
-{%- endif %}
 import warnings
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import {{ "ROOT, leaves, replaced, run_hostile_cases, " if cookiecutter.task == "image-classification" else "" }}shrunk_args, user_error{{ ", with_tests_importable" if cookiecutter.task == "image-classification" else "" }}
+from conftest import {{ "ROOT, " if cookiecutter.task == "image-classification" else "" }}leaves, replaced, run_hostile_cases, shrunk_args, user_error{{ ", with_tests_importable" if cookiecutter.task == "image-classification" else "" }}
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -358,7 +356,6 @@ def test_a_compressed_checkpoint_is_not_taken_to_resume(tmp_path: Path) -> None:
             target.writestr(info.filename, source.read(info.filename))
     os.utime(packed, (plain.stat().st_mtime + 10,) * 2)
     assert latest_checkpoint(tmp_path / "run") == plain
-{%- if cookiecutter.task == "image-classification" %}
 
 
 # ---- every leaf of a checkpoint is data ----------------------------------------------------------------
@@ -448,6 +445,10 @@ def test_every_leaf_of_a_checkpoint_is_data(tmp_path: Path) -> None:
         kinds.setdefault(tuple("*" if isinstance(key, int) else key for key in where), (where, leaf))
     sampled = random.Random(0).sample(sorted(kinds.values(), key=str), min(len(kinds), 24))[:12]  # CI's time: 12
     sampled += [leaf for kind, leaf in kinds.items() if kind[:3] == ("optimizer_states", "*", "state")][:1]  # a moment
+    # And a leaf of each part the sample missed (the task's own: its DataModule's state and arguments).
+    for part in checkpoint:
+        if not any(where[0] == part for where, _ in sampled):
+            sampled += [leaf for kind, leaf in sorted(kinds.items(), key=str) if kind[0] == part][:1]
     cases = []
     for number, ((where, _), (label, value)) in enumerate((leaf, item) for leaf in sampled for item in values.items()):
         path = tmp_path / "hostile" / f"{number}.ckpt"
@@ -476,4 +477,3 @@ def test_every_leaf_of_a_checkpoint_is_data(tmp_path: Path) -> None:
     # and schedule states (engine.checkpoints.check_training_state) are refused in one line.
     loud = [r for r in results if not r["outcome"].startswith(("ran", "refused"))]
     assert loud == [], "\n".join(f"{r['leaf']} = {r['value']}: {r['outcome']}" for r in loud[:30])
-{%- endif %}

@@ -736,6 +736,7 @@ def test_arguments_of_the_wrong_kind_are_one_line(trained_run: Path, tmp_path: P
             r"exp_avg_sq holds torch\.int8, not a tensor of torch\.float32",
         ),
         ("optimizer_states/0/state/0/step", torch.zeros(5), r"state\.0\.step holds a tensor of shape \(5,\), not \(\)"),
+        ("pytorch-lightning_version", "local:x", r"pytorch-lightning_version holds str 'local:x', not a version"),
     ],
 )
 def test_a_training_state_of_another_kind_is_refused_before_it_is_restored(
@@ -754,6 +755,19 @@ def test_a_training_state_of_another_kind_is_refused_before_it_is_restored(
         place[last] = value
     torch.save(checkpoint, path := tmp_path / "odd.ckpt")
     with user_error(rf"odd\.ckpt: \S*{named}; this is not a training state a run of this project writes"):
+        main(["fit", *shrunk_args(tmp_path / "resumed"), f"--ckpt_path={path}", "--trainer.max_epochs=2"])
+
+
+@pytest.mark.parametrize("value", ["7", -1])
+def test_a_datamodule_resume_position_of_another_kind_is_refused(trained_run: Path, tmp_path: Path, value: Any) -> None:
+    """Where the resumed epoch starts (engine.datamodule.check_resume_position): a text, or a negative count, failed
+    in the middle of the resumed run."""
+    checkpoint = torch.load(last_checkpoint(trained_run), map_location="cpu", weights_only=True)
+    (key,) = [key for key, state in checkpoint.items() if isinstance(state, dict) and "batches_done" in state]
+    checkpoint[key]["batches_done"] = value
+    torch.save(checkpoint, path := tmp_path / "odd.ckpt")
+    shown = re.escape(f"{type(value).__name__} {str(value)!r}")
+    with user_error(rf"odd\.ckpt: the DataModule's batches_done holds {shown}, not a whole number >= 0; this is not"):
         main(["fit", *shrunk_args(tmp_path / "resumed"), f"--ckpt_path={path}", "--trainer.max_epochs=2"])
 
 

@@ -577,6 +577,9 @@ def check_training_state(checkpoint: dict[str, Any], trainer: Any, path: _PATH, 
     callbacks = {callback.state_key: callback.state_dict() for callback in trainer.callbacks}
     saved_callbacks = checkpoint.get("callbacks") or {}
     problem = _unlike(checkpoint.get("loops"), loops, "loops", every_key=True) if "loops" in checkpoint else None
+    version = checkpoint.get(VERSION_KEY)
+    if problem is None and version is not None and not _is_version(version):  # Lightning's migration parses it
+        problem = f"{VERSION_KEY} holds {type(version).__name__} {str(version)[:40]!r}, not a version"
     for key, live in zip(("optimizer_states", "lr_schedulers"), optimizer or (), strict=False):
         if problem is None and live is not None and key in checkpoint:
             reference = _stepped_state(live) if key == "optimizer_states" else live.state_dict()
@@ -621,6 +624,16 @@ def guard_optimizer_loads(optimizer: torch.optim.Optimizer, module: torch.nn.Mod
                     )
 
     optimizer.register_load_state_dict_post_hook(check)
+
+
+VERSION_KEY = "pytorch-lightning_version"
+# The versions Lightning writes (2.6.0, 2.6.0rc1, 2.7.0.dev20260101, 2.6.0+local): a subset of PEP 440's, all of which
+# its migration's packaging.version.Version parses.
+_VERSION = re.compile(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?")
+
+
+def _is_version(value: Any) -> bool:
+    return isinstance(value, str) and _VERSION.fullmatch(value) is not None
 
 
 def _stepped_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
+from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.engine.contract import ShippableData
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError{% if cookiecutter.task != "tabular" %}, DataError{% endif %}
 
@@ -279,6 +280,29 @@ class ResumableDataLoader(DataLoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         pass
+
+
+def check_resume_position(state: Any, path: Any) -> None:
+    """Refuse a saved DataModule ``state`` (read from the checkpoint ``path``) whose resume position is not
+    :class:`ResumableDataModule`'s: a mapping whose ``epoch`` and ``batches_done`` are whole numbers >= 0.
+
+    A DataModule's own keys are its :meth:`ResumableDataModule.check_checkpoint_state`'s to check; these two
+    the base reads whatever a subclass does (a text would fail in the middle of the resumed epoch).
+
+    Raises:
+        CheckpointError: naming the file, the key and what it holds.
+    """
+    fix = (
+        "this is not a DataModule state a run of this project writes: resume from a checkpoint `make train` wrote, "
+        "or start a new run (without --resume or --ckpt_path)"
+    )
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: the DataModule's state holds {type(state).__name__}, not a mapping; {fix}")
+    for key in ("epoch", "batches_done"):
+        value = state.get(key, 0)
+        if type(value) is not int or value < 0:
+            shown = f"{type(value).__name__} {str(value)[:40]!r}"
+            raise CheckpointError(f"{path}: the DataModule's {key} holds {shown}, not a whole number >= 0; {fix}")
 
 
 class ResumableDataModule(ShippableData, L.LightningDataModule):

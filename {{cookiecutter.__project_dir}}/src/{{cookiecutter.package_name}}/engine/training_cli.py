@@ -31,7 +31,7 @@ from {{ cookiecutter.package_name }}.engine.checkpoints import (
     read_checkpoint,
     read_distributed_state,
 )
-from {{ cookiecutter.package_name }}.engine.datamodule import ResumableDataModule
+from {{ cookiecutter.package_name }}.engine.datamodule import ResumableDataModule, check_resume_position
 from {{ cookiecutter.package_name }}.engine.errors import (
     ConfigError,
     UserError,
@@ -264,6 +264,7 @@ class TrainingCLI(LightningCLI):
             check_checkpoint(checkpoint, ckpt_path, self.trusted)  # make resume finds its checkpoint after parsing
             state = checkpoint.get(type(self.datamodule).__qualname__)  # where Lightning saves the DataModule's
             if state is not None and isinstance(self.datamodule, ResumableDataModule):
+                check_resume_position(state, ckpt_path)
                 self.datamodule.check_checkpoint_state(state)
             if "state_dict" in checkpoint:  # a folder's weights are its shards: torch's reader compares their sizes
                 check_fits(checkpoint, self.model, ckpt_path, self._fits_fix())
