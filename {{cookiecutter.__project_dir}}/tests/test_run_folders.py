@@ -204,8 +204,8 @@ def test_partial_files_of_writers_that_are_gone_are_removed_and_no_other(tmp_pat
 {%- if cookiecutter.task == "image-classification" %}
 
 
-# The core's slow guarantees of this file (a kill while saving, every leaf of a checkpoint) run in the image bake,
-# the default, alone: the engine is the same in every task, and CI's time is shared.
+# A kill while saving runs in the image bake, the default, alone: the saving code is the same in every task, and
+# CI's time is shared. (Every leaf of a checkpoint, below, runs in each: each task's DataModule saves its own state.)
 KILL_WHILE_SAVING = textwrap.dedent(
     """
     import os, signal, sys
