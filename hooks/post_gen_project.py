@@ -40,6 +40,7 @@ TASK_FILES = {
         "src/{package}/nets/timm_net.py",
         "src/{package}/nets/image_preprocessing.py",
         "src/{package}/data/image_files.py",
+        "src/{package}/engine/image_tables.py",
         "tests/test_data.py",
         "tests/test_ddp.py",
         "tests/test_faults.py",
@@ -168,6 +169,7 @@ SHARED_TASK_FILES = {
     "tests/test_cv.py": ("image-classification", "tabular"),
     "src/{package}/nets/hf.py": ("image-classification", "language-model"),
     "src/{package}/nets/hub.py": ("image-classification", "language-model"),
+    "src/{package}/engine/table_files.py": ("image-classification", "language-model"),
 }
 
 

@@ -353,9 +353,12 @@ def unused_code(project: Path) -> list[str]:
 # weights_only=False), a folder's meta.pt states checked as a file's before a resume, and a saved moment of another
 # shape refused by the optimizer's load; measured 4,129 / 4,221 / 4,630. Then +21: a checkpoint's Lightning version
 # and the DataModule's resume position checked before a resume (the leaf test, now in every task, found both);
-# measured 4,150 / 4,242 / 4,651.
+# measured 4,150 / 4,242 / 4,651. Then image classification +152 for a Hugging Face image dataset's shards
+# (engine/image_tables.py: encoded images from the dataset's bytes, ClassLabel names, split files) and Parquet and
+# Arrow tables opened a batch at a time (engine/table_files.py, which the language model's text_files.py now
+# imports: +6 there); measured 4,302 / 4,242 / 4,657.
 # (The design of 2026-12-01 retires these code-line bounds for an engine bound; issue 76 moves to it.)
-MINIMAL_CODE_LINES = {"image-classification": 4150, "tabular": 4242, "language-model": 4651}
+MINIMAL_CODE_LINES = {"image-classification": 4302, "tabular": 4242, "language-model": 4657}
 
 
 def code_lines(source: str) -> int:
@@ -404,7 +407,10 @@ def f(x):
 # 2026-11-29: every task within the issue's bound (measured 988 / 932 / 1,700) once the predict command's work,
 # the same in every task, moved into the engine (engine/predict.py), an image bake without pretrained backbones
 # lost their mean/std arguments, and the image folder's cuts of train/ went into engine.datamodule.split_indices.
-USERS_ROOM_LINES = {"image-classification": 1000, "tabular": 1000, "language-model": 1700}
+# 2026-12-02 (issue 78): image classification +20 (1,020 measured) for a Hugging Face dataset's form beside the
+# class folders (image_column, label_column, the report's shards, the folder scan apart from the mode check); the
+# dataset's reading itself is in engine/image_tables.py.
+USERS_ROOM_LINES = {"image-classification": 1020, "tabular": 1000, "language-model": 1700}
 
 
 @pytest.mark.parametrize("task", MINIMAL_CODE_LINES)

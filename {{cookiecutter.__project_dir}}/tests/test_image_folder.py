@@ -7,9 +7,7 @@ import csv
 {% if cookiecutter.use_serving == "yes" -%}
 import importlib.util
 {% endif -%}
-{% if cookiecutter.use_serving == "yes" -%}
 import io
-{% endif -%}
 import json
 import logging
 import re
@@ -506,6 +504,162 @@ def test_a_folder_copied_from_a_mac_or_a_notebook_reads_its_nested_images_and_le
     ids, images = data.read_inputs(str(root / "blobs"))  # INPUTS= reads a folder the same way
     assert len(ids) == 24 and "2026/march/3.png" in ids and not [i for i in ids if "/." in f"/{i}"]
     assert images.shape == (24, 3, 16, 16)
+
+
+# ---- a Hugging Face image dataset: Parquet or Arrow shards of an image column and a label column -------------
+
+
+def folder_rows(root: Path) -> list[tuple[bytes, int]]:
+    """The (PNG bytes, label) of a :func:`make_folder` folder, in the order the folder form reads it."""
+    files = [(label, sorted((root / name).glob("*.png"), key=str)) for label, name in enumerate(CLASSES)]
+    return [(path.read_bytes(), label) for label, paths in files for path in paths]
+
+
+def write_shard(path: Path, rows: list[tuple[bytes | None, int | None]], form: str = "parquet") -> Path:
+    """``rows`` as a Hugging Face ``datasets`` shard writes them: an ``image`` column of ``{bytes, path}`` (the
+    Image feature), a ``label`` column of int64 whose ``ClassLabel`` names are CLASSES, in the schema's
+    ``huggingface`` metadata; Parquet, or an Arrow stream (``save_to_disk``'s ``data-*.arrow``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    image_feature, label_feature = {"_type": "Image"}, {"names": list(CLASSES), "_type": "ClassLabel"}
+    features = {"image": image_feature, "label": label_feature}
+    kind = pa.struct({"bytes": pa.binary(), "path": pa.string()})
+    image = pa.array([{"bytes": data, "path": None} for data, _ in rows], kind)
+    table = pa.table({"image": image, "label": pa.array([label for _, label in rows], pa.int64())})
+    info = dict(info=dict(features=features))
+    table = table.replace_schema_metadata({"huggingface": json.dumps(info)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if form == "parquet":
+        pq.write_table(table, path)
+    else:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+    return path
+
+
+def splits_of(data: ImageFolderDataModule) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    data.setup("fit")
+    return {split: getattr(data, f"{split}_set").tensors for split in ("train", "val", "test")}
+
+
+def test_a_dataset_shard_gives_the_split_and_tensors_its_image_folder_gives(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "images")
+    shard = write_shard(tmp_path / "dataset" / "images.parquet", folder_rows(root))  # no split named: one pool
+    folder = ImageFolderDataModule(root=str(root), image_size=16, batch_size=16)
+    for dataset_root in (shard, shard.parent):  # the file, or its folder
+        dataset = ImageFolderDataModule(root=str(dataset_root), image_size=16, batch_size=16)
+        assert (dataset.class_names, dataset.mode) == (list(CLASSES), "RGB")  # the ClassLabel's names
+        expected, got = splits_of(folder), splits_of(dataset)
+        for split in expected:
+            assert torch.equal(got[split][0], expected[split][0]) and torch.equal(got[split][1], expected[split][1])
+        assert (dataset.mean, dataset.std) == (folder.mean, folder.std)
+
+
+def test_a_datasets_split_files_are_its_splits_in_parquet_and_arrow(tmp_path: Path) -> None:
+    rows, test_rows = folder_rows(make_folder(tmp_path / "images")), folder_rows(make_folder(tmp_path / "held", 4, 1))
+    hub = tmp_path / "hub"  # the Hub's layout: data/<split>-<shard>-of-<shards>.parquet
+    write_shard(hub / "data" / "train-00000-of-00002.parquet", rows[::2])
+    write_shard(hub / "data" / "train-00001-of-00002.parquet", rows[1::2])
+    write_shard(hub / "data" / "test-00000-of-00001.parquet", test_rows)
+    disk = tmp_path / "disk"  # save_to_disk's layout: <split>/data-<shard>-of-<shards>.arrow, Arrow streams
+    write_shard(disk / "train" / "data-00000-of-00002.arrow", rows[::2], form="arrow")
+    write_shard(disk / "train" / "data-00001-of-00002.arrow", rows[1::2], form="arrow")
+    write_shard(disk / "test" / "data-00000-of-00001.arrow", test_rows, form="arrow")
+    (disk / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    from_hub = splits_of(ImageFolderDataModule(root=str(hub), image_size=16, batch_size=8))
+    assert from_hub["test"][1].tolist() == [label for _, label in test_rows]  # the test shard, in its order
+    assert len(from_hub["train"][0]) + len(from_hub["val"][0]) == 120  # validation held out of the train shards
+    from_disk = splits_of(ImageFolderDataModule(root=str(disk), image_size=16, batch_size=8))
+    for split in from_hub:
+        assert all(torch.equal(a, b) for a, b in zip(from_hub[split], from_disk[split], strict=True))
+
+
+def test_a_dataset_written_by_hugging_face_datasets_reads_as_ours(tmp_path: Path, caplog) -> None:
+    datasets = pytest.importorskip("datasets", reason="the datasets library is not installed (pip install datasets)")
+    rows = folder_rows(make_folder(tmp_path / "images", per_class=10))
+    features = datasets.Features({"picture": datasets.Image(), "label": datasets.ClassLabel(names=list(CLASSES))})
+    pictures = [Image.open(io.BytesIO(data)) for data, _ in rows]
+    written = datasets.Dataset.from_dict({"picture": pictures, "label": [y for _, y in rows]}, features=features)
+    datasets.DatasetDict({"train": written, "test": written.select(range(0, 30, 3))}).save_to_disk(tmp_path / "disk")
+    write_shard(tmp_path / "ours" / "train" / "data.arrow", rows, form="arrow")
+    write_shard(tmp_path / "ours" / "test" / "data.arrow", rows[::3], form="arrow")
+    theirs = ImageFolderDataModule(root=str(tmp_path / "disk"), image_column="picture", image_size=16, batch_size=4)
+    with caplog.at_level(logging.INFO):
+        got = splits_of(theirs)
+    report = "40 images (0.0 MB), 3 classes, decoded as RGB at 16 px\n  splits: train 25 (the train shards less"
+    assert report in caplog.text and "test 10 (the test shards)" in caplog.text
+    expected = splits_of(ImageFolderDataModule(root=str(tmp_path / "ours"), image_size=16, batch_size=4))
+    assert all(torch.equal(got[split][1], expected[split][1]) for split in got)  # the same labels, split alike
+
+
+def hostile_shard(kind: str, path: Path, rows: list[tuple[bytes, int]]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True)
+    if kind == "no label column":
+        pq.write_table(pa.table({"image": pa.array([data for data, _ in rows])}), path)
+    elif kind == "an image column of numbers":
+        pq.write_table(pa.table({"image": pa.array(range(len(rows))), "label": pa.array([y for _, y in rows])}), path)
+    elif kind == "a row that names a path":
+        write_shard(path, [(None, 0), *rows])
+    elif kind == "a label outside its classes":
+        write_shard(path, [*rows, (rows[0][0], 7)])
+    elif kind == "a shard of no split":
+        write_shard(path.parent / "train-00000-of-00001.parquet", rows)
+        write_shard(path.parent / "extra.parquet", rows)
+    else:
+        path.write_bytes(b"PAR1 not really")
+    return path.parent if kind == "a shard of no split" else path
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("no label column", r"x\.parquet has no column 'label' \(its columns: image\); name the image and label"),
+        ("an image column of numbers", r"column 'image' holds int64, not encoded images"),
+        ("a row that names a path", r"x\.parquet, row 0: no image bytes \(a path is never read"),
+        ("a label outside its classes", r"x\.parquet, row 12: label 7 is not one of the 3 classes the dataset"),
+        ("a shard of no split", r"shards of no split \(\S*extra\.parquet\)"),
+        ("a broken file", r"x\.parquet is not a readable Parquet table"),
+    ],
+)
+def test_a_bad_dataset_is_refused_in_one_line_before_training(tmp_path: Path, kind: str, message: str) -> None:
+    rows = folder_rows(make_folder(tmp_path / "images", per_class=4))
+    root = hostile_shard(kind, tmp_path / "dataset" / "x.parquet", rows)
+    with user_error(message):
+        main(["fit", *shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={root}"])
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.*"))
+
+
+@pytest.mark.slow
+def test_a_dataset_in_parquet_shards_trains_to_90_percent_and_predicts_its_images(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "images")
+    rows = folder_rows(root)
+    write_shard(tmp_path / "dataset" / "data" / "train-00000-of-00002.parquet", rows[::2])
+    write_shard(tmp_path / "dataset" / "data" / "train-00001-of-00002.parquet", rows[1::2])
+    args = [*shrunk_args(tmp_path), f"--config={EXPERIMENT}", f"--data.init_args.root={tmp_path / 'dataset'}"]
+    size = ["--data.init_args.image_size=16", "--data.init_args.batch_size=16", "--trainer.log_every_n_steps=5"]
+    cli = main(["fit", *args, *size, "--trainer.max_epochs=12"])
+    summary = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
+    assert summary["metrics"]["test/acc"] >= 0.9
+    shutil.rmtree(tmp_path / "dataset")  # the model stands alone
+    path = predict(ckpt=cli.trainer.checkpoint_callback.best_model_path, inputs=str(root / "vertical"),
+                   output=tmp_path / "p.csv", accelerator="cpu")  # fmt: skip
+    with path.open() as file:
+        assert sum(row["label"] == "vertical" for row in csv.DictReader(file)) >= 36
+
+
+@pytest.mark.slow
+def test_a_dataset_run_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
+    # As the image folder's: two processes, 3 batches of 16 an epoch each, 2 epochs, SIGTERM after step 4.
+    shard = write_shard(tmp_path / "dataset" / "train-00000-of-00001.parquet", folder_rows(make_folder(tmp_path / "i")))
+    args = [f"--config={EXPERIMENT}", "--data.init_args.image_size=16", "--data.init_args.batch_size=16"]
+    args += [f"--data.init_args.root={shard.parent}"]
+    args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
+    args += ["--trainer.log_every_n_steps=3"]
+    assert_ddp_run_resumes_exactly(tmp_path, lambda folder: [*shrunk_args(folder), *args], step=4)
 
 
 @pytest.mark.slow

@@ -5,6 +5,8 @@ folder needs (``configs/experiments/image-folder.yaml`` lists every setting). La
 
     DIR/<class>/<image>               one pool: a seeded, stratified train/val/test split
     DIR/{train,val,test}/<class>/...  the splits given (val and test optional: split from train)
+    DIR/[data/]<split>-*.parquet      a Hugging Face image dataset (image and label columns): the splits its
+    DIR/<split>/data-*.arrow          files name (train, validation, test; save_to_disk's folders), else one pool
 
 Class names, their count and the channel count come from the data when training starts (and are
 saved in checkpoints: a trained model keeps them, whatever becomes of the folder): classes are the
@@ -72,6 +74,7 @@ from {{ cookiecutter.package_name }}.engine.datamodule import (
     written_by_a_tool,
 )
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine.image_tables import EncodedImage, image_dataset, opened, table_files
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
     NAMES,
@@ -91,6 +94,7 @@ from {{ cookiecutter.package_name }}.nets.image_preprocessing import image_prepr
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLITS = ("train", "val", "test")
+Source = Path | EncodedImage  # an image file, or an image a dataset's shard holds
 
 
 # What to do about an unreadable file in the training data (training, prepare): a setting they take.
@@ -105,7 +109,8 @@ class ImageFolderDataModule(ResumableDataModule):
     cropped to (B, C, crop_size, crop_size) with ``crop_size``, and standardised per channel.
 
     Args:
-        root: the image folder (layouts in the module docstring).
+        root: the image folder, or a Hugging Face image dataset's shards (layouts in the module docstring).
+        image_column, label_column: a dataset's columns of images and labels (:mod:`engine.image_tables`).
         image_size: side in pixels every image is resized to (bilinear): stretched to a square, or,
             with ``crop_size``, its shorter side, keeping the centre square. Raw inputs of predict{{ ',' if cookiecutter.use_serving == 'yes' else '' }}
             {{ 'export and serve ' if cookiecutter.use_serving == 'yes' else '' }}are (C, image_size, image_size).
@@ -156,6 +161,8 @@ class ImageFolderDataModule(ResumableDataModule):
     def __init__(
         self,
         root: str = "data/images",
+        image_column: str = "image",
+        label_column: str = "label",
         image_size: int = 32,
         crop_size: int | None = None,
         crop_scale: tuple[float, float] = (0.08, 1.0),
@@ -212,7 +219,7 @@ class ImageFolderDataModule(ResumableDataModule):
 {%- endif %}
         # Found by scanning root when first asked (the CLI asks while it builds the model), or
         # restored from a checkpoint (load_state_dict), which then never rescans for inference.
-        self.files: dict[str, list[tuple[Path, int]]] | None = None
+        self.files: dict[str, list[tuple[Source, int]]] | None = None
         self._class_names: list[str] | None = None
         self._mode: str | None = None
         self.mean: list[float] | None = None  # per channel, of the training split in [0, 1]
@@ -295,7 +302,39 @@ class ImageFolderDataModule(ResumableDataModule):
 {%- endif %}
 
     # ---- finding the files (headers only: cheap, and every bad file is named before training) -------
-    def _scan(self, root: Path) -> tuple[dict[str, list[tuple[Path, int]]], list[str], str]:
+    def _scan(self, root: Path) -> tuple[dict[str, list[tuple[Source, int]]], list[str], str]:
+        tables = table_files(root)
+        if tables:
+            found, class_names = image_dataset(root, tables, self.hparams.image_column, self.hparams.label_column)
+        else:
+            found, class_names = self._class_folders(root)
+        files: dict[str, list[tuple[Source, int]]] = {}
+        modes: set[str] = set()
+        for split, items in found.items():
+            files[split] = []
+            for source, label in items:
+                try:
+                    modes.add(_image_mode(source))
+                except DataError:
+                    if not self.hparams.skip_unreadable:
+                        raise
+                    self.skipped.append(source)
+                    continue
+                files[split].append((source, label))
+        pool = files.get("train", files.get("all", []))
+        if not pool:
+            readable = " readable" if self.skipped else ""
+            raise DataError(f"data.root={root}: no{readable} images ({', '.join(IMAGE_SUFFIXES)}) in the class folders")
+        empty = [name for label, name in enumerate(class_names) if all(y != label for _, y in pool)]
+        if empty:
+            raise DataError(f"data.root={root}: class(es) {empty} hold no images; add images or remove them")
+        mode = "RGB" if modes - {"L"} else "L"
+        if len(modes) > 1:
+            rank_zero_info(f"data.root={root}: images of modes {sorted(modes)}: all converted to {mode}")
+        return files, class_names, mode
+
+    def _class_folders(self, root: Path) -> tuple[dict[str, list[tuple[Source, int]]], list[str]]:
+        """Each split's (image file, label), and the class names: the sorted class folders."""
         if not root.is_dir():
             raise DataError(f"data.root={root}: no such folder; give a folder of class subfolders of images")
         given = [name for name in SPLITS if (root / name).is_dir()]
@@ -305,33 +344,14 @@ class ImageFolderDataModule(ResumableDataModule):
         if len(class_names) < 2:
             raise DataError(
                 f"data.root={pools.get('train', root)}: {len(class_names)} class folder(s) found; give one "
-                "subfolder of images per class, at least two classes"
+                "subfolder of images per class, at least two classes (or a dataset's Parquet or Arrow shards)"
             )
-        files: dict[str, list[tuple[Path, int]]] = {}
-        modes: set[str] = set()
+        found: dict[str, list[tuple[Source, int]]] = {}
         for split, folder in pools.items():
-            files[split] = []
-            for label, name in enumerate(class_names):
-                for path in data_files(folder / name, IMAGE_SUFFIXES):
-                    try:
-                        modes.add(_image_mode(path))
-                    except DataError:
-                        if not self.hparams.skip_unreadable:
-                            raise
-                        self.skipped.append(path)
-                        continue
-                    files[split].append((path, label))
-        pool = files.get("train", files.get("all", []))
-        if not pool:
-            readable = " readable" if self.skipped else ""
-            raise DataError(f"data.root={root}: no{readable} images ({', '.join(IMAGE_SUFFIXES)}) in the class folders")
-        empty = [name for label, name in enumerate(class_names) if all(y != label for _, y in pool)]
-        if empty:
-            raise DataError(f"data.root={root}: class folder(s) {empty} hold no images; add images or remove them")
-        mode = "RGB" if modes - {"L"} else "L"
-        if len(modes) > 1:
-            rank_zero_info(f"data.root={root}: images of modes {sorted(modes)}: all converted to {mode}")
-        return files, class_names, mode
+            found[split] = [
+                (path, y) for y, name in enumerate(class_names) for path in data_files(folder / name, IMAGE_SUFFIXES)
+            ]
+        return found, class_names
 
     # ---- decoding, splitting, statistics --------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -366,7 +386,7 @@ class ImageFolderDataModule(ResumableDataModule):
         self.train_set, self.val_set, self.test_set = (TensorDataset(*decoded[split]) for split in SPLITS)
         self.check_batch_size()
 
-    def _split_parts(self) -> dict[str, list[tuple[Path, int]]]:
+    def _split_parts(self) -> dict[str, list[tuple[Source, int]]]:
         """The files of each split: the folder's own splits, and seeded, stratified cuts of its pool (the
         whole folder, or ``train/``) for the splits it lacks."""
         self._find_files()
@@ -397,7 +417,7 @@ class ImageFolderDataModule(ResumableDataModule):
                 self.hparams.prepared,
                 type(self).__name__,
                 self._prepared_settings(),
-                lambda root: data_files(root, IMAGE_SUFFIXES),
+                source_files,
                 source=self.hparams.root,
                 fields={"images": ("|u1",), "labels": ("<i8",)},
                 state={
@@ -453,7 +473,7 @@ class ImageFolderDataModule(ResumableDataModule):
         workers = workers or os.cpu_count() or 1
         sums = np.zeros((3, self.num_channels), dtype=np.int64)  # exact: see pixel_sums
         skipped = 0
-        source = fingerprint(self.hparams.root, data_files(Path(self.hparams.root), IMAGE_SUFFIXES))
+        source = fingerprint(self.hparams.root, source_files(Path(self.hparams.root)))
         kind = type(self).__name__
         with (
             PreparedWriter(out, kind, self._prepared_settings(), source) as writer,
@@ -477,16 +497,16 @@ class ImageFolderDataModule(ResumableDataModule):
 {%- endif %}
 
     def _decode(
-        self, items: Sequence[tuple[Path, int]], fix: str = TRAINING_FIX
-    ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[Path, int]]]:
+        self, items: Sequence[tuple[Source, int]], fix: str = TRAINING_FIX
+    ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[Source, int]]]:
         """(images (N, C, H, W) uint8, labels (N,), the N items decoded); with skip_unreadable N may be fewer.
         An unreadable file stops it with ``fix``, the advice that fits the command that reads it."""
         size = self.hparams.image_size
         images = torch.empty(len(items), self.num_channels, size, size, dtype=torch.uint8)
-        kept: list[tuple[Path, int]] = []
+        kept: list[tuple[Source, int]] = []
         for path, label in items:
             try:
-                with Image.open(path) as image:
+                with Image.open(opened(path)) as image:
                     images[len(kept)] = self._pixels(image)
             except UNREADABLE as error:
                 if not self.hparams.skip_unreadable:
@@ -501,7 +521,7 @@ class ImageFolderDataModule(ResumableDataModule):
         """An opened image as the model takes it: converted to ``mode``, resized (bilinear), (C, H, W) uint8."""
         return torch.from_numpy(resized(image, self.mode, self.hparams.image_size, self.resize))
 
-    def _read_report(self, parts: dict[str, list[tuple[Path, int]]]) -> str:
+    def _read_report(self, parts: dict[str, list[tuple[Source, int]]]) -> str:
         """What training reads: files, bytes, classes, where each split came from, images per class.
 
         For example::
@@ -511,13 +531,15 @@ class ImageFolderDataModule(ResumableDataModule):
               images per class (train/val/test): cat 110/14/14, dog 111/13/14, fox 109/14/13
         """
         hp = self.hparams
-        files = sum(len(items) for items in parts.values())
-        size = sum(path.stat().st_size for items in parts.values() for path, _ in items) / 1e6
+        sources = [source for items in parts.values() for source, _ in items]
+        shards, files = isinstance(sources[0], EncodedImage), len(sources)
+        size = sum(len(x.data) if isinstance(x, EncodedImage) else x.stat().st_size for x in sources) / 1e6
         given = [split for split in SPLITS if split in self.files]
         cut = [split for split in SPLITS if split not in self.files]
-        pool = "the folder" if "all" in self.files else "train/"
+        named = (lambda split: f"the {split} shards") if shards else (lambda split: f"{split}/")
+        pool = ("the dataset" if shards else "the folder") if "all" in self.files else named("train")
         less = " less the cuts" if cut else ""
-        origins = [f"{split} {len(parts[split])} ({split}/{less if split == 'train' else ''})" for split in given]
+        origins = [f"{split} {len(parts[split])} ({named(split)}{less if split == 'train' else ''})" for split in given]
         if cut:
             counted = ", ".join(f"{split} {len(parts[split])}" for split in cut)
             origins.append(f"{counted} (seeded stratified cuts of {pool}, split_seed={hp.split_seed})")
@@ -529,7 +551,7 @@ class ImageFolderDataModule(ResumableDataModule):
             for label, name in enumerate(self.class_names)
         ]
         return (
-            f"Images of data.root={hp.root}: {files} files ({size:.1f} MB)"
+            f"Images of data.root={hp.root}: {files} {'images' if shards else 'files'} ({size:.1f} MB)"
             f"{left_out_note(Path(hp.root), IMAGE_SUFFIXES)}, {self.num_classes} classes, "
             f"decoded as {self.mode} at {hp.image_size} px\n"
             f"  splits: {', '.join(origins)}\n"
@@ -741,13 +763,13 @@ def resized(image: Image.Image, mode: str, size: int, resize: str = "stretch") -
 
 
 def _decode_chunk(
-    items: Sequence[tuple[Path, int]], mode: str, size: int, resize: str, skip_unreadable: bool
+    items: Sequence[tuple[Source, int]], mode: str, size: int, resize: str, skip_unreadable: bool
 ) -> tuple[np.ndarray, np.ndarray, list[Path]]:
     """Prepare's work in one process: images (N, C, size, size) uint8, labels (N,) int64, files left out."""
     images, labels, left_out = [], [], []
     for path, label in items:
         try:
-            with Image.open(path) as image:
+            with Image.open(opened(path)) as image:
                 images.append(resized(image, mode, size, resize))
         except UNREADABLE as error:
             if not skip_unreadable:
@@ -761,7 +783,16 @@ def _decode_chunk(
 {%- endif %}
 
 
-def _image_mode(path: Path) -> str:
+{%- if cookiecutter.use_prepared == "yes" %}
+
+
+def source_files(root: Path) -> list[Path]:
+    """The files a data set at ``root`` is read from: a dataset's shards, else the image files of its folders."""
+    return table_files(root) or data_files(root, IMAGE_SUFFIXES)
+{%- endif %}
+
+
+def _image_mode(path: Source) -> str:
     """'L' for grey images, 'RGB' for anything with colour; reads the header only.
 
     Raises:
@@ -769,7 +800,7 @@ def _image_mode(path: Path) -> str:
             ``PIL.Image.MAX_IMAGE_PIXELS`` allows (a decompression bomb); names it and the fix.
     """
     try:
-        with Image.open(path) as image:
+        with Image.open(opened(path)) as image:
             mode = image.mode
     except UNREADABLE as error:
         raise unreadable(path, error) from None

@@ -31,7 +31,8 @@ from {{ cookiecutter.package_name }}.data.text import LanguageDataModule
 from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate
 from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
-from {{ cookiecutter.package_name }}.engine.text_files import TABLE_SUFFIXES, table_records
+from {{ cookiecutter.package_name }}.engine.table_files import TABLE_SUFFIXES
+from {{ cookiecutter.package_name }}.engine.text_files import table_records
 
 IGNORE = -100  # the target of a position the loss skips (torch.nn.functional.cross_entropy's ignore_index)
 

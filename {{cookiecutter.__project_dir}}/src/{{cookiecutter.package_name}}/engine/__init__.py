@@ -36,7 +36,10 @@ the progress bar).
 {%- if cookiecutter.task == "tabular" %}
 ``tables.py``: CSV, Parquet and Arrow tables read as written.
 {%- elif cookiecutter.task == "language-model" %}
-``text_files.py``: a corpus's text files, and a dataset's Parquet, Arrow or JSON Lines files.
+``text_files.py``: a corpus's text files, and a dataset's Parquet, Arrow or JSON Lines files (read by
+``table_files.py``).
+{%- else %}
+``image_tables.py``: a Hugging Face image dataset's shards (read by ``table_files.py``).
 {%- endif %}
 {%- if cookiecutter.use_serving == 'yes' %}
 ``export.py``: ONNX, torch.export, AOTInductor, int8, each checked against eager PyTorch; the HTTP

@@ -9,7 +9,6 @@ never read. Every error is one line naming the file and the fix.
 """
 
 import codecs
-import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -17,10 +16,8 @@ from typing import Any
 
 from {{ cookiecutter.package_name }}.engine.datamodule import data_files
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine.table_files import TABLE_SUFFIXES, open_table, record_batches, table_errors
 
-# Files read as tables whose ``text_column`` holds the text; any other file is text.
-TABLE_SUFFIXES = (".parquet", ".pq", ".arrow", ".feather", ".ipc", ".jsonl")
-TABLE_ROWS = 4096  # rows of a Parquet or Arrow table read at a time
 
 
 def text_files(path: str | Path, suffixes: Sequence[str] = (".txt",)) -> list[Path]:
@@ -75,8 +72,8 @@ def table_rows(file: Path, column: str) -> Iterator[list[str | None]]:
     """
     import pyarrow as pa
 
-    with _table_errors(file):
-        kind, table, schema = _open_table(file)
+    with table_errors(file):
+        kind, table, schema = open_table(file)
         if column not in schema.names:
             raise DataError(
                 f"data.path: {file} has no column {column!r} (its columns: {', '.join(schema.names[:12])}); "
@@ -89,7 +86,7 @@ def table_rows(file: Path, column: str) -> Iterator[list[str | None]]:
                 f"data.path: {file}: column {column!r} holds {kind_of}, not text; name a text column in "
                 "data.text_column (chat messages: configs/experiments/chat.yaml)"
             )
-        for batch in _batches(kind, table, [column]):
+        for batch in record_batches(kind, table, [column]):
             yield batch.column(0).to_pylist()
 
 
@@ -100,62 +97,10 @@ def table_records(file: Path) -> Iterator[dict[str, Any]]:
     Raises:
         ValueError: not a readable table of its kind.
     """
-    with _table_errors(file):
-        kind, table, schema = _open_table(file)
-        for batch in _batches(kind, table, schema.names):
+    with table_errors(file):
+        kind, table, schema = open_table(file)
+        for batch in record_batches(kind, table, schema.names):
             yield from batch.to_pylist()
-
-
-def _open_table(file: Path) -> tuple[str, Any, Any]:
-    """(kind, reader, Arrow schema) of a table file, by its suffix."""
-    import pyarrow as pa
-    import pyarrow.json as pa_json
-    import pyarrow.parquet as pq
-
-    suffix = file.suffix.lower()
-    if suffix in (".parquet", ".pq"):
-        table = pq.ParquetFile(file)
-        return "Parquet", table, table.schema_arrow
-    if suffix == ".jsonl":  # read whole: pyarrow's JSON reader has no batches of a file
-        table = pa_json.read_json(file)
-        return "JSON Lines", table, table.schema
-    mapped = pa.memory_map(str(file))
-    try:
-        table = pa.ipc.open_file(mapped)
-    except pa.ArrowInvalid:  # a stream: what Hugging Face datasets write
-        mapped.seek(0)
-        table = pa.ipc.open_stream(mapped)
-    return "Arrow", table, table.schema
-
-
-def _batches(kind: str, table: Any, columns: list[str]) -> Iterator[Any]:
-    """The record batches of ``columns`` of an opened table (:func:`_open_table`), in order."""
-    import pyarrow as pa
-
-    if kind == "Parquet":
-        yield from table.iter_batches(batch_size=TABLE_ROWS, columns=columns)
-        return
-    batches = table.to_batches(TABLE_ROWS) if kind == "JSON Lines" else table
-    if isinstance(table, pa.ipc.RecordBatchFileReader):
-        batches = map(table.get_batch, range(table.num_record_batches))
-    for batch in batches:
-        yield batch.select(columns)
-
-
-@contextlib.contextmanager
-def _table_errors(file: Path) -> Iterator[None]:
-    """What pyarrow raises on a file it cannot read, as one line naming it."""
-    import pyarrow as pa
-
-    try:
-        yield
-    except DataError:
-        raise
-    except (pa.ArrowException, OSError, ValueError) as error:
-        suffix = file.suffix.lower()
-        kind = "Parquet" if suffix in (".parquet", ".pq") else "JSON Lines" if suffix == ".jsonl" else "Arrow"
-        problem = " ".join(str(error).split())[:300]
-        raise DataError(f"data.path: {file} is not a readable {kind} table ({problem}); check the file") from None
 
 
 def joined(files: Sequence[Path], column: str) -> bytes:

@@ -1,0 +1,71 @@
+"""Reading Parquet, Arrow and JSON Lines tables as a Hugging Face dataset ships them (the Hub's Parquet shards,
+``save_to_disk``'s Arrow streams): a batch of rows at a time, one line naming the file for any error.
+
+Nothing in a file is run: pyarrow >= 14.0.1 (CVE-2023-47248) loads no Python extension type, and a dataset's
+loading script is never read.
+"""
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from {{ cookiecutter.package_name }}.engine.errors import DataError
+
+# Files read as tables (a Hugging Face dataset's shards: the Hub's Parquet, save_to_disk's Arrow streams).
+TABLE_SUFFIXES = (".parquet", ".pq", ".arrow", ".feather", ".ipc", ".jsonl")
+TABLE_ROWS = 4096  # rows of a Parquet or Arrow table read at a time
+
+
+def open_table(file: Path) -> tuple[str, Any, Any]:
+    """(kind, reader, Arrow schema) of a table file, by its suffix: "Parquet", "Arrow" (file or stream: a
+    Hugging Face dataset's ``.arrow`` shards) or "JSON Lines" (read whole: pyarrow's reader has no batches).
+    Call it inside :func:`table_errors`."""
+    import pyarrow as pa
+    import pyarrow.json as pa_json
+    import pyarrow.parquet as pq
+
+    suffix = file.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        table = pq.ParquetFile(file)
+        return "Parquet", table, table.schema_arrow
+    if suffix == ".jsonl":
+        table = pa_json.read_json(file)
+        return "JSON Lines", table, table.schema
+    mapped = pa.memory_map(str(file))
+    try:
+        table = pa.ipc.open_file(mapped)
+    except pa.ArrowInvalid:  # a stream: what Hugging Face datasets write
+        mapped.seek(0)
+        table = pa.ipc.open_stream(mapped)
+    return "Arrow", table, table.schema
+
+
+def record_batches(kind: str, table: Any, columns: Sequence[str]) -> Iterator[Any]:
+    """The record batches of ``columns`` of a table :func:`open_table` opened, in row order."""
+    import pyarrow as pa
+
+    if kind == "Parquet":
+        yield from table.iter_batches(batch_size=TABLE_ROWS, columns=list(columns))
+        return
+    batches = table.to_batches(TABLE_ROWS) if kind == "JSON Lines" else table
+    if isinstance(table, pa.ipc.RecordBatchFileReader):
+        batches = map(table.get_batch, range(table.num_record_batches))
+    for batch in batches:
+        yield batch.select(list(columns))
+
+
+@contextlib.contextmanager
+def table_errors(file: Path, setting: str = "data.path") -> Iterator[None]:
+    """What pyarrow raises on a file it cannot read, as one line naming ``setting`` and the file."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except DataError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as error:
+        suffix = file.suffix.lower()
+        kind = "Parquet" if suffix in (".parquet", ".pq") else "JSON Lines" if suffix == ".jsonl" else "Arrow"
+        problem = " ".join(str(error).split())[:300]
+        raise DataError(f"{setting}: {file} is not a readable {kind} table ({problem}); check the file") from None
