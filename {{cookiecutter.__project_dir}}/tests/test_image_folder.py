@@ -554,6 +554,18 @@ def test_a_dataset_shard_gives_the_split_and_tensors_its_image_folder_gives(tmp_
         for split in expected:
             assert torch.equal(got[split][0], expected[split][0]) and torch.equal(got[split][1], expected[split][1])
         assert (dataset.mean, dataset.std) == (folder.mean, folder.std)
+{%- if cookiecutter.use_prepared == "yes" %}
+    # make prepare of the dataset holds what memory does; a changed shard is named as a changed image would be.
+    prepared = prepare_folder(tmp_path, shard.parent)
+    on_disk = ImageFolderDataModule(root=str(shard.parent), image_size=16, prepared=str(prepared))
+    on_disk.setup("fit")
+    for split, tensors in splits_of(dataset).items():
+        stored = stack_samples(getattr(on_disk, f"{split}_set"))
+        assert all(torch.equal(a, b) for a, b in zip(tensors, stored, strict=True)), split
+    write_shard(shard, folder_rows(root)[::-1])
+    with pytest.raises(ValueError, match=r"changed since"):
+        ImageFolderDataModule(root=str(shard.parent), image_size=16, prepared=str(prepared)).setup("fit")
+{%- endif %}
 
 
 def test_a_datasets_split_files_are_its_splits_in_parquet_and_arrow(tmp_path: Path) -> None:
