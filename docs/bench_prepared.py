@@ -3,7 +3,7 @@ prepare's throughput, and the loader's samples/s against training's.
 
 For one task's bake (installed in this Python) and each data size (1x, 10x, 100x), the script makes
 a source (a folder of 32 px PNGs in 3 classes, a folder of text, or a CSV), prepares it with the
-bake's ``python -m <package>.prepare`` (timed: throughput per core), then trains for a fixed number
+bake's ``python -m <package>.commands.prepare`` (timed: throughput per core), then trains for a fixed number
 of steps twice through the bake's CLI, ``fit``, each in a fresh process: once from the source in
 memory, once from the prepared data set, and records each process's peak resident memory
 (``ru_maxrss`` of the training process, loader workers 0). Both ways run at every size in the same
@@ -14,6 +14,7 @@ step timer).
 
     python docs/bench_prepared.py /tmp/bk/image-classification/digits-classifier --task image --scales 1 10 100
     python docs/bench_prepared.py /tmp/bk/language-model/byte-gpt --task text --scales 1 10 100 --loader
+    python docs/bench_prepared.py /tmp/bk/image-classification/digits-classifier --task image --scales 1 10 --dataset
 
 Prints one JSON line per measurement and a table in Markdown at the end.
 """
@@ -34,6 +35,25 @@ SOURCE_KEY = {"image": "root", "text": "path", "tabular": "path"}
 STEPS = 30
 # The experiment configs' settings that shaped the prepared data (checked when it is opened).
 SETTINGS = {"image": {"image_size": 32}, "tabular": {"target": "label"}}
+
+
+def as_dataset(root: Path, folder: Path) -> Path:
+    """The class folders under ``root`` as a Hugging Face image dataset's Parquet shard (encoded PNG bytes, a
+    ClassLabel of the folder names), as the Hub stores one: ``data/train-00000-of-00001.parquet``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    names = sorted(path.name for path in root.iterdir())
+    rows = [(path.read_bytes(), label) for label, name in enumerate(names) for path in sorted((root / name).iterdir())]
+    image = pa.array([{"bytes": data, "path": None} for data, _ in rows])
+    table = pa.table({"image": image, "label": pa.array([label for _, label in rows], pa.int64())})
+    features = {"image": {"_type": "Image"}, "label": {"names": names, "_type": "ClassLabel"}}
+    table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+    shard = folder / "dataset" / "data" / "train-00000-of-00001.parquet"
+    shard.parent.mkdir(parents=True)
+    pq.write_table(table, shard)
+    shutil.rmtree(root)
+    return folder / "dataset"
 
 
 def make_source(task: str, size: int, folder: Path) -> Path:
@@ -130,7 +150,7 @@ def loader_rates(package: str, task: str, prepared: Path, batch: int) -> dict[st
 def training_rate(package: str, task: str, prepared: Path, bake: Path) -> tuple[float, int]:
     """Samples/s of ``fit`` on the prepared data with the task's default model (median step), and the batch size."""
     os.chdir(bake)
-    bench = __import__(f"{package}.bench", fromlist=["run_project"])
+    bench = __import__(f"{package}.commands.bench", fromlist=["run_project"])
     config = [Path("configs/default.yaml"), Path(f"configs/experiments/{EXPERIMENT[task]}.yaml")]
     extra = [f"--data.init_args.prepared={prepared}", "--trainer.accelerator=cpu", "--trainer.devices=1"]
     extra += ["--trainer.enable_progress_bar=false"]
@@ -145,6 +165,7 @@ def main() -> None:
     parser.add_argument("--task", choices=list(BASE), required=True)
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 10, 100])
     parser.add_argument("--loader", action="store_true")
+    parser.add_argument("--dataset", action="store_true", help="images as a Hugging Face dataset's Parquet shard")
     args = parser.parse_args()
     bake = args.bake.resolve()
     package = next(p.name for p in (bake / "src").iterdir() if (p / "cli.py").exists())
@@ -155,14 +176,15 @@ def main() -> None:
             work.mkdir()
             size = BASE[args.task] * scale
             source = make_source(args.task, size, work)
+            source = as_dataset(source, work) if args.dataset and args.task == "image" else source
             files = [source] if source.is_file() else [f for f in source.rglob("*") if f.is_file()]
             source_mb = sum(f.stat().st_size for f in files)
             prepared = work / "prepared"
             start = time.perf_counter()
             extra = ["--data.init_args.image_size=32"] if args.task == "image" else []
             subprocess.run(
-                [sys.executable, "-m", f"{package}.prepare", "--out", str(prepared), "--config=configs/default.yaml",
-                 f"--config=configs/experiments/{EXPERIMENT[args.task]}.yaml",
+                [sys.executable, "-m", f"{package}.commands.prepare", "--out", str(prepared),
+                 "--config=configs/default.yaml", f"--config=configs/experiments/{EXPERIMENT[args.task]}.yaml",
                  f"--data.init_args.{SOURCE_KEY[args.task]}={source}", *extra],
                 cwd=bake, check=True, capture_output=True,
             )  # fmt: skip
