@@ -228,6 +228,7 @@ CALLED_BY_FRAMEWORKS = [
     "pytest_*",
     "__getattr__",
     "stop",  # Lightning's Profiler interface (make bench's HookRanges), with start
+    *("readable", "seekable", "readinto", "tell"),  # io.RawIOBase's interface (engine.checkpoints._Span): zipfile
 ]
 # The engine's API for a user's own DataModule, which no bundled example need call: make prepare's
 # switch and the manifest state checks (engine/prepared.py).
@@ -356,9 +357,10 @@ def unused_code(project: Path) -> list[str]:
 # measured 4,150 / 4,242 / 4,651. Then image classification +152 for a Hugging Face image dataset's shards
 # (engine/image_tables.py: encoded images from the dataset's bytes, ClassLabel names, split files) and Parquet and
 # Arrow tables opened a batch at a time (engine/table_files.py, which the language model's text_files.py now
-# imports: +6 there); measured 4,302 / 4,242 / 4,657.
+# imports: +6 there); measured 4,302 / 4,242 / 4,657. Then +6: a distributed checkpoint's files opened once each
+# however many items they hold (a 200,000-item folder was checked in 54 s, then 32 s); measured 4,308 / 4,248 / 4,663.
 # (The design of 2026-12-01 retires these code-line bounds for an engine bound; issue 76 moves to it.)
-MINIMAL_CODE_LINES = {"image-classification": 4302, "tabular": 4242, "language-model": 4657}
+MINIMAL_CODE_LINES = {"image-classification": 4308, "tabular": 4248, "language-model": 4663}
 
 
 def code_lines(source: str) -> int:

@@ -370,6 +370,7 @@ LEAF_DRIVER = textwrap.dedent(
     from {{ cookiecutter.package_name }}.cli import main
     from {{ cookiecutter.package_name }}.engine.errors import UserError
     from {{ cookiecutter.package_name }}.engine.inference import load_trained
+    from {{ cookiecutter.package_name }}.engine.sharding import consolidate
 
     for case in json.loads(open(sys.argv[1]).read()):
         said = io.StringIO()
@@ -377,11 +378,14 @@ LEAF_DRIVER = textwrap.dedent(
             with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
                 if case["command"] == "load_trained":
                     load_trained(case["path"])
+                elif case["command"] == "consolidate":  # a folder gathered into one file, then loaded
+                    Path(case["folder"]).mkdir(parents=True)
+                    load_trained(consolidate(case["path"], Path(case["folder"]) / "gathered.ckpt"))
                 else:  # a short epoch past the checkpoint's: resume reads every part of the file
                     args = [*shrunk_args(Path(case["folder"])), "--test_after_fit=false"]
                     if case["command"] == "fit --ckpt_path":
                         args.append(f"--ckpt_path={case['path']}")
-                    else:  # make resume (and make cv's folds): the run folder's newest checkpoint, chosen
+                    else:  # make resume: the run folder's newest checkpoint, chosen (as a k-fold run's folds do)
                         run = Path(case["folder"], "logs", "test", Path(case["run"]).name)
                         shutil.copytree(case["run"], run)
                         shutil.copyfile(case["path"], run / "checkpoints" / "last.ckpt")  # the newest
@@ -400,6 +404,26 @@ LEAF_DRIVER = textwrap.dedent(
         print(json.dumps({**case, "outcome": outcome}), flush=True)
     """
 )
+
+
+COMMANDS = ("load_trained", "fit --ckpt_path", "make resume"{{ ', "consolidate"' if cookiecutter.task == "image-classification" else "" }})
+{%- if cookiecutter.task == "image-classification" %}
+
+
+def as_distributed(checkpoint: dict, folder: Path) -> Path:
+    """``checkpoint`` as FSDP2Strategy writes it: the weights and optimizer states in torch's distributed
+    checkpoint (``optimizer_<n>``), the rest in ``meta.pt``."""
+    import torch.distributed.checkpoint as dcp
+
+    sharded = {"state_dict": checkpoint["state_dict"]}
+    sharded |= {f"optimizer_{index}": state for index, state in enumerate(checkpoint.get("optimizer_states") or [])}
+    with warnings.catch_warnings():  # torch's: "torch.distributed is disabled ... save in a single process"
+        warnings.simplefilter("ignore")
+        dcp.save(sharded, checkpoint_id=folder)
+    rest = {key: value for key, value in checkpoint.items() if key not in ("state_dict", "optimizer_states")}
+    torch.save(rest, folder / "meta.pt")
+    return folder
+{%- endif %}
 
 
 def hostile_values(module: str, home: Path, fifo: Path) -> dict[str, object]:
@@ -424,8 +448,8 @@ def hostile_values(module: str, home: Path, fifo: Path) -> dict[str, object]:
 @pytest.mark.skipif(not hasattr(os, "mkfifo") or sys.platform != "linux", reason="FIFOs and RLIMIT_AS: Linux")
 def test_every_leaf_of_a_checkpoint_is_data(tmp_path: Path) -> None:
     # Each leaf of a real checkpoint (weights, hyper-parameters, optimizer, callback and loop states), sampled, is
-    # replaced in turn by each hostile value; load_trained and a resume (fit --ckpt_path, or make resume and make
-    # cv's folds finding it in its run folder) read each file. (load_trained is what
+    # replaced in turn by each hostile value; load_trained and a resume (fit --ckpt_path, or make resume finding it
+    # in its run folder, as a k-fold run's folds do) read each file. (load_trained is what
     # predict{{ ", export, serve" if cookiecutter.use_serving == "yes" else "" }}{{ ", generate" if cookiecutter.task == "language-model" else "" }} load with.)
     # Nothing may run (a planted module leaves a mark when imported), change a file outside the run, hang (the
     # process's timeout) or take memory past the limit (RLIMIT_AS); a refusal is one line.
@@ -462,17 +486,27 @@ def test_every_leaf_of_a_checkpoint_is_data(tmp_path: Path) -> None:
             leaf = ".".join(map(str, where))
             case = {"leaf": leaf, "value": label, "command": command, "path": str(path), "folder": folder}
             cases.append({**case, "run": str(run_dir(first.trainer))})
+{%- if cookiecutter.task == "image-classification" %}
+        # The first leaves in a distributed checkpoint too (the fsdp2 preset's folder: weights and optimizer in
+        # torch's shards, the rest in meta.pt): gathered into one file, and given to a resume. (A mapping of 200,000
+        # keys there is 200,000 items, each read by torch's own reader in turn: minutes, the file's size its bound.)
+        if number < 5 * len(values) and label != "wide mapping":
+            shards = as_distributed(replaced(checkpoint, where, value), tmp_path / "hostile" / f"{number}-folder")
+            for command in ("consolidate", "fit --ckpt_path") if resumed else ("consolidate",):
+                folder = str(tmp_path / "runs" / f"{number}-folder-{command.split()[-1]}")
+                cases.append({**case, "command": command, "path": str(shards), "folder": folder})
+{%- endif %}
     limit = 6 << 30  # bytes of address space: a few times a run's, far below what a stride-0 tensor made whole takes
     results = run_hostile_cases(LEAF_DRIVER, cases, tmp_path, limit)
     assert not (tmp_path / "imported").exists(), "a hostile leaf imported the planted module"
     assert fingerprint(home) == before
     outcomes = {
         (command, kind): sum(r["command"] == command and r["outcome"].startswith(kind) for r in results)
-        for command in ("load_trained", "fit --ckpt_path", "make resume")
+        for command in COMMANDS
         for kind in ("ran", "refused", "traceback")
     }
     print(f"{len(results)} cases: {outcomes}; leaves: {sorted({r['leaf'] for r in results})}")
-    assert {r["command"] for r in results} == {"load_trained", "fit --ckpt_path", "make resume"}
+    assert {r["command"] for r in results} == set(COMMANDS)
     # What inference reads (weights, arguments, the DataModule's state) and a resume's loop, callback, optimizer
     # and schedule states (engine.checkpoints.check_training_state) are refused in one line.
     loud = [r for r in results if not r["outcome"].startswith(("ran", "refused"))]

@@ -14,6 +14,7 @@ or the new one, whole{% if cookiecutter.task == "image-classification" %} (``tes
 
 import builtins
 import collections
+import contextlib
 import dataclasses
 import enum
 import errno
@@ -387,7 +388,7 @@ def check_distributed_checkpoint(folder: Path) -> None:
 
 def _distributed_items_problem(folder: Path, metadata: Any) -> str | None:
     """What is wrong with the items a distributed checkpoint's ``metadata`` points torch's reader at, or None."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex
+    from torch.distributed.checkpoint.metadata import Metadata
 
     tables = (getattr(metadata, "storage_data", None), getattr(metadata, "state_dict_metadata", None))
     if not isinstance(metadata, Metadata) or not all(isinstance(table, dict) for table in tables):
@@ -407,20 +408,29 @@ def _distributed_items_problem(folder: Path, metadata: Any) -> str | None:
             return f"item {item} spans bytes {start!r}+{length!r} of {name}, which has {sizes[name]:,}"
         if getattr(stored, "transform_descriptors", None):
             return f"item {item} is stored transformed ({stored.transform_descriptors!r}), which expands when undone"
+    with contextlib.ExitStack() as stack:  # each file opened once, however many items it holds
+        files = {name: stack.enter_context((folder / name).open("rb")) for name in sizes}
+        return _unsafe_item(metadata, files)
+
+
+def _unsafe_item(metadata: Any, files: dict[str, IO[bytes]]) -> str | None:
+    """The first item of ``metadata``'s (checked) storage table whose bytes in ``files`` are not plain data."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
     for index, stored in metadata.storage_data.items():
-        with (folder / stored.relative_path).open("rb") as file:
-            span = _Span(file, stored.offset, stored.length)
-            packed = _compressed_member(span)
-            if packed is not None:
-                return f"item {getattr(index, 'fqn', index)} holds a compressed member ({packed}), made to expand"
-            if isinstance(metadata.state_dict_metadata.get(getattr(index, "fqn", None)), BytesStorageMetadata):
-                if index != MetadataIndex(index.fqn):
-                    continue  # bytes are read from the index of the item's name alone
-                try:
-                    span.seek(0)
-                    torch.load(io.BytesIO(span.read()), map_location="cpu", weights_only=True)
-                except Exception as error:  # torch would unpickle it with weights_only=False: code, or corrupt
-                    return f"item {index.fqn} is not plain data ({type(error).__name__}: {str(error)[:120]})"
+        named = isinstance(index, MetadataIndex) and index == MetadataIndex(index.fqn)  # how bytes are looked up
+        pickled = named and isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata)
+        span = _Span(files[stored.relative_path], stored.offset, stored.length)
+        item = io.BytesIO(span.read()) if pickled else span  # a pickled item is small: read once, in memory
+        packed = _compressed_member(item)
+        if packed is not None:
+            return f"item {getattr(index, 'fqn', index)} holds a compressed member ({packed}), made to expand"
+        if pickled:
+            try:
+                item.seek(0)
+                torch.load(item, map_location="cpu", weights_only=True)
+            except Exception as error:  # torch would unpickle it with weights_only=False: code, or corrupt
+                return f"item {index.fqn} is not plain data ({type(error).__name__}: {str(error)[:120]})"
     return None
 
 

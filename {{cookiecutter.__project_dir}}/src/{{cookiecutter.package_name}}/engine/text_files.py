@@ -19,7 +19,6 @@ from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFile
 from {{ cookiecutter.package_name }}.engine.table_files import TABLE_SUFFIXES, open_table, record_batches, table_errors
 
 
-
 def text_files(path: str | Path, suffixes: Sequence[str] = (".txt",)) -> list[Path]:
     """``path`` itself, or the files of folder ``path`` that :func:`engine.datamodule.data_files` lists.
 
