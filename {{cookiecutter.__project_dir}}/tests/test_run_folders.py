@@ -318,6 +318,8 @@ def test_every_item_of_a_distributed_checkpoint_is_data(tmp_path: Path) -> None:
         folder = distributed_checkpoint(tmp_path / name.replace(" ", "-").replace("'", "") / "checkpoints" / "x.ckpt")
         metadata = FileSystemReader(folder).read_metadata()  # torch's own reader: a file this test wrote
         index = next(iter(metadata.storage_data))
+        if not all(hasattr(metadata.storage_data[index], key) for key in change):
+            continue  # a torch whose storage records no transforms (2.6, the floors'): nothing to undo
         metadata.storage_data[index] = dataclasses.replace(metadata.storage_data[index], **change)
         (folder / ".metadata").write_bytes(pickle.dumps(metadata))
         cases[name] = folder
