@@ -605,6 +605,24 @@ def test_a_dataset_written_by_hugging_face_datasets_reads_as_ours(tmp_path: Path
     assert all(torch.equal(got[split][1], expected[split][1]) for split in got)  # the same labels, split alike
 
 
+def test_a_dataset_without_class_label_names_takes_its_sorted_labels_as_classes(tmp_path: Path) -> None:
+    # A binary image column and text labels, as a table exported elsewhere holds them (no huggingface metadata).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = make_folder(tmp_path / "images", per_class=10)
+    rows = folder_rows(root)
+    names = {0: "stripes-b", 1: "stripes-a", 2: "dots"}  # another order than the folder's
+    table = pa.table({"image": pa.array([data for data, _ in rows]), "label": [names[y] for _, y in rows]})
+    pq.write_table(table, tmp_path / "export.parquet")
+    data = ImageFolderDataModule(root=str(tmp_path / "export.parquet"), image_size=16, batch_size=4)
+    assert data.class_names == ["dots", "stripes-a", "stripes-b"]
+    folder = splits_of(ImageFolderDataModule(root=str(root), image_size=16, batch_size=4))
+    by_image = {image.numpy().tobytes(): int(y) for xs, ys in folder.values() for image, y in zip(xs, ys, strict=True)}
+    for images, labels in splits_of(data).values():  # folder class y is named names[y]: class 2 - y here
+        assert [2 - by_image[image.numpy().tobytes()] for image in images] == labels.tolist()
+
+
 def hostile_shard(kind: str, path: Path, rows: list[tuple[bytes, int]]) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
