@@ -294,6 +294,112 @@ def test_a_datasets_chats_and_pairs_give_the_examples_of_the_same_jsonl(tmp_path
         PromptCompletionDataModule(path=str(bad)).splits  # noqa: B018
 
 
+def write_split_dataset(folder: Path, layout: str, splits: dict[str, list[str]]) -> Path:
+    """``splits`` ({split: documents}) as a Hugging Face dataset's split files: the Hub's ``data/<split>-*.parquet``
+    (train in two shards) or ``save_to_disk``'s ``<split>/data-00000-of-00001.arrow``; the dataset's folder."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    names = {"train": "train", "val": "validation", "test": "test"}
+    for split, documents in splits.items():
+        table = pa.table({"text": documents, "id": list(range(len(documents)))})
+        if layout == "hub":
+            (folder / "data").mkdir(parents=True, exist_ok=True)
+            half = len(documents) // 2
+            halves = [table.slice(0, half), table.slice(half)] if split == "train" else [table]
+            for index, half in enumerate(halves):
+                pq.write_table(half, folder / "data" / f"{names[split]}-{index:05d}-of-{len(halves):05d}.parquet")
+        else:
+            (folder / names[split]).mkdir(parents=True)
+            shard = folder / names[split] / "data-00000-of-00001.arrow"
+            with pa.OSFile(str(shard), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+    return folder
+
+
+@pytest.mark.parametrize(("layout", "given"), [("hub", ("train", "val", "test")), ("save_to_disk", ("train", "test"))])
+def test_a_datasets_split_files_are_its_splits_and_only_a_missing_split_is_cut(
+    tmp_path: Path, layout: str, given: tuple[str, ...]
+) -> None:
+    # Each split's own documents: its tokens are its files' text, exactly; a split the dataset lacks (val
+    # here) is cut from the end of the training text, in memory and prepared alike.
+    documents = {split: [f"{split} {i}: déjà 🐋 " * (i % 4 + 1) for i in range(40)] for split in given}
+    path = write_split_dataset(tmp_path / "dataset", layout, documents)
+    suffixes = (".parquet",) if layout == "hub" else (".arrow",)
+    settings = {"path": str(path), "suffixes": suffixes, "block_size": 8, "val_fraction": 0.25, "test_fraction": 0.2}
+    data = TextDataModule(**settings)
+    text = {split: "\n\n".join(rows).encode() for split, rows in documents.items()}
+    expected = dict(text)
+    if "val" not in given:
+        cut = len(text["train"]) * 3 // 4  # the last val_fraction of the training text (here on an ASCII byte)
+        assert text["train"][cut] < 0x80
+        expected["train"], expected["val"] = text["train"][:cut], text["train"][cut:]
+    for split in ("train", "val", "test"):
+        assert bytes(data.splits[split][0].tolist()) == expected[split], split
+{%- if cookiecutter.use_prepared == "yes" %}
+    counts = TextDataModule(**settings).write_prepared(tmp_path / "prepared", block=64)
+    on_disk = TextDataModule(**settings, prepared=str(tmp_path / "prepared"))
+    for split in ("train", "val", "test"):
+        assert torch.equal(torch.from_numpy(on_disk.splits[split][0][:]), data.splits[split][0]), split
+    assert counts["bytes"] == sum(len(part) for part in text.values())
+{%- endif %}
+
+
+def test_a_text_dataset_the_datasets_library_saved_reads_with_its_splits(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets", reason="the datasets library is not installed (pip install datasets)")
+    documents = {split: [f"{split} {i}: déjà 🐋." for i in range(30)] for split in ("train", "validation", "test")}
+    saved = datasets.DatasetDict({split: datasets.Dataset.from_dict({"text": d}) for split, d in documents.items()})
+    saved.save_to_disk(str(tmp_path / "saved"))
+    data = TextDataModule(path=str(tmp_path / "saved"), suffixes=(".arrow",), block_size=8)
+    for split, name in (("train", "train"), ("val", "validation"), ("test", "test")):
+        assert bytes(data.splits[split][0].tolist()) == "\n\n".join(documents[name]).encode(), split
+
+
+def test_split_files_beside_files_of_no_split_are_refused_and_text_files_stay_one_text(tmp_path: Path) -> None:
+    path = write_split_dataset(tmp_path / "dataset", "hub", {"train": ["Call me Ishmael. " * 9] * 20})
+    TextDataModule(path=str(path), suffixes=(".parquet",), block_size=8).splits  # noqa: B018
+    (path / "data" / "train-00000-of-00002.parquet").rename(path / "data" / "extra.parquet")
+    with pytest.raises(ValueError, match=r"dataset whose file names give its splits, but 1 file\(s\) name no split "
+                       r"\(data/extra\.parquet\); name each file"):  # fmt: skip
+        TextDataModule(path=str(path), suffixes=(".parquet",), block_size=8).splits  # noqa: B018
+    only_test = write_split_dataset(tmp_path / "test only", "hub", {"test": ["Call me Ishmael. " * 9] * 20})
+    with pytest.raises(ValueError, match=r"but no train split; name each file"):
+        TextDataModule(path=str(only_test), suffixes=(".parquet",), block_size=8).splits  # noqa: B018
+    # Text files are text, whatever their names: test.txt is read with the rest and cut by the fractions.
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "ideas.txt").write_text("Call me Ishmael. " * 40)
+    (notes / "test.txt").write_text("Some years ago. " * 40)
+    data = TextDataModule(path=str(notes), block_size=8, val_fraction=0.25, test_fraction=0.25)
+    assert bytes(torch.cat([data.splits[s][0] for s in ("train", "val", "test")]).tolist()) == read_text(notes)
+
+
+def test_a_datasets_own_test_file_of_chats_is_its_test_split(tmp_path: Path) -> None:
+    # train.jsonl and a test shard of chats: the test split is the test file's examples, in order; val is cut
+    # (val_fraction) from the training examples only, and train is the rest.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def chat(i: int) -> dict:
+        turns = [{"role": "user", "content": f"Who is {i}?"}, {"role": "assistant", "content": f"Ahab {i}."}]
+        return {"messages": turns}
+
+    folder = tmp_path / "chats"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps(chat(i)) + "\n" for i in range(20)))
+    pq.write_table(pa.Table.from_pylist([chat(i) for i in range(100, 105)]), folder / "test-00000-of-00001.parquet")
+    data = PromptCompletionDataModule(path=str(folder), block_size=64, val_fraction=0.25, test_fraction=0.1)
+    alone = PromptCompletionDataModule(path=str(folder / "test-00000-of-00001.parquet"), block_size=64)
+    pool = [*alone.splits["train"], *alone.splits["val"], *alone.splits["test"]]
+    assert [example[0].tolist() for example in data.splits["test"]] == sorted(e[0].tolist() for e in pool)
+    assert len(data.splits["val"]) == 5 and len(data.splits["train"]) == 15
+    texts = {bytes(e[0].tolist()) for split in ("train", "val") for e in data.splits[split]}
+    assert all(f"Who is {i}?".encode() in b"".join(texts) for i in range(20))
+    (folder / "notes.jsonl").write_text(json.dumps(chat(7)) + "\n")
+    with pytest.raises(ValueError, match=r"1 file\(s\) name no split \(notes\.jsonl\)"):
+        PromptCompletionDataModule(path=str(folder), block_size=64).splits  # noqa: B018
+
+
 @pytest.mark.parametrize(
     ("column", "content", "message"),
     [
@@ -464,10 +570,12 @@ def test_a_corpus_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_a_datasets_parquet_shards_under_ddp_stopped_by_sigterm_resume_exactly(tmp_path: Path) -> None:
-    # write_texts' sentences as a dataset's shards, a sentence a row; two processes, SIGTERM mid-epoch 2.
+    # write_texts' sentences as a dataset's train, validation and test shards, a sentence a row; two
+    # processes, SIGTERM mid-epoch 2.
     folder = write_texts(tmp_path / "texts")
     documents = [line for file in sorted(folder.iterdir()) for line in file.read_text().splitlines()]
-    path, _ = write_dataset(tmp_path / "dataset", "parquet", documents)
+    splits = {"train": documents[:3200], "val": documents[3200:3600], "test": documents[3600:]}
+    path = write_split_dataset(tmp_path / "dataset", "hub", splits)
     args = [f"--config={EXPERIMENT}", f"--data.init_args.path={path}", "--data.init_args.suffixes=[.parquet]"]
     args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
     assert_ddp_run_resumes_exactly(tmp_path, lambda root: [*shrunk_args(root), *args], step=7)
@@ -528,6 +636,46 @@ def test_own_folder_of_text_trains_below_its_unigram_entropy_and_generates(
     model = LanguageModel.load_from_checkpoint(summary["checkpoint"], weights_only=True)
     with pytest.raises(ValueError, match="the prompt has 33 UTF-8 bytes"):
         model.generate(torch.tensor([list(b"x" * 33)]), 5)
+
+
+@pytest.mark.slow
+def test_a_text_dataset_and_a_chat_dataset_train_to_their_scores(tmp_path: Path) -> None:
+    # A Hugging Face text dataset (train, validation and test shards of write_texts' sentences) through the
+    # default config, then a chat dataset's shards (user: a noun, assistant: the verb it goes with) through
+    # configs/experiments/chat.yaml from that checkpoint; each scored on its own test split.
+    files = sorted(write_texts(tmp_path / "texts").iterdir())
+    sentences = [line for file in files for line in file.read_text().splitlines()]
+    splits = {"train": sentences[:3200], "val": sentences[3200:3600], "test": sentences[3600:]}
+    path = write_split_dataset(tmp_path / "dataset", "hub", splits)
+    model = ("--model.init_args.net.init_args.n_layer=2", "--model.init_args.net.init_args.n_embd=64")
+    data = [f"--data.init_args.path={path}", "--data.init_args.suffixes=[.parquet]"]
+    cli = main(["fit", *shrunk_args(tmp_path / "text"), *data, *model, "--trainer.max_epochs=5",
+                "--trainer.limit_train_batches=60"])  # fmt: skip
+    summary = json.loads((Path(cli.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
+    assert summary["metrics"]["test/bpb"] < 0.6  # the best possible about 0.28, letters alone about 3.6
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    answers = dict(zip(NOUNS, ["dives", "rolls", "sails", "shouts", "rows"], strict=True))
+
+    def chats(count: int, seed: int) -> pa.Table:
+        picks = torch.randint(0, len(NOUNS), (count,), generator=torch.Generator().manual_seed(seed)).tolist()
+        turns = [[{"role": "user", "content": NOUNS[i]}, {"role": "assistant", "content": answers[NOUNS[i]]}]
+                 for i in picks]  # fmt: skip
+        return pa.table({"messages": turns})
+
+    (tmp_path / "chats").mkdir()
+    pq.write_table(chats(400, 0), tmp_path / "chats" / "train-00000-of-00001.parquet")
+    pq.write_table(chats(40, 1), tmp_path / "chats" / "test-00000-of-00001.parquet")
+    chat = main(["fit", *shrunk_args(tmp_path / "chat"), *model, f"--config={CONFIGS / 'experiments' / 'chat.yaml'}",
+                 f"--data.init_args.path={tmp_path / 'chats'}", "--data.init_args.block_size=32",
+                 f"--model.init_args.init_from={summary['checkpoint']}", "--trainer.max_steps=150",
+                 "--trainer.val_check_interval=50", "--trainer.limit_train_batches=1.0"])  # fmt: skip
+    scores = json.loads((Path(chat.trainer.checkpoint_callback.dirpath).parent / "test_metrics.json").read_text())
+    # Scored on the answers and their end byte only: the answer is known from the noun, so learning the
+    # pairs takes it far below a guess among the five answers (log2(5) bits over about 6 bytes: 0.39).
+    assert scores["metrics"]["test/bpb"] < 0.2, scores
 
 
 def test_a_trained_model_generates_{{ "and_serves_" if cookiecutter.use_serving == "yes" else "" }}after_its_text_moved(tmp_path: Path, capsys) -> None:

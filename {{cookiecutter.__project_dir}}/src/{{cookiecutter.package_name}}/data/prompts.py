@@ -13,7 +13,9 @@ batch are padded on the right to the longest; with causal attention no real toke
 a pad, so no attention mask is needed.
 
 The examples are split into train/val/test by a seeded permutation (``split_seed``), which never
-depends on the training seed. Training order and exact mid-epoch resume come from
+depends on the training seed; a Hugging Face dataset's files that name their split
+(``train-*.parquet``, ``test.jsonl``, split folders) are those splits, and only a split it lacks is
+cut from its training examples. Training order and exact mid-epoch resume come from
 :class:`engine.ResumableDataModule`, as for every DataModule.
 """
 
@@ -30,9 +32,9 @@ import torch.nn.functional as F
 from {{ cookiecutter.package_name }}.data.text import LanguageDataModule
 from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate
 from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions, split_indices
-from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine.errors import DataError
 from {{ cookiecutter.package_name }}.engine.table_files import TABLE_SUFFIXES
-from {{ cookiecutter.package_name }}.engine.text_files import table_records
+from {{ cookiecutter.package_name }}.engine.text_files import dataset_splits, table_records, text_files
 
 IGNORE = -100  # the target of a position the loss skips (torch.nn.functional.cross_entropy's ignore_index)
 
@@ -79,21 +81,24 @@ class PromptCompletionDataModule(LanguageDataModule):
     Args:
         path: a JSONL file; each line an object with the strings ``prompt`` and ``completion``, or a
             ``messages`` list of ``{"role", "content"}`` with at least one ``assistant`` message. Or a
-            Parquet or Arrow table whose rows are such objects (other columns are left out).
+            Parquet or Arrow table whose rows are such objects (other columns are left out), or a folder of
+            such files (a Hugging Face dataset's shards, its splits named as ``train-*``, ``test-*``).
         tokenizer: {{ 'the pretrained model whose tokenizer to use (folder or hub id); None for bytes.' if cookiecutter.use_pretrained == "yes" else 'None (or ``bytes``): UTF-8 bytes, the one tokenizer a JSONL file of examples can use.' }}
         block_size: most tokens an example may have (the context the model is trained on); a
             longer completion or chat is cut (the count is logged); a longer prompt, or a chat whose
             first assistant turn starts beyond it, is refused.
-        val_fraction, test_fraction: shares of the examples held out.
+        val_fraction, test_fraction: shares of the examples held out (of the training files', for a dataset
+            with split files: only for a split it lacks).
         split_seed: seed of the train/val/test split.
         batch_size, num_workers, pin_memory, persistent_workers: see :class:`engine.ResumableDataModule`.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        FileNotFoundError: ``path`` does not exist, or is a folder without such files.
         ValueError: a line that is not a JSON object with string ``prompt`` and ``completion`` or
             with ``messages`` (no assistant turn, an unknown role, text that is not a string), naming
             the file and line; a prompt longer than ``block_size`` tokens; too few examples for the
-            splits; or a setting out of range.
+            splits; split files beside files of no split (:func:`engine.table_files.named_splits`); or a
+            setting out of range.
     """
 
     def __init__(
@@ -127,16 +132,22 @@ class PromptCompletionDataModule(LanguageDataModule):
         """{train, val, test}: examples (inputs (L,), targets (L,), target bytes (L,)), read when first asked."""
         if self._splits is None:
             hp = self.hparams
-            examples = self._read_examples(Path(hp.path).expanduser())
-            if len(examples) < 3:
-                raise DataError(f"data.path: {hp.path} has {len(examples)} examples; train, val and test need 3+")
-            order = split_indices(None, len(examples), hp.val_fraction, hp.test_fraction, hp.split_seed)
-            self._splits = {name: [examples[i] for i in sorted(indices)] for name, indices in order.items()}
+            files = text_files(hp.path, TABLE_SUFFIXES)  # a file, or a dataset's folder: its split files, or one pool
+            named = dataset_splits(hp.path, files) or {"train": files}
+            given = {name: self._read_examples(split_files) for name, split_files in named.items()}
+            pool = given.pop("train")
+            cut = [name for name in ("val", "test") if name not in given]
+            if len(pool) < len(cut) + 1 or not all(given.values()):
+                counts = ", ".join(f"{name} {len(examples)}" for name, examples in [("train", pool), *given.items()])
+                raise DataError(f"data.path: {hp.path} has too few examples ({counts}); each split needs one or more")
+            order = split_indices(None, len(pool), hp.val_fraction, hp.test_fraction, hp.split_seed, cut=cut)
+            self._splits = {name: [pool[i] for i in sorted(indices)] for name, indices in order.items()} | given
         return self._splits
 
-    def _read_examples(self, path: Path) -> list[tuple[torch.Tensor, ...]]:
-        if not path.is_file():
-            raise MissingFileError(f"data.path: {path} does not exist; give a JSONL file of prompt/completion pairs")
+    def _read_examples(self, files: list[Path]) -> list[tuple[torch.Tensor, ...]]:
+        return [example for path in files for example in self._read_file(path)]
+
+    def _read_file(self, path: Path) -> list[tuple[torch.Tensor, ...]]:
         examples, cut = [], 0
         for where, record in records(path):
             if isinstance(record, dict) and isinstance(record.get("messages"), list):

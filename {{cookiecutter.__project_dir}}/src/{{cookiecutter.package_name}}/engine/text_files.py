@@ -2,6 +2,9 @@
 Parquet, Arrow or JSON Lines tables (a Hugging Face dataset's shards), a file's text joined to the next by a
 blank line.
 
+A dataset's shards (tables) whose names say their split (the Hub's ``data/train-00000-of-00002.parquet``,
+``save_to_disk``'s ``train/``) are that split: :func:`dataset_splits`.
+
 A table's rows are its documents, joined by a blank line as files are; only the named column is read (a
 Parquet or Arrow file a batch of rows at a time, so memory stays flat in its size), and nothing in the file
 is run: pyarrow >= 14.0.1 (CVE-2023-47248) loads no Python extension type, and a dataset's loading script is
@@ -10,13 +13,20 @@ never read. Every error is one line naming the file and the fix.
 
 import codecs
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import {{ "Iterable, " if cookiecutter.use_prepared == "yes" else "" }}Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from {{ cookiecutter.package_name }}.engine.datamodule import data_files
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
-from {{ cookiecutter.package_name }}.engine.table_files import TABLE_SUFFIXES, open_table, record_batches, table_errors
+from {{ cookiecutter.package_name }}.engine.table_files import (
+    TABLE_SUFFIXES,
+    named_splits,
+    open_table,
+    record_batches,
+    split_of,
+    table_errors,
+)
 
 
 def text_files(path: str | Path, suffixes: Sequence[str] = (".txt",)) -> list[Path]:
@@ -28,7 +38,7 @@ def text_files(path: str | Path, suffixes: Sequence[str] = (".txt",)) -> list[Pa
     """
     path = Path(path).expanduser()
     if not path.exists():
-        raise MissingFileError(f"data.path: {path} does not exist; give a text file or a folder of text files")
+        raise MissingFileError(f"data.path: {path} does not exist; give a file or a folder of files to read")
     if not path.is_dir():
         return [path]
     files = data_files(path, suffixes)
@@ -39,6 +49,37 @@ def text_files(path: str | Path, suffixes: Sequence[str] = (".txt",)) -> list[Pa
             "endings in data.suffixes (e.g. [.txt, .md], or [.parquet] for a dataset's shards)"
         )
     return files
+
+
+def dataset_splits(path: str | Path, files: Sequence[Path]) -> dict[str, list[Path]] | None:
+    """The ``files`` of folder ``path`` by the split their names say (:func:`engine.table_files.named_splits`),
+    when a table among them names one (a dataset's shards); None for a file, a folder of text files, or tables
+    that name no split (one text, cut by fractions). A folder of text files named ``test.txt`` stays one text.
+
+    Raises:
+        ValueError: tables that name splits beside files that name none, or no train split.
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir() or not any(file.suffix.lower() in TABLE_SUFFIXES and split_of(file, root) for file in files):
+        return None
+    return named_splits(files, root)
+
+
+def utf8_boundary(text: bytes, position: int) -> int:
+    """The first position at or after ``position`` that starts a UTF-8 character (or the end)."""
+    while position < len(text) and text[position] & 0xC0 == 0x80:  # a continuation byte 10xxxxxx
+        position += 1
+    return position
+
+
+def cut_text(text: bytes, val_fraction: float, test_fraction: float) -> dict[str, bytes]:
+    """``text`` cut in order into train, val and test stretches: the last ``test_fraction`` of its bytes is
+    test, the ``val_fraction`` before it val (each cut moved forward to a character start)."""
+    ends = (
+        utf8_boundary(text, int(len(text) * (1 - val_fraction - test_fraction))),
+        utf8_boundary(text, int(len(text) * (1 - test_fraction))),
+    )
+    return {"train": text[: ends[0]], "val": text[ends[0] : ends[1]], "test": text[ends[1] :]}
 
 
 def file_pieces(file: Path, column: str, block: int = 1 << 24) -> Iterator[bytes]:
@@ -164,4 +205,22 @@ def text_chunks(files: Sequence[Path], column: str, block: int = 1 << 24) -> Ite
             carry = raw[cut:]
         if carry:
             yield carry
+
+
+def split_pieces(chunks: Iterable[bytes], cuts: Sequence[int]) -> Iterator[tuple[int, bytes]]:
+    """``(split, piece)``: the ``chunks`` of a text, cut at the byte positions ``cuts`` (train end,
+    val end, text end; moved forward to a character start) so that no piece spans two splits."""
+    split, position = 0, 0  # the split being cut, and the bytes of text before ``chunk``
+    for chunk in chunks:
+        start = 0
+        while start < len(chunk):
+            end = len(chunk)
+            if split < 2 and position + end > cuts[split]:  # the cut falls in this chunk: on a character start
+                end = utf8_boundary(chunk, cuts[split] - position)
+            if end > start:
+                yield split, chunk[start:end]
+            if end < len(chunk) or (split < 2 and position + end >= cuts[split]):
+                split += 1
+            start = end
+        position += len(chunk)
 {%- endif %}
