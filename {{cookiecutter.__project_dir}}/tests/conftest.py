@@ -148,6 +148,18 @@ def readme_commands(section: str) -> list[str]:
 {%- endif %}
 
 
+{% if cookiecutter.task != "tabular" -%}
+def hub_snapshot(cache: Path, repo_id: str, repo_type: str = "model") -> Path:
+    """The folder that ``hf download <repo_id> [--repo-type dataset]`` fills in the Hugging Face cache ``cache``
+    (``HF_HUB_CACHE``), with the cache's refs/main pointing at it; the caller writes the repository's files into it."""
+    repo = cache / f"{repo_type}s--{repo_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    return repo / "snapshots" / commit
+
+
+{% endif -%}
 {% if cookiecutter.task == "image-classification" and cookiecutter.use_pretrained == "yes" -%}
 def colour_folder(root: Path, per_class: int = 30, seed: int = 0) -> Path:
     """root/{red,green,blue}/<n>.png: noisy 40x48 images of one dominant colour each: an easy split."""
@@ -231,16 +243,6 @@ def assert_serves_as_predicted(checkpoint: Path, folder: Path, moved: Path, rows
             labels = json.loads(answer.read())["labels"]
     assert labels == [row["label"] for row in rows]
 {%- endif %}
-
-
-def hub_snapshot(cache: Path, model_id: str) -> Path:
-    """The folder that ``hf download <model_id>`` fills in the Hugging Face cache ``cache`` (``HF_HUB_CACHE``),
-    with the cache's refs/main pointing at it; the caller writes the model's files into it."""
-    repo = cache / f"models--{model_id.replace('/', '--')}"
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    return repo / "snapshots" / commit
 
 
 def run_readme_training(tmp_path: Path, command: str, cache: Path) -> dict[str, float]:

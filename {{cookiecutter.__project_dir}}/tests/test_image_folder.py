@@ -42,6 +42,7 @@ from conftest import (
     assert_prepared_run_resumes_as_in_memory,
 {%- endif %}
     fit_stopped_by_signal,
+    hub_snapshot,
     shrunk_args,
     user_error,
     with_tests_importable,
@@ -585,6 +586,30 @@ def test_a_datasets_split_files_are_its_splits_in_parquet_and_arrow(tmp_path: Pa
     from_disk = splits_of(ImageFolderDataModule(root=str(disk), image_size=16, batch_size=8))
     for split in from_hub:
         assert all(torch.equal(a, b) for a, b in zip(from_hub[split], from_disk[split], strict=True))
+
+
+def test_a_hub_dataset_is_read_from_the_local_cache_by_its_address(tmp_path: Path, monkeypatch) -> None:
+    # hf://datasets/<owner>/<name>: the snapshot `hf download` left in the cache reads as the same shards in a
+    # folder; without huggingface_hub (a bake without pretrained nets) the address says what installs it.
+    address = "hf://datasets/owner/digits"
+    try:
+        import huggingface_hub.constants
+    except ImportError:
+        with pytest.raises(FileNotFoundError, match=r"is a Hugging Face dataset, read with huggingface_hub: `pip ins"):
+            ImageFolderDataModule(root=address, image_size=16).setup("fit")
+        return
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    rows = folder_rows(make_folder(tmp_path / "images", per_class=10))
+    for root in (hub_snapshot(cache, "owner/digits", "dataset"), tmp_path / "local"):
+        write_shard(root / "data" / "train-00000-of-00001.parquet", rows[:24])
+        write_shard(root / "data" / "test-00000-of-00001.parquet", rows[24:])
+    from_cache = splits_of(ImageFolderDataModule(root=address, image_size=16, batch_size=8))
+    local = splits_of(ImageFolderDataModule(root=str(tmp_path / "local"), image_size=16, batch_size=8))
+    for split in local:
+        assert all(torch.equal(a, b) for a, b in zip(from_cache[split], local[split], strict=True)), split
+    with pytest.raises(FileNotFoundError, match=r"`hf download owner/other --repo-type dataset`, or give its folder"):
+        ImageFolderDataModule(root="hf://datasets/owner/other", image_size=16).setup("fit")
 
 
 def test_a_dataset_written_by_hugging_face_datasets_reads_as_ours(tmp_path: Path, caplog) -> None:

@@ -21,6 +21,7 @@ from conftest import (
 {%- if cookiecutter.use_serving != "yes" %}
     greedy_completions,
 {%- endif %}
+    hub_snapshot,
     shrunk_args,
     user_error,
 )
@@ -353,6 +354,33 @@ def test_a_text_dataset_the_datasets_library_saved_reads_with_its_splits(tmp_pat
     data = TextDataModule(path=str(tmp_path / "saved"), suffixes=(".arrow",), block_size=8)
     for split, name in (("train", "train"), ("val", "validation"), ("test", "test")):
         assert bytes(data.splits[split][0].tolist()) == "\n\n".join(documents[name]).encode(), split
+
+
+def test_a_hub_dataset_is_read_from_the_local_cache_by_its_address_and_never_fetched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # hf://datasets/<owner>/<name>[@<revision>]/<config folder>: the snapshot `hf download` left in the cache
+    # (HF_HUB_CACHE) reads as the same files in a folder; a dataset not in the cache is one line naming the
+    # command that fetches it, and nothing is downloaded.
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    documents = {split: [f"{split} {i}: déjà 🐋 " * 3 for i in range(30)] for split in ("train", "test")}
+    snapshot = hub_snapshot(cache, "melville/whales", "dataset")
+    write_split_dataset(snapshot / "moby-2", "hub", documents)
+    local = write_split_dataset(tmp_path / "local", "hub", documents)
+    folder = TextDataModule(path=str(local), suffixes=(".parquet",), block_size=8)
+    commit = snapshot.name
+    for address in ("hf://datasets/melville/whales/moby-2", f"hf://datasets/melville/whales@{commit}/moby-2"):
+        hub = TextDataModule(path=address, suffixes=(".parquet",), block_size=8)
+        for split in ("train", "val", "test"):
+            assert torch.equal(hub.splits[split][0], folder.splits[split][0]), (address, split)
+    fetch = r"fetch it once where there is internet: `hf download melville/ahab --repo-type dataset --revision v2`"
+    with pytest.raises(FileNotFoundError, match=rf"not in the local Hugging Face cache \(HF_HOME\).*; {fetch}"):
+        TextDataModule(path="hf://datasets/melville/ahab@v2", suffixes=(".parquet",)).splits  # noqa: B018
+    with pytest.raises(ValueError, match=r"climbs out of the dataset \('\.\.'\); name a path inside it"):
+        TextDataModule(path="hf://datasets/melville/whales/../../..", suffixes=(".parquet",)).splits  # noqa: B018
 
 
 def test_split_files_beside_files_of_no_split_are_refused_and_text_files_stay_one_text(tmp_path: Path) -> None:

@@ -7,16 +7,16 @@ folder needs (``configs/experiments/image-folder.yaml`` lists every setting). La
     DIR/{train,val,test}/<class>/...  the splits given (val and test optional: split from train)
     DIR/[data/]<split>-*.parquet      a Hugging Face image dataset (image and label columns): the splits its
     DIR/<split>/data-*.arrow          files name (train, validation, test; save_to_disk's folders), else one pool
+    hf://datasets/<owner>/<name>      a dataset on the Hub, read from the local cache (``hf download`` it once)
 
-Class names, their count and the channel count come from the data when training starts (and are
-saved in checkpoints: a trained model keeps them, whatever becomes of the folder): classes are the
-subfolder names in sorted order; when the images mix grey and colour, all are converted to RGB (the log
-says so), else they keep one channel. Every image is decoded with Pillow (https://pillow.readthedocs.io)
-and resized to ``image_size`` x ``image_size`` once, in ``setup``, into a uint8 tensor in memory
-(1,000 RGB images of 64x64 take 12 MB), so loading a batch is indexing, never decoding; on a GPU
-the loader then always keeps ahead. Training batches are augmented on the batch's device with
-kornia (https://kornia.readthedocs.io: random resized crop, horizontal flip), then all batches are
-standardised per channel with the training split's statistics, saved in checkpoints.
+Class names, their count and the channel count come from the data when training starts (and are saved in
+checkpoints: a trained model keeps them, whatever becomes of the folder): classes are the subfolder names in
+sorted order; when the images mix grey and colour, all are converted to RGB (the log says so), else one
+channel. Every image is decoded with Pillow (https://pillow.readthedocs.io) and resized to ``image_size`` x
+``image_size`` once, in ``setup``, into a uint8 tensor in memory (1,000 RGB images of 64x64 take 12 MB), so
+loading a batch is indexing, never decoding; on a GPU the loader then always keeps ahead. Training batches are
+augmented on the batch's device with kornia (https://kornia.readthedocs.io: random resized crop, horizontal
+flip), then all batches are standardised per channel with the training split's statistics, saved in checkpoints.
 
 **Images at real sizes** (``crop_size``, e.g. ``image_size=256, crop_size=224`` for ImageNet-pretrained
 nets{% if cookiecutter.use_pretrained == "yes" %}; ``configs/experiments/transfer-learning.yaml``{% endif %}): the recipe of torchvision's reference training
@@ -87,6 +87,7 @@ from {{ cookiecutter.package_name }}.engine.prepared import (
     prepare_command,
 )
 {%- endif %}
+from {{ cookiecutter.package_name }}.engine.table_files import local_path
 {%- if cookiecutter.use_pretrained == "yes" %}
 from {{ cookiecutter.package_name }}.nets.hub import locate
 from {{ cookiecutter.package_name }}.nets.image_preprocessing import image_preprocessing
@@ -109,7 +110,7 @@ class ImageFolderDataModule(ResumableDataModule):
     cropped to (B, C, crop_size, crop_size) with ``crop_size``, and standardised per channel.
 
     Args:
-        root: the image folder, or a Hugging Face image dataset's shards (layouts in the module docstring).
+        root: the image folder, or a Hugging Face image dataset's shards or address (layouts: the module docstring).
         image_column, label_column: a dataset's columns of images and labels (:mod:`engine.image_tables`).
         image_size: side in pixels every image is resized to (bilinear): stretched to a square, or,
             with ``crop_size``, its shorter side, keeping the centre square. Raw inputs of predict{{ ',' if cookiecutter.use_serving == 'yes' else '' }}
@@ -286,7 +287,7 @@ class ImageFolderDataModule(ResumableDataModule):
 {%- endif %}
         if self.files is not None:
             return
-        files, class_names, mode = self._scan(Path(self.hparams.root))
+        files, class_names, mode = self._scan(local_path(self.hparams.root, "data.root"))
         if self._class_names is not None and class_names != self._class_names:
             raise DataError(
                 f"data.root={self.hparams.root}: class folders {class_names} are not the classes this model was "
@@ -473,7 +474,8 @@ class ImageFolderDataModule(ResumableDataModule):
         workers = workers or os.cpu_count() or 1
         sums = np.zeros((3, self.num_channels), dtype=np.int64)  # exact: see pixel_sums
         skipped = 0
-        source = fingerprint(self.hparams.root, source_files(Path(self.hparams.root)))
+        root = local_path(self.hparams.root, "data.root")
+        source = fingerprint(root, source_files(root))
         kind = type(self).__name__
         with (
             PreparedWriter(out, kind, self._prepared_settings(), source) as writer,
@@ -552,7 +554,7 @@ class ImageFolderDataModule(ResumableDataModule):
         ]
         return (
             f"Images of data.root={hp.root}: {files} {'images' if shards else 'files'} ({size:.1f} MB)"
-            f"{left_out_note(Path(hp.root), IMAGE_SUFFIXES)}, {self.num_classes} classes, "
+            f"{left_out_note(local_path(hp.root, 'data.root'), IMAGE_SUFFIXES)}, {self.num_classes} classes, "
             f"decoded as {self.mode} at {hp.image_size} px\n"
             f"  splits: {', '.join(origins)}\n"
             f"  images per class (train/val/test): {listed(per_class)}"

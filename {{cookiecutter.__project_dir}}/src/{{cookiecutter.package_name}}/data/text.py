@@ -68,6 +68,7 @@ from {{ cookiecutter.package_name }}.engine.prepared import (
     open_prepared,
 )
 {%- endif %}
+from {{ cookiecutter.package_name }}.engine.table_files import local_path
 from {{ cookiecutter.package_name }}.engine.text_files import (
     checked_text_files,
     cut_text,
@@ -355,7 +356,8 @@ class TextDataModule(LanguageDataModule):
 
     Args:
         path: a UTF-8 text file or a folder of text files, or a Parquet, Arrow or JSON Lines table (a
-            Hugging Face dataset's shards: ``suffixes: [.parquet]``); None for the bundled corpus.
+            Hugging Face dataset's shards: ``suffixes: [.parquet]``; or its address in the local cache,
+            ``hf://datasets/<owner>/<name>``); None for the bundled corpus.
         suffixes: endings of the files read from a folder (case-insensitive), e.g. ``[.txt, .md]``.
         text_column: a table's column of text, one document a row (:mod:`engine.text_files`).
         tokenizer: None (or ``bytes``) for UTF-8 bytes; ``bpe`` for a byte-level BPE trained on the
@@ -456,7 +458,7 @@ class TextDataModule(LanguageDataModule):
             self._tokenizer = BPETokenizer.train(safe_stream([parts["train"].decode("utf-8")]), hp.bpe_vocab_size)
         splits = {name: self._tokenize(part) for name, part in parts.items()}
         source = f"the bundled corpus ({BUNDLED})" if files is None else f"data.path={hp.path}: {len(files)} file(s)"
-        source += "" if hp.path is None else left_out_note(Path(hp.path).expanduser(), self._endings)
+        source += "" if hp.path is None else left_out_note(local_path(hp.path), self._endings)
         tokens = ", ".join(f"{name} {len(splits[name][0]):,}" for name in SPLITS)
         size = sum(len(part) for part in parts.values())
         rank_zero_info(
@@ -557,7 +559,7 @@ class TextDataModule(LanguageDataModule):
                 return iter([text])
         else:
             files = checked_text_files(hp.path, self._endings, hp.text_column, block)
-            source = fingerprint(hp.path, self._files(Path(hp.path)))
+            source = fingerprint(local_path(hp.path), self._files(local_path(hp.path)))
             given = dataset_splits(hp.path, files) or {"train": files}
             pool = given.pop("train")
             size = text_bytes(pool, hp.text_column, block)
