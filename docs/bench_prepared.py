@@ -15,6 +15,7 @@ step timer).
     python docs/bench_prepared.py /tmp/bk/image-classification/digits-classifier --task image --scales 1 10 100
     python docs/bench_prepared.py /tmp/bk/language-model/byte-gpt --task text --scales 1 10 100 --loader
     python docs/bench_prepared.py /tmp/bk/image-classification/digits-classifier --task image --scales 1 10 --dataset
+    python docs/bench_prepared.py /tmp/bk/tabular/tabular-classifier --task tabular --scales 1 10 --dataset
 
 Prints one JSON line per measurement and a table in Markdown at the end.
 """
@@ -56,7 +57,7 @@ def as_dataset(root: Path, folder: Path) -> Path:
     return folder / "dataset"
 
 
-def make_source(task: str, size: int, folder: Path) -> Path:
+def make_source(task: str, size: int, folder: Path, parquet: bool = False) -> Path:
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -89,6 +90,10 @@ def make_source(task: str, size: int, folder: Path) -> Path:
     frame = pd.DataFrame(x, columns=[f"x{i}" for i in range(8)])
     frame["colour"] = rng.choice(["red", "green", "blue"], size=size)
     frame["label"] = np.where(x[:, 0] + (frame["colour"] == "red") > 0.5, "yes", "no")
+    if parquet:  # the colour as a dictionary (categorical) column, as a warehouse export writes it
+        path = folder / "table.parquet"
+        frame.astype({"colour": "category"}).to_parquet(path, index=False)
+        return path
     path = folder / "table.csv"
     frame.to_csv(path, index=False)
     return path
@@ -165,7 +170,11 @@ def main() -> None:
     parser.add_argument("--task", choices=list(BASE), required=True)
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 10, 100])
     parser.add_argument("--loader", action="store_true")
-    parser.add_argument("--dataset", action="store_true", help="images as a Hugging Face dataset's Parquet shard")
+    parser.add_argument(
+        "--dataset",
+        action="store_true",
+        help="images as a Hugging Face dataset's Parquet shard, a table as a Parquet file",
+    )
     args = parser.parse_args()
     bake = args.bake.resolve()
     package = next(p.name for p in (bake / "src").iterdir() if (p / "cli.py").exists())
@@ -175,7 +184,7 @@ def main() -> None:
             work = Path(folder) / f"x{scale}"
             work.mkdir()
             size = BASE[args.task] * scale
-            source = make_source(args.task, size, work)
+            source = make_source(args.task, size, work, parquet=args.dataset and args.task == "tabular")
             source = as_dataset(source, work) if args.dataset and args.task == "image" else source
             files = [source] if source.is_file() else [f for f in source.rglob("*") if f.is_file()]
             source_mb = sum(f.stat().st_size for f in files)

@@ -170,6 +170,7 @@ SHARED_TASK_FILES = {
     "src/{package}/nets/hf.py": ("image-classification", "language-model"),
     "src/{package}/nets/hub.py": ("image-classification", "language-model"),
     "src/{package}/engine/table_files.py": ("image-classification", "language-model"),
+    "src/{package}/data/hub_datasets.py": ("image-classification", "language-model"),
 }
 
 

@@ -56,6 +56,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from {{ cookiecutter.package_name }}.data.hub_datasets import local_path
 {% if cookiecutter.use_serving == "yes" -%}
 from {{ cookiecutter.package_name }}.data.image_files import image_file_bytes, open_image
 {% endif -%}
@@ -87,7 +88,6 @@ from {{ cookiecutter.package_name }}.engine.prepared import (
     prepare_command,
 )
 {%- endif %}
-from {{ cookiecutter.package_name }}.engine.table_files import local_path
 {%- if cookiecutter.use_pretrained == "yes" %}
 from {{ cookiecutter.package_name }}.nets.hub import locate
 from {{ cookiecutter.package_name }}.nets.image_preprocessing import image_preprocessing

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from {{ cookiecutter.package_name }}.data.hub_datasets import local_path
 from {{ cookiecutter.package_name }}.data.text import LanguageDataModule
 from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate
 from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions, split_indices
@@ -132,8 +133,9 @@ class PromptCompletionDataModule(LanguageDataModule):
         """{train, val, test}: examples (inputs (L,), targets (L,), target bytes (L,)), read when first asked."""
         if self._splits is None:
             hp = self.hparams
-            files = text_files(hp.path, TABLE_SUFFIXES)  # a file, or a dataset's folder: its split files, or one pool
-            named = dataset_splits(hp.path, files) or {"train": files}
+            path = local_path(hp.path)  # a file, or a dataset's folder: its split files, or one pool
+            files = text_files(path, TABLE_SUFFIXES)
+            named = dataset_splits(path, files) or {"train": files}
             given = {name: self._read_examples(split_files) for name, split_files in named.items()}
             pool = given.pop("train")
             cut = [name for name in ("val", "test") if name not in given]

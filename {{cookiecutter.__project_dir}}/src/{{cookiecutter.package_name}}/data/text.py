@@ -43,6 +43,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from {{ cookiecutter.package_name }}.data.hub_datasets import local_path
 from {{ cookiecutter.package_name }}.data.tokenizer import (
     BPE,
 {%- if cookiecutter.use_prepared == "yes" %}
@@ -68,7 +69,6 @@ from {{ cookiecutter.package_name }}.engine.prepared import (
     open_prepared,
 )
 {%- endif %}
-from {{ cookiecutter.package_name }}.engine.table_files import local_path
 from {{ cookiecutter.package_name }}.engine.text_files import (
     checked_text_files,
     cut_text,
@@ -448,9 +448,9 @@ class TextDataModule(LanguageDataModule):
     def _read_splits(self) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor | None]], int]:
         """The text read into memory, cut at the byte fractions and tokenized; and its size in bytes."""
         hp = self.hparams
-        files = None if hp.path is None else checked_text_files(hp.path, self._endings, hp.text_column)
+        files = None if hp.path is None else checked_text_files(self._source, self._endings, hp.text_column)
         named = {"train": files} if files is not None else {}
-        named = (None if files is None else dataset_splits(hp.path, files)) or named
+        named = (None if files is None else dataset_splits(self._source, files)) or named
         given = {split: joined(files, hp.text_column) for split, files in named.items() if split != "train"}
         pool = joined(named["train"], hp.text_column) if named else bundled_text()
         parts = {**cut_text(pool, *self._held_out(given)), **given}
@@ -458,7 +458,7 @@ class TextDataModule(LanguageDataModule):
             self._tokenizer = BPETokenizer.train(safe_stream([parts["train"].decode("utf-8")]), hp.bpe_vocab_size)
         splits = {name: self._tokenize(part) for name, part in parts.items()}
         source = f"the bundled corpus ({BUNDLED})" if files is None else f"data.path={hp.path}: {len(files)} file(s)"
-        source += "" if hp.path is None else left_out_note(local_path(hp.path), self._endings)
+        source += "" if hp.path is None else left_out_note(self._source, self._endings)
         tokens = ", ".join(f"{name} {len(splits[name][0]):,}" for name in SPLITS)
         size = sum(len(part) for part in parts.values())
         rank_zero_info(
@@ -480,6 +480,11 @@ class TextDataModule(LanguageDataModule):
         share = dict(zip(("val", "test"), self._held_out(given), strict=True))
         cut = [f"{name}: the last {share[name]:g} of the training files' bytes" for name in share if share[name]]
         return "; ".join([*(f"{name}: the dataset's {name} files" for name in given), *cut])
+
+    @property
+    def _source(self) -> Path:
+        """Where ``data.path`` is on this machine (a Hub address: its snapshot in the local Hugging Face cache)."""
+        return local_path(self.hparams.path)
 
     @property
     def _endings(self) -> tuple[str, ...]:
@@ -558,9 +563,9 @@ class TextDataModule(LanguageDataModule):
             def chunks() -> Iterator[bytes]:  # the training text, cut into the splits the dataset lacks
                 return iter([text])
         else:
-            files = checked_text_files(hp.path, self._endings, hp.text_column, block)
-            source = fingerprint(local_path(hp.path), self._files(local_path(hp.path)))
-            given = dataset_splits(hp.path, files) or {"train": files}
+            files = checked_text_files(self._source, self._endings, hp.text_column, block)
+            source = fingerprint(self._source, self._files(self._source))
+            given = dataset_splits(self._source, files) or {"train": files}
             pool = given.pop("train")
             size = text_bytes(pool, hp.text_column, block)
 

@@ -21,7 +21,6 @@ from {{ cookiecutter.package_name }}.engine.datamodule import data_files
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.table_files import (
     TABLE_SUFFIXES,
-    local_path,
     named_splits,
     open_table,
     record_batches,
@@ -31,14 +30,13 @@ from {{ cookiecutter.package_name }}.engine.table_files import (
 
 
 def text_files(path: str | Path, suffixes: Sequence[str] = (".txt",)) -> list[Path]:
-    """``path`` itself, or the files of folder ``path`` that :func:`engine.datamodule.data_files` lists (a
-    Hugging Face dataset's address: its folder in the local cache, :func:`engine.table_files.local_path`).
+    """``path`` itself, or the files of folder ``path`` that :func:`engine.datamodule.data_files` lists.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist (or the dataset is not in the local cache).
+        FileNotFoundError: ``path`` does not exist.
         ValueError: the folder has no such file.
     """
-    path = local_path(path)
+    path = Path(path).expanduser()
     if not path.exists():
         raise MissingFileError(f"data.path: {path} does not exist; give a file or a folder of files to read")
     if not path.is_dir():
@@ -61,7 +59,7 @@ def dataset_splits(path: str | Path, files: Sequence[Path]) -> dict[str, list[Pa
     Raises:
         ValueError: tables that name splits beside files that name none, or no train split.
     """
-    root = local_path(path)
+    root = Path(path).expanduser()
     if not root.is_dir() or not any(file.suffix.lower() in TABLE_SUFFIXES and split_of(file, root) for file in files):
         return None
     return named_splits(files, root)
