@@ -155,8 +155,9 @@ PREPARED_NAMES = (
 
 PRETRAINED_NAMES = (
     r"BackboneFreeze|HFImageClassifier|TimmNet|PretrainedNet|HFCausalLM|HF\w*Cache|causal_lm|nets\.hub|\bhub\.py|image_preprocessing"
-    r"|\bLoRA\b|\blora\b|\bpeft\b|make timm|timm\.yaml|\bfinetune\b|test_finetune|hf download|save_merged"
-    r"|hub_snapshot|PretrainedTokenizer|transformers|make torchvision|data\.pretrained|init_args\.pretrained|`hf/`"
+    r"|\bLoRA\b|\blora\b|\bpeft\b|make timm|timm\.yaml|\bfinetune\b|test_finetune|save_merged"
+    r"|hf download(?![^`\n]*--repo-type dataset)"  # a model's fetch; a dataset's (data/hub_datasets.py) stays
+    r"|PretrainedTokenizer|transformers|make torchvision|data\.pretrained|init_args\.pretrained|`hf/`"
 )
 
 

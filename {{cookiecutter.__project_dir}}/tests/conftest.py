@@ -149,7 +149,7 @@ def readme_commands(section: str) -> list[str]:
 
 
 {% if cookiecutter.task != "tabular" -%}
-def hub_snapshot(cache: Path, repo_id: str, repo_type: str = "model") -> Path:
+def cached_snapshot(cache: Path, repo_id: str, repo_type: str = "model") -> Path:
     """The folder that ``hf download <repo_id> [--repo-type dataset]`` fills in the Hugging Face cache ``cache``
     (``HF_HUB_CACHE``), with the cache's refs/main pointing at it; the caller writes the repository's files into it."""
     repo = cache / f"{repo_type}s--{repo_id.replace('/', '--')}"

@@ -20,7 +20,7 @@ from conftest import (
 {%- endif %}
     colour_folder,
     fit_in_subprocess,
-    hub_snapshot,
+    cached_snapshot,
     readme_commands,
     run_readme_training,
     shrunk_args,
@@ -318,7 +318,7 @@ def test_the_readmes_transfer_learning_runs_offline_as_written(tmp_path: Path) -
     assert config["data"]["init_args"]["pretrained"] == model_id
 
     cache = tmp_path / "hf-cache"
-    snapshot = hub_snapshot(cache, model_id)
+    snapshot = cached_snapshot(cache, model_id)
     torch.manual_seed(0)
     small = transformers.Dinov2Config(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2)
     small.num_attention_heads, small.intermediate_size = 4, 64

@@ -42,7 +42,7 @@ from conftest import (
     assert_prepared_run_resumes_as_in_memory,
 {%- endif %}
     fit_stopped_by_signal,
-    hub_snapshot,
+    cached_snapshot,
     shrunk_args,
     user_error,
     with_tests_importable,
@@ -589,7 +589,7 @@ def test_a_datasets_split_files_are_its_splits_in_parquet_and_arrow(tmp_path: Pa
 
 
 def test_a_hub_dataset_is_read_from_the_local_cache_by_its_address(tmp_path: Path, monkeypatch) -> None:
-    # hf://datasets/<owner>/<name>: the snapshot `hf download` left in the cache reads as the same shards in a
+    # hf://datasets/<owner>/<name>: the snapshot a dataset's download left in the cache reads as the same shards in a
     # folder; without huggingface_hub (a bake without pretrained nets) the address says what installs it.
     address = "hf://datasets/owner/digits"
     try:
@@ -601,7 +601,7 @@ def test_a_hub_dataset_is_read_from_the_local_cache_by_its_address(tmp_path: Pat
     cache = tmp_path / "hf-cache"
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
     rows = folder_rows(make_folder(tmp_path / "images", per_class=10))
-    for root in (hub_snapshot(cache, "owner/digits", "dataset"), tmp_path / "local"):
+    for root in (cached_snapshot(cache, "owner/digits", "dataset"), tmp_path / "local"):
         write_shard(root / "data" / "train-00000-of-00001.parquet", rows[:24])
         write_shard(root / "data" / "test-00000-of-00001.parquet", rows[24:])
     from_cache = splits_of(ImageFolderDataModule(root=address, image_size=16, batch_size=8))

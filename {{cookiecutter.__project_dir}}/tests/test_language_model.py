@@ -21,7 +21,7 @@ from conftest import (
 {%- if cookiecutter.use_serving != "yes" %}
     greedy_completions,
 {%- endif %}
-    hub_snapshot,
+    cached_snapshot,
     shrunk_args,
     user_error,
 )
@@ -359,7 +359,7 @@ def test_a_text_dataset_the_datasets_library_saved_reads_with_its_splits(tmp_pat
 def test_a_hub_dataset_is_read_from_the_local_cache_by_its_address_and_never_fetched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # hf://datasets/<owner>/<name>[@<revision>]/<config folder>: the snapshot `hf download` left in the cache
+    # hf://datasets/<owner>/<name>[@<revision>]/<config folder>: the snapshot a download left in the cache
     # (HF_HUB_CACHE) reads as the same files in a folder; a dataset not in the cache is one line naming the
     # command that fetches it, and nothing is downloaded.
     import huggingface_hub.constants
@@ -367,7 +367,7 @@ def test_a_hub_dataset_is_read_from_the_local_cache_by_its_address_and_never_fet
     cache = tmp_path / "hf-cache"
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
     documents = {split: [f"{split} {i}: déjà 🐋 " * 3 for i in range(30)] for split in ("train", "test")}
-    snapshot = hub_snapshot(cache, "melville/whales", "dataset")
+    snapshot = cached_snapshot(cache, "melville/whales", "dataset")
     write_split_dataset(snapshot / "moby-2", "hub", documents)
     local = write_split_dataset(tmp_path / "local", "hub", documents)
     folder = TextDataModule(path=str(local), suffixes=(".parquet",), block_size=8)

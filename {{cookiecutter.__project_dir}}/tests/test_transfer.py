@@ -20,7 +20,7 @@ from conftest import (
     colour_folder,
     fit_in_subprocess,
     fit_stopped_by_signal,
-    hub_snapshot,
+    cached_snapshot,
     readme_commands,
     resume_as_printed,
     run_readme_training,
@@ -381,6 +381,6 @@ def test_the_readmes_timm_transfer_learning_runs_offline_as_written(tmp_path: Pa
     assert config["model"]["init_args"]["net"]["init_args"]["model"] == model_id
     assert config["data"]["init_args"]["pretrained"] == model_id
     cache = tmp_path / "hf-cache"
-    timm_hub_folder(hub_snapshot(cache, model_id), "test_resnet", TIMM_CFG)
+    timm_hub_folder(cached_snapshot(cache, model_id), "test_resnet", TIMM_CFG)
     metrics = run_readme_training(tmp_path, train, cache)
     assert metrics["test/acc"] > 0.5  # three classes: chance is 1/3

@@ -7,7 +7,7 @@ folder needs (``configs/experiments/image-folder.yaml`` lists every setting). La
     DIR/{train,val,test}/<class>/...  the splits given (val and test optional: split from train)
     DIR/[data/]<split>-*.parquet      a Hugging Face image dataset (image and label columns): the splits its
     DIR/<split>/data-*.arrow          files name (train, validation, test; save_to_disk's folders), else one pool
-    hf://datasets/<owner>/<name>      a dataset on the Hub, read from the local cache (``hf download`` it once)
+    hf://datasets/<owner>/<name>      a dataset on the Hub, read from the local cache (:mod:`data.hub_datasets`)
 
 Class names, their count and the channel count come from the data when training starts (and are saved in
 checkpoints: a trained model keeps them, whatever becomes of the folder): classes are the subfolder names in
