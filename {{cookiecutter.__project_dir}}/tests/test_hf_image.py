@@ -18,9 +18,9 @@ from conftest import (
 {%- if cookiecutter.use_serving == "yes" %}
     assert_serves_as_predicted,
 {%- endif %}
+    cached_snapshot,
     colour_folder,
     fit_in_subprocess,
-    cached_snapshot,
     readme_commands,
     run_readme_training,
     shrunk_args,

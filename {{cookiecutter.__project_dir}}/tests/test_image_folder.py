@@ -41,8 +41,8 @@ from conftest import (
 {%- if cookiecutter.use_prepared == "yes" %}
     assert_prepared_run_resumes_as_in_memory,
 {%- endif %}
-    fit_stopped_by_signal,
     cached_snapshot,
+    fit_stopped_by_signal,
     shrunk_args,
     user_error,
     with_tests_importable,

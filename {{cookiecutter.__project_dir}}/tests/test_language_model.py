@@ -18,10 +18,10 @@ from conftest import (
 {%- if cookiecutter.use_prepared == "yes" %}
     assert_prepared_run_resumes_as_in_memory,
 {%- endif %}
+    cached_snapshot,
 {%- if cookiecutter.use_serving != "yes" %}
     greedy_completions,
 {%- endif %}
-    cached_snapshot,
     shrunk_args,
     user_error,
 )

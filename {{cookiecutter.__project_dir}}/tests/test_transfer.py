@@ -17,10 +17,10 @@ from conftest import (
 {%- if cookiecutter.use_serving == "yes" %}
     assert_serves_as_predicted,
 {%- endif %}
+    cached_snapshot,
     colour_folder,
     fit_in_subprocess,
     fit_stopped_by_signal,
-    cached_snapshot,
     readme_commands,
     resume_as_printed,
     run_readme_training,
