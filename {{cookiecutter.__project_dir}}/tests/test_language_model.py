@@ -346,6 +346,28 @@ def test_a_datasets_split_files_are_its_splits_and_only_a_missing_split_is_cut(
 {%- endif %}
 
 
+def test_a_json_lines_corpus_is_read_a_batch_of_lines_at_a_time_and_a_bad_line_is_named(tmp_path: Path) -> None:
+    # The first 4,096 lines come before line 4,097 is read (a whole-file reader would fail first); each bad line
+    # is one line naming the file, the line and the fix.
+    from {{ cookiecutter.package_name }}.engine.text_files import table_rows
+
+    path = tmp_path / "corpus.jsonl"
+    lines = [json.dumps({"text": f"Call me Ishmael {i}.", "id": i}) for i in range(4096)]
+    for bad, message in [
+        ("{not json", r"corpus.jsonl line 4097 is not JSON \(.*\); write one object a line"),
+        ("[1, 2]", r"corpus.jsonl line 4097 is not a JSON object"),
+        ('{"text": 7}', r"corpus.jsonl line 4097: 'text' holds int, not text; name a text column in data.text_column"),
+    ]:
+        path.write_text("\n".join([*lines, bad]) + "\n")
+        rows = table_rows(path, "text")
+        assert next(rows) == [f"Call me Ishmael {i}." for i in range(4096)]
+        with pytest.raises(ValueError, match=message):
+            next(rows)
+    path.write_text('{"body": "x"}\n')
+    with pytest.raises(ValueError, match=r"corpus.jsonl has no object with 'text'; name the text column in data.text_"):
+        list(table_rows(path, "text"))
+
+
 def test_a_text_dataset_the_datasets_library_saved_reads_with_its_splits(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets", reason="the datasets library is not installed (pip install datasets)")
     documents = {split: [f"{split} {i}: déjà 🐋." for i in range(30)] for split in ("train", "validation", "test")}

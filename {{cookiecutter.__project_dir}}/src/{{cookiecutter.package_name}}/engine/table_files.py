@@ -27,20 +27,15 @@ SPLIT_WORDS = {
 
 
 def open_table(file: Path) -> tuple[str, Any, Any]:
-    """(kind, reader, Arrow schema) of a table file, by its suffix: "Parquet", "Arrow" (file or stream: a
-    Hugging Face dataset's ``.arrow`` shards) or "JSON Lines" (read whole: pyarrow's reader has no batches).
-    Call it inside :func:`table_errors`."""
+    """(kind, reader, Arrow schema) of a Parquet or Arrow table file (file or stream: a Hugging Face dataset's
+    ``.arrow`` shards), by its suffix (JSON Lines are read a line at a time by their readers). Call it inside
+    :func:`table_errors`."""
     import pyarrow as pa
-    import pyarrow.json as pa_json
     import pyarrow.parquet as pq
 
-    suffix = file.suffix.lower()
-    if suffix in (".parquet", ".pq"):
+    if file.suffix.lower() in (".parquet", ".pq"):
         table = pq.ParquetFile(file)
         return "Parquet", table, table.schema_arrow
-    if suffix == ".jsonl":
-        table = pa_json.read_json(file)
-        return "JSON Lines", table, table.schema
     mapped = pa.memory_map(str(file))
     try:
         table = pa.ipc.open_file(mapped)
@@ -57,7 +52,7 @@ def record_batches(kind: str, table: Any, columns: Sequence[str]) -> Iterator[An
     if kind == "Parquet":
         yield from table.iter_batches(batch_size=TABLE_ROWS, columns=list(columns))
         return
-    batches = table.to_batches(TABLE_ROWS) if kind == "JSON Lines" else table
+    batches = table
     if isinstance(table, pa.ipc.RecordBatchFileReader):
         batches = map(table.get_batch, range(table.num_record_batches))
     for batch in batches:

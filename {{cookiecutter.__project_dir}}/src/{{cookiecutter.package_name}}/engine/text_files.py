@@ -13,6 +13,7 @@ never read. Every error is one line naming the file and the fix.
 
 import codecs
 import itertools
+import json
 from collections.abc import {{ "Iterable, " if cookiecutter.use_prepared == "yes" else "" }}Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from {{ cookiecutter.package_name }}.engine.datamodule import data_files
 from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.table_files import (
+    TABLE_ROWS,
     TABLE_SUFFIXES,
     named_splits,
     open_table,
@@ -112,6 +114,9 @@ def table_rows(file: Path, column: str) -> Iterator[list[str | None]]:
     """
     import pyarrow as pa
 
+    if file.suffix.lower() == ".jsonl":
+        yield from jsonl_rows(file, column)
+        return
     with table_errors(file):
         kind, table, schema = open_table(file)
         if column not in schema.names:
@@ -128,6 +133,43 @@ def table_rows(file: Path, column: str) -> Iterator[list[str | None]]:
             )
         for batch in record_batches(kind, table, [column]):
             yield batch.column(0).to_pylist()
+
+
+def jsonl_rows(file: Path, column: str) -> Iterator[list[str | None]]:
+    """The ``column`` of a JSON Lines file's objects, ``TABLE_ROWS`` at a time, read a line at a time (memory
+    stays flat in the file's size; pyarrow's reader holds the whole file); an object without it gives None.
+
+    Raises:
+        ValueError: a line that is not a JSON object, a value that is not text, no object with ``column``
+            (each names the file and line, and the fix); a file that is not UTF-8.
+    """
+    rows: list[str | None] = []
+    seen = False
+    with table_errors(file), file.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line) if line.strip() else {}
+            except json.JSONDecodeError as error:
+                where = f"data.path: {file} line {number}"
+                raise DataError(f"{where} is not JSON ({error.msg}); write one object a line") from None
+            if not isinstance(record, dict):
+                raise DataError(f"data.path: {file} line {number} is not a JSON object; write one object a line")
+            value = record.get(column)
+            if value is not None and not isinstance(value, str):
+                raise DataError(
+                    f"data.path: {file} line {number}: {column!r} holds {type(value).__name__}, not text; name a text "
+                    "column in data.text_column (chat messages: configs/experiments/chat.yaml)"
+                )
+            seen |= column in record
+            if line.strip():
+                rows.append(value)
+            if len(rows) == TABLE_ROWS:
+                yield rows
+                rows = []
+    if rows:
+        yield rows
+    if not seen:
+        raise DataError(f"data.path: {file} has no object with {column!r}; name the text column in data.text_column")
 
 
 def table_records(file: Path) -> Iterator[dict[str, Any]]:
