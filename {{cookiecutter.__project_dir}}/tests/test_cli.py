@@ -1,6 +1,8 @@
 """The config system: printing, presets, and bad configs that fail before training."""
 
+import contextlib
 import importlib
+import io
 import json
 import logging
 import math
@@ -59,6 +61,22 @@ def test_print_config_round_trips(capsys: pytest.CaptureFixture, tmp_path: Path)
     assert "num_classes" not in config["model"]["init_args"]
     assert "num_classes" not in config["model"]["init_args"]["net"]["init_args"]
 {%- endif %}
+
+
+def test_the_task_modules_settings_are_declared_once_and_listed_by_its_help(capsys: pytest.CaptureFixture) -> None:
+    # The task module passes **kwargs on to engine.TrainingModule: its help, the printed config and the
+    # unknown-option hint still name every shared setting.
+    model = yaml.safe_load((CONFIGS / "default.yaml").read_text())["model"]["class_path"]
+    with pytest.raises(SystemExit):
+        main(["fit", f"--config={CONFIGS / 'default.yaml'}", "--model.help", model])
+    shown = capsys.readouterr().out
+    shared = ("optimizer", "lr_scheduler", "compile", "compile_mode", "channels_last", "init_from")
+    assert all(f"--model.{name} " in shown for name in shared), shown
+    printed = yaml.safe_load(print_config(capsys, f"--config={CONFIGS / 'default.yaml'}"))["model"]["init_args"]
+    assert set(shared) <= printed.keys()
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as stderr:
+        main(["fit", f"--config={CONFIGS / 'default.yaml'}", "--model.init_args.channel_last=true"])
+    assert "did you mean model.init_args.channels_last?" in stderr.getvalue()
 
 
 # What a default run may print, line by line: our own lines, Lightning's that say something about

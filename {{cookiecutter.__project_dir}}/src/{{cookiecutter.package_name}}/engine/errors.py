@@ -253,11 +253,18 @@ def _unknown_key(key: str, known_keys: Iterable[str], cls: str | None = None) ->
 
 
 def _class_arguments(class_path: str) -> list[str]:
-    """The keyword arguments ``class_path``'s constructor accepts ([] when its module is not loaded)."""
+    """The keyword arguments ``class_path``'s constructor accepts, a base class's too when it passes ``**kwargs``
+    on ([] when its module is not loaded)."""
     module, _, name = class_path.rpartition(".")
     try:
         cls = getattr(_loaded(module), name)
-        return [p.name for p in inspect.signature(cls).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        names = []
+        for owner in (klass for klass in inspect.getmro(cls) if "__init__" in vars(klass)):
+            parameters = inspect.signature(owner).parameters.values()  # **kwargs: the base class's go on
+            names += [p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+            if all(p.kind is not p.VAR_KEYWORD for p in parameters):
+                return names
+        return names
     except (AttributeError, ValueError, TypeError):
         return []
 

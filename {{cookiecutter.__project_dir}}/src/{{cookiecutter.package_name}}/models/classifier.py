@@ -1,15 +1,15 @@
 """Image classification: cross-entropy and torchmetrics over a net mapping images to logits."""
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
-from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
+from {{ cookiecutter.package_name }}.engine import TrainingModule
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
 
 
 class ImageClassifier(TrainingModule):
@@ -27,8 +27,8 @@ class ImageClassifier(TrainingModule):
         net: the network (see ``nets``); its output width must equal ``num_classes``.
         num_classes: number of classes (linked from the DataModule by the CLI).
         label_smoothing: cross-entropy label smoothing (Szegedy et al., 2016), in [0, 1).
-        optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from: see
-            :class:`engine.TrainingModule`.
+        **kwargs: the settings every task shares (optimizer, lr_scheduler, compile, compile_mode,
+            channels_last, init_from), declared once by :class:`engine.TrainingModule`.
 
     Raises:
         ValueError: if a hyperparameter is out of range.
@@ -39,18 +39,13 @@ class ImageClassifier(TrainingModule):
         net: nn.Module,
         num_classes: int = 10,
         label_smoothing: float = 0.0,
-        optimizer: OptimizerCallable = adamw,
-        lr_scheduler: LRSchedulerCallable | None = WarmupCosine,
-        compile: bool = False,
-        compile_mode: CompileMode | None = None,
-        channels_last: bool = False,
-        init_from: str | None = None,
+        **kwargs: Any,
     ) -> None:
         if num_classes < 2:
             raise ConfigError(f"model.num_classes must be at least 2, got {num_classes}")
         if not 0.0 <= label_smoothing < 1.0:
             raise ConfigError(f"model.label_smoothing must be in [0, 1), got {label_smoothing}")
-        super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from)
+        super().__init__(net, **kwargs)
         self.set_metrics(
             MetricCollection(
                 {

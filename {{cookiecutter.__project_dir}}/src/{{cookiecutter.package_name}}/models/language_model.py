@@ -16,15 +16,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import Metric, MetricCollection
 
 from {{ cookiecutter.package_name }}.data.tokenizer import BPE, BYTES, {{ "ChatTemplate, " if cookiecutter.use_serving == "yes" else "" }}Tokenizer, load_tokenizer, saved_bpe
-from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
+from {{ cookiecutter.package_name }}.engine import TrainingModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
 
 IGNORE = -100  # a target the loss skips (a prompt position in supervised fine-tuning, padding)
 
@@ -90,8 +88,8 @@ class LanguageModel(TrainingModule):
             for a BPE the DataModule trained (taken from the trainer's DataModule in ``setup`` and
             saved in every checkpoint){{ ', else the pretrained model whose tokenizer it is' if cookiecutter.use_pretrained == "yes" else '' }}. Generation{% if cookiecutter.use_serving == 'yes' %}
             and serving decode{% else %} decodes{% endif %} with it.
-        optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from: see
-            :class:`engine.TrainingModule`.
+        **kwargs: the settings every task shares (optimizer, lr_scheduler, compile, compile_mode,
+            channels_last, init_from), declared once by :class:`engine.TrainingModule`.
 {%- if cookiecutter.use_pretrained == "yes" %}
 
     Raises:
@@ -103,14 +101,9 @@ class LanguageModel(TrainingModule):
         self,
         net: nn.Module,
         tokenizer: str | None = None,
-        optimizer: OptimizerCallable = adamw,
-        lr_scheduler: LRSchedulerCallable | None = WarmupCosine,
-        compile: bool = False,
-        compile_mode: CompileMode | None = None,
-        channels_last: bool = False,
-        init_from: str | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from)
+        super().__init__(net, **kwargs)
         self._tokenizer: Tokenizer | None = None if tokenizer == BPE else load_tokenizer(tokenizer)
 {%- if cookiecutter.use_pretrained == "yes" %}
         if self._tokenizer is not None:

@@ -4,14 +4,12 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import MeanAbsoluteError, MetricCollection, R2Score
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
-from {{ cookiecutter.package_name }}.engine import TrainingModule, WarmupCosine
+from {{ cookiecutter.package_name }}.engine import TrainingModule
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.module import CompileMode, adamw
 
 
 class TabularModel(TrainingModule):
@@ -28,8 +26,8 @@ class TabularModel(TrainingModule):
         target_scale: (mean, std) of the regression target in the training split (linked), to
             report MAE and predictions in the target's units.
         class_names: class names in label order (linked), saved with the model for predictions.
-        optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from: see
-            :class:`engine.TrainingModule`.
+        **kwargs: the settings every task shares (optimizer, lr_scheduler, compile, compile_mode,
+            channels_last, init_from), declared once by :class:`engine.TrainingModule`.
 
     Raises:
         ValueError: ``num_outputs`` does not fit ``task``.
@@ -42,18 +40,13 @@ class TabularModel(TrainingModule):
         num_outputs: int = 2,
         target_scale: tuple[float, float] = (0.0, 1.0),
         class_names: list[str] | None = None,
-        optimizer: OptimizerCallable = adamw,
-        lr_scheduler: LRSchedulerCallable | None = WarmupCosine,
-        compile: bool = False,
-        compile_mode: CompileMode | None = None,
-        channels_last: bool = False,
-        init_from: str | None = None,
+        **kwargs: Any,
     ) -> None:
         if task == "classification" and num_outputs < 2:
             raise ConfigError(f"model.num_outputs must be at least 2 classes for classification, got {num_outputs}")
         if task == "regression" and num_outputs != 1:
             raise ConfigError(f"model.num_outputs must be 1 for regression, got {num_outputs}")
-        super().__init__(net, optimizer, lr_scheduler, compile, compile_mode, channels_last, init_from)
+        super().__init__(net, **kwargs)
         if task == "classification":
             metrics = {
                 "acc": MulticlassAccuracy(num_outputs, average="micro"),
