@@ -555,7 +555,7 @@ def test_a_dataset_shard_gives_the_split_and_tensors_its_image_folder_gives(tmp_
         for split in expected:
             assert torch.equal(got[split][0], expected[split][0]) and torch.equal(got[split][1], expected[split][1])
         assert (dataset.mean, dataset.std) == (folder.mean, folder.std)
-    for fold in range(3):  # k-fold (make cv): the same folds of the same rows
+    for fold in range(3):  # k-fold (data.num_folds): the same folds of the same rows
         folds = {"num_folds": 3, "fold": fold, "image_size": 16, "batch_size": 16}
         expected, got = (splits_of(ImageFolderDataModule(root=str(r), **folds)) for r in (root, shard.parent))
         assert all(torch.equal(a, b) for s in expected for a, b in zip(got[s], expected[s], strict=True)), fold
