@@ -22,14 +22,14 @@ def local_path(value: str | Path, setting: str = "data.path") -> Path:
     Raises:
         MissingFileError: the dataset, at that revision, is not in the cache, or huggingface_hub is not installed
             (each names the command that fixes it).
-        ConfigError: a path in the dataset that climbs out of it (``..``).
+        ConfigError: a path or revision that climbs out of the dataset (``..``).
     """
     match = HUB_DATASET.match(str(value))
     if match is None:
         return Path(value).expanduser()
     repo, revision, inside = match["repo"], match["revision"] and unquote(match["revision"]), match["inside"] or ""
     fetch = f"`hf download {repo} --repo-type dataset{f' --revision {revision}' if revision else ''}`"
-    if ".." in Path(inside).parts:
+    if ".." in Path(inside).parts or ".." in Path(revision or "").parts:  # the revision names a file under refs/
         raise ConfigError(f"{setting}: {value} climbs out of the dataset ('..'); name a path inside it")
     try:
         from huggingface_hub import snapshot_download

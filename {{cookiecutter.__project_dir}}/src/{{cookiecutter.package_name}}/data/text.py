@@ -449,8 +449,7 @@ class TextDataModule(LanguageDataModule):
         """The text read into memory, cut at the byte fractions and tokenized; and its size in bytes."""
         hp = self.hparams
         files = None if hp.path is None else checked_text_files(self._source, self._endings, hp.text_column)
-        named = {"train": files} if files is not None else {}
-        named = (None if files is None else dataset_splits(self._source, files)) or named
+        named = {} if files is None else dataset_splits(self._source, files) or {"train": files}
         given = {split: joined(files, hp.text_column) for split, files in named.items() if split != "train"}
         pool = joined(named["train"], hp.text_column) if named else bundled_text()
         parts = {**cut_text(pool, *self._held_out(given)), **given}
