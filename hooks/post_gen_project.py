@@ -68,6 +68,7 @@ TASK_FILES = {
     "language-model": [
         "src/{package}/data/text.py",
         "src/{package}/engine/text_files.py",
+        "src/{package}/engine/text_chunks.py",  # with make prepare only, as PREPARED_FILES says
         "src/{package}/data/prompts.py",
         "src/{package}/data/tokenizer.py",
         "src/{package}/data/corpora/moby_dick.txt.gz",
@@ -114,6 +115,7 @@ BENCHMARK_FILES = ["src/{package}/commands/bench.py", "tests/test_step_ops.py"]
 
 # The files of shipping a model (use_serving): make export and make serve, their load test and tests.
 SERVING_FILES = [
+    "src/{package}/engine/serving_contract.py",
     "src/{package}/serving/__init__.py",
     "src/{package}/serving/api.py",
     "src/{package}/serving/connections.py",
@@ -135,6 +137,7 @@ SERVING_FILES = [
 # The files of prepared data sets (use_prepared): make prepare, the shard format, their tests and guide.
 PREPARED_FILES = [
     "src/{package}/engine/prepared.py",
+    "src/{package}/engine/text_chunks.py",  # the language model's only
     "src/{package}/commands/prepare.py",
     "tests/test_prepared.py",
     "docs/prepared-data.md",
@@ -194,7 +197,7 @@ def prune() -> None:
             (PROJECT / relative.format(package=PACKAGE)).unlink(missing_ok=True)  # openai_api: language model only
     if ANSWERS["use_prepared"] != "yes":
         for relative in PREPARED_FILES:
-            (PROJECT / relative.format(package=PACKAGE)).unlink()
+            (PROJECT / relative.format(package=PACKAGE)).unlink(missing_ok=True)  # text_chunks: language model only
     if ANSWERS["use_pretrained"] != "yes":
         for relative in PRETRAINED_FILES:
             (PROJECT / relative.format(package=PACKAGE)).unlink(missing_ok=True)  # some are one task's only
@@ -225,7 +228,7 @@ def placeholders() -> dict[str, str]:
     logger = {"wandb": "Weights & Biases (offline until `wandb login`)", "tensorboard": "TensorBoard", "csv": "CSV"}
     src = f"src/{PACKAGE}"
     experiment = ANSWERS["__experiment"]
-    # engine/runs.py names a run <config>-<YYYYmmdd-HHMMSS>-<4 hex digits>, whatever the logger.
+    # engine/run_folders.py names a run <config>-<YYYYmmdd-HHMMSS>-<4 hex digits>, whatever the logger.
     name = "{{ cookiecutter.project_slug }}" if ANSWERS["logger"] == "wandb" else experiment
     run = f"logs/{name}/<config>-<date>-<time>-<xxxx>"
     return {

@@ -70,23 +70,23 @@ PROJECT_FILES += [f"docs/{name}.md" for name in DOCS]
 PACKAGE_FILES = ["__init__.py", "__main__.py", "cli.py", "commands/__init__.py"]
 PACKAGE_FILES += [f"commands/{name}.py" for name in ("bench", "export", "predict", "serve", "sweep", "find", "prepare")]
 PACKAGE_FILES += ["data/__init__.py", "models/__init__.py", "nets/__init__.py"]
-PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "run_config", "contract", "launch")]
+PACKAGE_FILES += [f"engine/{name}.py" for name in ("__init__", "checkpoints", "preflight", "contract", "launch")]
 PACKAGE_FILES += ["engine/datamodule.py"]
 PACKAGE_FILES += ["engine/environment.py"]
 PACKAGE_FILES += ["engine/module.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
 PACKAGE_FILES += ["engine/gradients.py", "engine/predict.py"]
-PACKAGE_FILES += ["engine/run_files.py", "engine/sharding.py"]
-PACKAGE_FILES += ["engine/files.py"]
-PACKAGE_FILES += ["engine/runs.py", "serving/__init__.py", "serving/api.py", "serving/connections.py"]
-PACKAGE_FILES += ["engine/prepared.py", "engine/trust.py", "engine/training_cli.py"]
+PACKAGE_FILES += ["engine/run_records.py", "engine/sharding.py"]
+PACKAGE_FILES += ["engine/files.py", "engine/serving_contract.py"]
+PACKAGE_FILES += ["engine/run_folders.py", "serving/__init__.py", "serving/api.py", "serving/connections.py"]
+PACKAGE_FILES += ["engine/prepared.py", "engine/trust.py", "engine/import_guard.py", "engine/training_cli.py"]
 PACKAGE_FILES += [
     f"engine/callbacks/{name}.py"
     for name in ("__init__", "ema", "finetuning", "finite", "plots", "predictions", "preemption", "progress")
 ]
 PACKAGE_FILES += ["engine/callbacks/random_state.py", "engine/callbacks/summary.py"]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
-TEST_FILES += ["test_private_apis.py", "test_find.py"]
+TEST_FILES += ["test_private_apis.py", "test_find.py", "test_engine.py"]
 TEST_FILES += ["own_pieces.py", "test_environment.py", "test_ship.py", "test_sweep.py", "test_prepared.py"]
 TEST_FILES += ["test_trust.py", "test_precision.py", "test_init_from.py"]
 TEST_FILES += ["test_run_folders.py", "test_documented_commands.py", "test_fsdp.py", "test_step_ops.py"]
@@ -101,7 +101,7 @@ TASK_PACKAGE_FILES = {
     "tabular": ["data/tabular.py", "engine/tables.py", "models/tabular.py", "nets/tabular_mlp.py", "commands/cv.py"],
     "language-model": [
         *("data/text.py", "data/corpora/moby_dick.txt.gz", "models/language_model.py", "nets/gpt.py"),
-        *("engine/text_files.py", "engine/table_files.py", "data/hub_datasets.py"),
+        *("engine/text_files.py", "engine/text_chunks.py", "engine/table_files.py", "data/hub_datasets.py"),
         *("data/prompts.py", "data/tokenizer.py", "nets/causal_lm.py", "commands/generate.py"),
         *("serving/openai_api.py", "serving/batching.py", "serving/completions.py", "commands/evaluate.py"),
         *("nets/hf.py", "nets/hub.py"),
@@ -173,11 +173,13 @@ def expected_files(
         serving = ("__init__.py", "api.py", "connections.py", "openai_api.py", "batching.py", "completions.py")
         files -= {f"src/{package}/serving/{name}" for name in serving}
         files -= {f"src/{package}/{name}" for name in ("commands/serve.py", "commands/export.py", "engine/export.py")}
+        files -= {f"src/{package}/engine/serving_contract.py"}
         files -= {f"src/{package}/commands/evaluate.py", *EVAL_FILES}
         files -= {f"src/{package}/data/image_files.py"}
         files -= {"scripts/serve_load.py", "tests/test_ship.py", "tests/test_openai_api.py"}
     if not use_prepared:  # make prepare: the command, the shard format, its tests and guide
         files -= {f"src/{package}/engine/prepared.py", f"src/{package}/commands/prepare.py"}
+        files -= {f"src/{package}/engine/text_chunks.py"}
         files -= {"tests/test_prepared.py", "docs/prepared-data.md"}
     if not use_pretrained:  # pretrained backbones: their nets, offline hub reads, BackboneFreeze, configs, tests
         files -= {f"src/{package}/nets/{name}.py" for name in ("hf", "hub", "hf_image", "timm_net", "pretrained")}

@@ -53,9 +53,7 @@ import psutil
 import torch
 
 from {{ cookiecutter.package_name }}.commands.serve import {{ "MAX_REQUEST_TOKENS, " if cookiecutter.task == "language-model" else "" }}local_server
-from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
-from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained, trusted_modules
-from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
+from {{ cookiecutter.package_name }}.engine import Trained, best_checkpoint, exit_on_user_error, load_trained, trusted_modules
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 

@@ -406,7 +406,7 @@ def fit_stopped_by_signal(args: list[str], step: int, name: str = "SIGTERM", tim
 def resume_as_printed(interrupted: Path) -> list[str]:
     """The ``fit`` arguments an interrupted run prints to continue it: its own config and ``--resume=true`` (a config
     is code: the modules it names, a test's callback, need no ``--trust``)."""
-    from {{ cookiecutter.package_name }}.engine.run_files import own_config
+    from {{ cookiecutter.package_name }}.engine.run_records import own_config
 
     return [f"--config={own_config(interrupted.parent.parent)}", "--resume=true"]
 

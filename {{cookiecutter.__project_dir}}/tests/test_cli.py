@@ -31,8 +31,8 @@ from {{ cookiecutter.package_name }}.engine.callbacks import (
     ThrottledRichProgressBar,
 )
 from {{ cookiecutter.package_name }}.engine.precision import fall_back_to_fp16_without_bf16
-from {{ cookiecutter.package_name }}.engine.run_config import wandb_is_configured
-from {{ cookiecutter.package_name }}.engine.runs import RUN_NAME_VARIABLE, new_run_name, run_dir
+from {{ cookiecutter.package_name }}.engine.preflight import wandb_is_configured
+from {{ cookiecutter.package_name }}.engine.run_folders import RUN_NAME_VARIABLE, new_run_name, run_dir
 
 PRESETS = sorted(path.stem for path in (CONFIGS / "presets").glob("*.yaml"))
 

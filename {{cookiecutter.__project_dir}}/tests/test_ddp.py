@@ -15,7 +15,7 @@ from conftest import CONFIGS, ROOT, assert_ddp_run_resumes_exactly, fit_in_subpr
 from {{ cookiecutter.package_name }}.data import DigitsDataModule
 from {{ cookiecutter.package_name }}.engine.checkpoints import check_fits, read_checkpoint
 from {{ cookiecutter.package_name }}.engine.errors import MissingFileError
-from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
+from {{ cookiecutter.package_name }}.engine.run_folders import best_checkpoint
 from {{ cookiecutter.package_name }}.engine.sharding import consolidate
 from {{ cookiecutter.package_name }}.models import ImageClassifier
 

@@ -15,7 +15,7 @@ import lightning
 import pytest
 
 from {{ cookiecutter.package_name }}.engine.environment import LOCK, describe_lock
-from {{ cookiecutter.package_name }}.engine.run_files import next_numbered, own_config, record_environment
+from {{ cookiecutter.package_name }}.engine.run_records import next_numbered, own_config, record_environment
 
 
 def find_uv() -> str | None:

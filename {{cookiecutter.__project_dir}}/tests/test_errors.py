@@ -13,7 +13,7 @@ import yaml
 from conftest import CONFIGS, ROOT, shrunk_args, user_error
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.engine import run_config
+from {{ cookiecutter.package_name }}.engine import preflight
 
 
 def test_a_yaml_syntax_error_names_its_file_line_and_column(tmp_path: Path) -> None:
@@ -139,7 +139,7 @@ def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     def broken(*args, **kwargs):
         raise KeyError("a bug in prepare")
 
-    monkeypatch.setattr(run_config, "prepare", broken)
+    monkeypatch.setattr(preflight, "prepare", broken)
     with pytest.raises(KeyError, match="a bug in prepare"):
         main(["fit", *shrunk_args(tmp_path)])
 

@@ -23,7 +23,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine import checkpoints
 from {{ cookiecutter.package_name }}.engine.callbacks import NonFiniteError
 from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
-from {{ cookiecutter.package_name }}.engine.runs import run_dir
+from {{ cookiecutter.package_name }}.engine.run_folders import run_dir
 from {{ cookiecutter.package_name }}.models import ImageClassifier
 from {{ cookiecutter.package_name }}.nets import CNN, MLP
 

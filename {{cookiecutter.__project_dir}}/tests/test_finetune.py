@@ -46,8 +46,8 @@ from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate, load_to
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
 from {{ cookiecutter.package_name }}.engine.errors import DataError
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
-from {{ cookiecutter.package_name }}.engine.run_files import own_config
-from {{ cookiecutter.package_name }}.engine.runs import run_dir
+from {{ cookiecutter.package_name }}.engine.run_folders import run_dir
+from {{ cookiecutter.package_name }}.engine.run_records import own_config
 from {{ cookiecutter.package_name }}.nets import HFCausalLM, LoRA
 
 transformers = pytest.importorskip("transformers", reason="the finetune extra (make install installs it)")

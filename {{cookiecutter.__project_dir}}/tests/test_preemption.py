@@ -15,7 +15,7 @@ import torch
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.engine.callbacks import PreemptionCheckpoint
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
-from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint, latest_checkpoint, run_dir
+from {{ cookiecutter.package_name }}.engine.run_folders import best_checkpoint, latest_checkpoint, run_dir
 
 
 class SignalAtStep(L.Callback):

@@ -19,8 +19,8 @@ from {{ cookiecutter.package_name }}.engine.callbacks.ema import warmup_ema_upda
 from {{ cookiecutter.package_name }}.engine.callbacks.preemption import Preempted
 from {{ cookiecutter.package_name }}.engine.datamodule import ResumableDataModule, TensorBatches
 from {{ cookiecutter.package_name }}.engine.inference import load_trained
-from {{ cookiecutter.package_name }}.engine.run_files import own_config
-from {{ cookiecutter.package_name }}.engine.runs import run_dir
+from {{ cookiecutter.package_name }}.engine.run_folders import run_dir
+from {{ cookiecutter.package_name }}.engine.run_records import own_config
 
 # Three epochs, deterministic algorithms; the test after fit is not part of the comparison.
 EXACT = ["--trainer.max_epochs=3", "--trainer.deterministic=true", "--test_after_fit=false"]

@@ -33,7 +33,7 @@ from {{ cookiecutter.package_name }}.engine.checkpoints import (
     check_distributed_checkpoint,
     remove_stale_partials,
 )
-from {{ cookiecutter.package_name }}.engine.runs import latest_checkpoint, run_dir
+from {{ cookiecutter.package_name }}.engine.run_folders import latest_checkpoint, run_dir
 from {{ cookiecutter.package_name }}.engine.sharding import consolidate
 
 # A mistake found once fit has started (the DataModule's setup): the moment a run cleans up after itself.

@@ -20,8 +20,8 @@ STEP_OPS_LIMIT = 1.10
 STEPS = 24  # the bench counts steps 12 to 24: past the first steps' one-time work
 SHAPES = {"default": []}
 {%- if cookiecutter.task == "language-model" %}
-# GPT-2 small's depth at a tiny width, compiled, fused AdamW, bf16 autocast (docs/benchmarks.md): the model's
-# own ops are few, so the framework's share of a step is at its largest.
+# GPT-2 small's depth at a tiny width, compiled, fused AdamW, bf16 autocast (the template's docs/benchmarks.md):
+# the model's own ops are few, so the framework's share of a step is at its largest.
 SHAPES["gpt-12-layers"] = [
     *("--model.init_args.net.init_args.n_layer=12", "--model.init_args.net.init_args.n_embd=16"),
     *("--model.init_args.net.init_args.n_head=2", "--data.init_args.block_size=16", "--data.init_args.batch_size=2"),

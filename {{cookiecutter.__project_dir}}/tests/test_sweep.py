@@ -17,7 +17,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands.sweep import main as sweep_main
 from {{ cookiecutter.package_name }}.commands.sweep import study_lock, sweep
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.runs import run_dir
+from {{ cookiecutter.package_name }}.engine.run_folders import run_dir
 
 LEARNING_RATE = {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}
 

@@ -29,7 +29,7 @@ from conftest import (
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageFolderDataModule
-from {{ cookiecutter.package_name }}.engine.callbacks import BackboneFreeze
+from {{ cookiecutter.package_name }}.engine.callbacks.finetuning import BackboneFreeze
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
 from {{ cookiecutter.package_name }}.nets.image_preprocessing import image_preprocessing
 

@@ -336,9 +336,9 @@ def test_a_hostile_checkpoint_is_refused_by_every_loading_command_before_any_imp
         ("os.system", "outside the modules a file may name"),  # a module already imported is still outside
         ("builtins.eval", "outside the modules a file may name"),
         ("{{ cookiecutter.package_name }}.engine.module.adamw", "which is the function"),  # the project's own function
-        ("{{ cookiecutter.package_name }}.cli.CLI", "never {{ cookiecutter.package_name }}.commands, .cli, .engine.training_cli"),
+        ("{{ cookiecutter.package_name }}.cli.CLI", "of {{ cookiecutter.package_name }} only .data, .models, .nets and .engine"),
         # The CLI's task-free half: in the engine, and as much never a target.
-        ("{{ cookiecutter.package_name }}.engine.training_cli.TrainingCLI", "never {{ cookiecutter.package_name }}.commands, .cli"),
+        ("{{ cookiecutter.package_name }}.engine.training_cli.TrainingCLI", "never .engine.training_cli"),
     ],
 )
 def test_a_checkpoint_may_name_classes_of_the_declared_type_only(trained_run: Path, name: str, refusal: str) -> None:
@@ -395,7 +395,7 @@ def test_python_m_predict_refuses_a_planted_module_beside_the_project_in_one_lin
 
 
 def _without_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Switch check_checkpoint off everywhere it is called: only the guard of engine.trust.loading is left."""
+    """Switch check_checkpoint off everywhere it is called: only the guard of engine.import_guard.loading is left."""
     import {{ cookiecutter.package_name }}.engine.inference as inference
     import {{ cookiecutter.package_name }}.engine.training_cli as training_cli
 
@@ -420,7 +420,7 @@ def test_the_guard_alone_refuses_every_form_where_the_import_happens(
     form: str,
     command: str,
 ) -> None:
-    # Fails with engine.trust.loading replaced by a no-op: each form then imports the planted module
+    # Fails with engine.import_guard.loading replaced by a no-op: each form then imports the planted module
     # (or, for the resolved names, runs sys.exit / builds a logging.FileHandler).
     module, marker = planted
     folder, path, _ = hostile_copy(trained_run, tmp_path, form, module)
@@ -601,7 +601,7 @@ def test_a_checkpoint_builds_only_classes_of_the_declared_type_at_every_position
 
     import lightning as L
 
-    from {{ cookiecutter.package_name }}.engine.trust import NEVER_TARGETS, checkpoint_arguments
+    from {{ cookiecutter.package_name }}.engine.trust import checkpoint_arguments, never_built
 
     bases = {"LightningModule": L.LightningModule, "Module": torch.nn.Module}
     bases["LightningDataModule"] = L.LightningDataModule
@@ -621,9 +621,7 @@ def test_a_checkpoint_builds_only_classes_of_the_declared_type_at_every_position
                 check_checkpoint(checkpoint, "x.ckpt")
                 assert position not in checkpoint_arguments(checkpoint, "x.ckpt")["hyper_parameters"]
                 continue
-            may_build = (
-                inspect.isclass(target) and issubclass(target, bases[base]) and not name.startswith(NEVER_TARGETS)
-            )
+            may_build = inspect.isclass(target) and issubclass(target, bases[base]) and not never_built(name)
             try:
                 check_checkpoint(checkpoint, "x.ckpt")
             except UntrustedCheckpointError as error:
@@ -821,7 +819,7 @@ def test_a_compressed_checkpoint_is_refused_before_it_expands(trained_run: Path,
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
 def test_a_fifo_where_a_checkpoint_is_looked_for_never_blocks(trained_run: Path, tmp_path: Path) -> None:
-    from {{ cookiecutter.package_name }}.engine.runs import latest_checkpoint
+    from {{ cookiecutter.package_name }}.engine.run_folders import latest_checkpoint
 
     folder = tmp_path / "run"
     shutil.copytree(trained_run, folder)
@@ -834,7 +832,7 @@ def test_a_fifo_where_a_checkpoint_is_looked_for_never_blocks(trained_run: Path,
 
 
 def test_a_truncated_or_foreign_test_summary_is_left_aside(trained_run: Path, tmp_path: Path) -> None:
-    from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint, read_test_metrics
+    from {{ cookiecutter.package_name }}.engine.run_folders import best_checkpoint, read_test_metrics
 
     folder = tmp_path / "run"
     shutil.copytree(trained_run, folder)

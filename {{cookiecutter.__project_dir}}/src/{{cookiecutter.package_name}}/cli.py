@@ -5,7 +5,7 @@ policy (:class:`engine.training_cli.TrainingCLI`: resume, the trust rule, one-li
 after fit). What is this task's own is here: the links that let the data decide the model's shapes.
 """
 
-from {{ cookiecutter.package_name }}.engine.training_cli import TrainingCLI, run_cli
+from {{ cookiecutter.package_name }}.engine import TrainingCLI, run_cli
 
 
 class CLI(TrainingCLI):

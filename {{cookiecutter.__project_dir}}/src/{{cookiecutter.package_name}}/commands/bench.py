@@ -66,7 +66,7 @@ from lightning.fabric.utilities.throughput import get_available_flops, measure_f
 from lightning.pytorch.profilers import Profiler
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.engine.precision import fused_optimizer_allowed
+from {{ cookiecutter.package_name }}.engine import fused_optimizer_allowed
 
 RESULT = "BENCH_RESULT="  # the line a fresh-process run reports on
 

@@ -31,9 +31,7 @@ from pathlib import Path
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from {{ cookiecutter.package_name }}.cli import main as cli_main
-from {{ cookiecutter.package_name }}.engine.callbacks import PreemptionCheckpoint
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, exit_on_user_error
-from {{ cookiecutter.package_name }}.engine.runs import finish_logger_runs, run_dir
+from {{ cookiecutter.package_name }}.engine import ConfigError, PreemptionCheckpoint, exit_on_user_error, finish_logger_runs, run_dir
 
 
 def run_cli(args: list[str], run: bool = True):

@@ -32,10 +32,14 @@ import yaml
 from jsonargparse import auto_cli
 
 from {{ cookiecutter.package_name }}.commands.serve import local_server
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, LaunchError, exit_on_user_error
-from {{ cookiecutter.package_name }}.engine.files import read_text
-from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
-from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
+from {{ cookiecutter.package_name }}.engine import (
+    ConfigError,
+    LaunchError,
+    best_checkpoint,
+    exit_on_user_error,
+    read_text,
+    silence_dependency_noise,
+)
 
 LM_EVAL = "lm-eval[api]==0.4.13"  # the harness release this project's tasks were written for
 START_SECONDS = 180  # the most a server may take to load and answer /health

@@ -15,11 +15,14 @@ from pathlib import Path
 
 from jsonargparse import auto_cli
 
-from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
+from {{ cookiecutter.package_name }}.engine import (
+    best_checkpoint,
+    exit_on_user_error,
+    load_trained,
+    silence_dependency_noise,
+    trusted_modules,
+)
 from {{ cookiecutter.package_name }}.engine.export import export_all
-from {{ cookiecutter.package_name }}.engine.inference import load_trained, trusted_modules
-from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
-from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
 
 
 def export(

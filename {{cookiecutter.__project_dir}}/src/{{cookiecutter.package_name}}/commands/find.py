@@ -46,7 +46,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.tuner import Tuner
 
 from {{ cookiecutter.package_name }}.cli import main as cli_main
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, exit_on_user_error
+from {{ cookiecutter.package_name }}.engine import ConfigError, exit_on_user_error
 
 # Where the configured optimizer's learning rate is set, on the command line and in a config.
 LR_OPTION = "model.init_args.optimizer.init_args.lr"

@@ -4,7 +4,7 @@
     python -m {{ cookiecutter.package_name }}.commands.generate --ckpt logs/.../checkpoints/epoch004-step001300-val_loss1.2345.ckpt
 
 Without ``--ckpt`` it loads the best checkpoint of the latest run under ``logs/``
-(:func:`engine.runs.best_checkpoint`). The checkpoint alone rebuilds the model: no training config
+(:func:`engine.run_folders.best_checkpoint`). The checkpoint alone rebuilds the model: no training config
 is needed. Options are read by jsonargparse from this function's signature (``--help``).
 """
 
@@ -14,11 +14,17 @@ from pathlib import Path
 import torch
 from jsonargparse import auto_cli
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
-from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
-from {{ cookiecutter.package_name }}.engine.inference import build_model
-from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
-from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, checkpoint_arguments, loading, trusted_modules
+from {{ cookiecutter.package_name }}.engine import (
+    CheckpointError,
+    best_checkpoint,
+    build_model,
+    check_checkpoint,
+    checkpoint_arguments,
+    exit_on_user_error,
+    loading,
+    read_checkpoint,
+    trusted_modules,
+)
 from {{ cookiecutter.package_name }}.models import LanguageModel
 
 

@@ -12,14 +12,13 @@ column may be absent).
 pixel values 0-16 per row, no header; for an image-folder model a folder of images (subfolders too) or one
 image file, resized as in training.
 {%- endif %}
-The work, the same for every task, is :func:`engine.predict.predict`.
+The work, the same for every task, is :func:`engine.predict.write_predictions`.
 """
 
 from jsonargparse import auto_cli
 
-from {{ cookiecutter.package_name }}.engine.errors import exit_on_user_error
-from {{ cookiecutter.package_name }}.engine.predict import predict
-from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise, silence_srun_hint
+from {{ cookiecutter.package_name }}.engine import exit_on_user_error, silence_dependency_noise, silence_srun_hint
+from {{ cookiecutter.package_name }}.engine import write_predictions as predict
 
 DESCRIPTION = f"{__doc__.split(chr(10))[0]} {__doc__.split(chr(10) * 2)[-1]}"  # --help: what it does, what it reads
 

@@ -22,7 +22,7 @@ import time
 from unittest import mock
 
 from {{ cookiecutter.package_name }}.cli import main as cli_main
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, exit_on_user_error
+from {{ cookiecutter.package_name }}.engine import ConfigError, exit_on_user_error
 from {{ cookiecutter.package_name }}.engine.prepared import preparing, verify
 
 

@@ -35,11 +35,16 @@ from typing import IO, Literal
 
 from jsonargparse import auto_cli
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, LaunchError, exit_on_user_error
+from {{ cookiecutter.package_name }}.engine import (
+    ConfigError,
+    LaunchError,
+    best_checkpoint,
+    exit_on_user_error,
+    load_trained,
+    silence_dependency_noise,
+    trusted_modules,
+)
 from {{ cookiecutter.package_name }}.engine.export import require
-from {{ cookiecutter.package_name }}.engine.inference import load_trained, trusted_modules
-from {{ cookiecutter.package_name }}.engine.quiet import silence_dependency_noise
-from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
 {%- if cookiecutter.task == "language-model" %}
 
 MAX_REQUEST_TOKENS = 1024  # 16 prompts of 64 new tokens: a request holds a worker for seconds, not minutes

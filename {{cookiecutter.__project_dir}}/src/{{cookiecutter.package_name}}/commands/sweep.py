@@ -41,9 +41,14 @@ import lightning as L
 import yaml
 
 from {{ cookiecutter.package_name }}.cli import main as cli_main
-from {{ cookiecutter.package_name }}.engine.callbacks import NonFiniteError
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, config_paths, exit_on_user_error
-from {{ cookiecutter.package_name }}.engine.runs import finish_logger_runs, run_dir
+from {{ cookiecutter.package_name }}.engine import (
+    ConfigError,
+    NonFiniteError,
+    config_paths,
+    exit_on_user_error,
+    finish_logger_runs,
+    run_dir,
+)
 
 try:
     import optuna

@@ -14,9 +14,14 @@ from sklearn.datasets import load_digits
 from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.data.image_transforms import Standardize
-from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.datamodule import check_folds, check_fractions, split_indices
-from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine import (
+    DataError,
+    MissingFileError,
+    ResumableDataModule,
+    check_folds,
+    check_fractions,
+    split_indices,
+)
 
 _PIXEL_MAX = 16.0  # digits pixels are integer counts in [0, 16]
 

@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
+from {{ cookiecutter.package_name }}.engine import ConfigError, MissingFileError
 
 # A Hugging Face dataset's address, as pandas, DuckDB and the datasets library write it (huggingface_hub's
 # HfFileSystem).

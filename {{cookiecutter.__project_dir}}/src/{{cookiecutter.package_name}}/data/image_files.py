@@ -8,7 +8,7 @@ import io
 
 from PIL import Image, UnidentifiedImageError
 
-from {{ cookiecutter.package_name }}.engine.errors import DataError
+from {{ cookiecutter.package_name }}.engine import DataError
 
 
 def image_file_bytes(text: str, where: str) -> bytes:

@@ -61,20 +61,22 @@ from {{ cookiecutter.package_name }}.data.hub_datasets import local_path
 from {{ cookiecutter.package_name }}.data.image_files import image_file_bytes, open_image
 {% endif -%}
 from {{ cookiecutter.package_name }}.data.image_transforms import CenterCrop, Standardize
-from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-{% if cookiecutter.use_serving == "yes" -%}
-from {{ cookiecutter.package_name }}.engine.contract import stack_samples
-{% endif -%}
-from {{ cookiecutter.package_name }}.engine.datamodule import (
+from {{ cookiecutter.package_name }}.engine import (
+    ConfigError,
+    DataError,
+    MissingFileError,
+    ResumableDataModule,
     check_folds,
     check_fractions,
     data_files,
     left_out_note,
     listed,
     split_indices,
+{%- if cookiecutter.use_serving == "yes" %}
+    stack_samples,
+{%- endif %}
     written_by_a_tool,
 )
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
 from {{ cookiecutter.package_name }}.engine.image_tables import EncodedImage, image_dataset, opened, table_files
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (

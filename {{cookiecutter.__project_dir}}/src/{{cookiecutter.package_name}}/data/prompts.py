@@ -32,8 +32,7 @@ import torch.nn.functional as F
 from {{ cookiecutter.package_name }}.data.hub_datasets import local_path
 from {{ cookiecutter.package_name }}.data.text import LanguageDataModule
 from {{ cookiecutter.package_name }}.data.tokenizer import ChatTemplate
-from {{ cookiecutter.package_name }}.engine.datamodule import check_fractions, split_indices
-from {{ cookiecutter.package_name }}.engine.errors import DataError
+from {{ cookiecutter.package_name }}.engine import DataError, check_fractions, split_indices
 from {{ cookiecutter.package_name }}.engine.table_files import TABLE_SUFFIXES
 from {{ cookiecutter.package_name }}.engine.text_files import dataset_splits, table_records, text_files
 

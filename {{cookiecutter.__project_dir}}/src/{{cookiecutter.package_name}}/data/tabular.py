@@ -44,15 +44,25 @@ from sklearn.datasets import load_breast_cancer, load_diabetes
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, read_checkpoint
-from {{ cookiecutter.package_name }}.engine.datamodule import check_folds, check_fractions, listed, split_indices
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    MissingFileError,
+    ResumableDataModule,
+    check_checkpoint,
+    check_folds,
+    check_fractions,
+    checkpoint_arguments,
+    listed,
+    loading,
+    read_checkpoint,
+    split_indices,
+)
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import MAPPING, ArrayRecords, PreparedWriter, fingerprint, open_prepared
 {%- endif %}
 from {{ cookiecutter.package_name }}.engine.tables import CSV_OPTIONS, drop_option, file_kind, read_columnar, read_table
-from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, checkpoint_arguments, loading
 
 TargetType = Literal["auto", "classification", "regression"]
 # An integer target with at most this many distinct values is a class label (target_type "auto").

@@ -56,9 +56,15 @@ from {{ cookiecutter.package_name }}.data.tokenizer import (
     safe_stream,
     saved_bpe,
 )
-from {{ cookiecutter.package_name }}.engine import ResumableDataModule
-from {{ cookiecutter.package_name }}.engine.datamodule import WholeBatches, check_fractions, left_out_note
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
+from {{ cookiecutter.package_name }}.engine import (
+    ConfigError,
+    DataError,
+    MissingFileError,
+    ResumableDataModule,
+    WholeBatches,
+    check_fractions,
+    left_out_note,
+)
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
     COUNT,
@@ -68,6 +74,7 @@ from {{ cookiecutter.package_name }}.engine.prepared import (
     is_preparing,
     open_prepared,
 )
+from {{ cookiecutter.package_name }}.engine.text_chunks import split_pieces, text_bytes, text_chunks
 {%- endif %}
 from {{ cookiecutter.package_name }}.engine.text_files import (
     checked_text_files,
@@ -75,9 +82,6 @@ from {{ cookiecutter.package_name }}.engine.text_files import (
     dataset_splits,
     joined,
 {%- if cookiecutter.use_prepared == "yes" %}
-    split_pieces,
-    text_bytes,
-    text_chunks,
     text_files,
 {%- endif %}
 )

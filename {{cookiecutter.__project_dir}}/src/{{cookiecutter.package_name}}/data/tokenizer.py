@@ -29,8 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
-from {{ cookiecutter.package_name }}.engine.files import check_as_written
+from {{ cookiecutter.package_name }}.engine import ConfigError, DataError, check_as_written
 {%- if cookiecutter.use_pretrained == "yes" %}
 from {{ cookiecutter.package_name }}.nets.hub import locate
 {%- endif %}

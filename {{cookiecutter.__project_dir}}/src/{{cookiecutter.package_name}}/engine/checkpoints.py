@@ -9,7 +9,7 @@ good one was; and nothing is flushed to disk, so a crash of the machine can lose
 seemed done. :class:`AtomicCheckpointIO` writes the temporary file beside the target, fsyncs it,
 renames it over the target (``os.replace``, atomic on POSIX and Windows) and fsyncs the folder
 (the rename itself is durable only then), so the target is always either the previous checkpoint
-or the new one, whole{% if cookiecutter.task == "image-classification" %} (``tests/test_faults.py`` simulates both failures){% endif %}.
+or the new one, whole (the image task's fault tests simulate both failures).
 """
 
 import builtins
@@ -33,7 +33,7 @@ import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from {{ cookiecutter.package_name }}.engine.errors import UserError
+from .errors import UserError
 
 
 class CheckpointError(UserError, RuntimeError):

@@ -1,16 +1,13 @@
-"""What a trained model needs from its DataModule and its task module to ship: ``make predict``{{ ', ``export``, ``serve``' if cookiecutter.use_serving == 'yes' else '' }}.
+"""What a trained model needs from its DataModule and its task module to ship: ``make predict`` and the rest.
 
-This file is the whole {{ 'serving' if cookiecutter.use_serving == 'yes' else 'inference' }} contract. :class:`engine.ResumableDataModule` inherits
+This file is the whole inference contract. :class:`engine.ResumableDataModule` inherits
 :class:`ShippableData` and :class:`engine.TrainingModule` inherits :class:`ShippableModel`, so an
 own DataModule or task module gets every hook with a default, and overrides only what differs.
 
 **Nothing to add** for the README's recipe: a DataModule whose ``setup`` makes map-style data sets
 of ``(inputs, target)`` samples of tensors and whose batches are normalised (if at all) by
-``transform_batch``, and a classifier on ``TrainingModule``. Then the raw input of {% if cookiecutter.use_serving == "yes" %}an export and
-of a request is one ``inputs`` sample as the data set holds it, the preprocessing in the graph is
-{%- else %}a prediction is
+``transform_batch``, and a classifier on ``TrainingModule``. Then the raw input of a prediction is
 one ``inputs`` sample as the data set holds it, the preprocessing is
-{%- endif %}
 ``transform_batch(training=False)``, and the answer is class probabilities.
 
 **What to override, and when** (the bundled DataModules and task modules show each):
@@ -18,26 +15,16 @@ one ``inputs`` sample as the data set holds it, the preprocessing is
 =========================  ===========================================================================
 ``inference_transform``    the preprocessing does more than ``transform_batch`` (e.g. ``setup`` scaled
                            the data): a module from raw input to the net's input, from saved statistics
-{%- if cookiecutter.use_serving == "yes" %}
-``raw_inputs``             the data sets are not ``(inputs, target)`` tensors samples
-{%- endif %}
 ``read_inputs``            ``make predict INPUTS=...`` should read files (default: refused, one line)
-{%- if cookiecutter.use_serving == "yes" %}
-``request_schema``         requests are not arrays shaped like one raw input (rows, text)
-``inputs_from_json``       a request's ``inputs`` are not nested lists of numbers
-{%- endif %}
 ``test_ids``               predictions files should name test samples by more than their position
 ``truth``                  predictions files should hold the true label or value of more than a test
                            split of ``(inputs, class index)`` tensors (a user's file with its targets)
-{%- if cookiecutter.use_serving == "yes" %}
-``dynamic_dims``           an export should leave more than the batch axis free (a sequence length)
-``inference_files``        building an input needs a file beside the export (a trained tokenizer)
-``output_head`` & co.      the task is not a classifier: ``output_head``, ``describe``, ``response``,
-                           ``score``, ``output_description``, ``prediction_format``, ``infer``
-{%- else %}
 ``output_head`` & co.      the task is not a classifier: ``output_head``, ``describe``, ``prediction_format``
-{%- endif %}
 =========================  ===========================================================================
+
+A bake whose models also ship to other programs (an export, a server) has a second module of hooks beside
+this one, which these classes then inherit (imported below); a bake without those commands has no such module,
+and this contract is whole without it.
 
 Everything these hooks read must come from the checkpoint (``state_dict`` / ``load_state_dict`` of
 the DataModule, hyperparameters of both): a trained model never re-reads its training data to
@@ -48,13 +35,16 @@ from typing import Any
 
 import torch
 from torch import nn
-{%- if cookiecutter.use_serving == "yes" or (cookiecutter.use_prepared == "yes" and cookiecutter.task != "language-model") %}
 from torch.utils.data import Dataset, TensorDataset, default_collate
-{%- else %}
-from torch.utils.data import Dataset, TensorDataset
-{%- endif %}
 
-from {{ cookiecutter.package_name }}.engine.errors import DataError
+try:
+    from .serving_contract import ServableData, ServableModel
+except ModuleNotFoundError as missing:  # the file is pruned whole by a bake without those commands
+    if missing.name != f"{__package__}.serving_contract":
+        raise
+    ServableData = ServableModel = object
+
+from .errors import DataError
 
 
 class BatchTransform(nn.Module):
@@ -66,7 +56,6 @@ class BatchTransform(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self._transform((inputs,), training=False)[0]
-{%- if cookiecutter.use_serving == "yes" or (cookiecutter.use_prepared == "yes" and cookiecutter.task != "language-model") %}
 
 
 def stack_samples(dataset: Dataset) -> tuple[torch.Tensor, ...]:
@@ -78,10 +67,9 @@ def stack_samples(dataset: Dataset) -> tuple[torch.Tensor, ...]:
     if isinstance(dataset, TensorDataset):
         return tuple(dataset.tensors)
     return tuple(default_collate([dataset[index] for index in range(len(dataset))]))
-{%- endif %}
 
 
-class ShippableData:
+class ShippableData(ServableData):
     """The DataModule's half of the contract (see the module docstring). Mixed into ``ResumableDataModule``."""
 
     predict_set: Dataset | None
@@ -98,73 +86,11 @@ class ShippableData:
         must do both, from statistics saved in the checkpoint.
         """
         return BatchTransform(self)
-{%- if cookiecutter.use_serving == "yes" %}
-
-    def raw_inputs(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
-        """Raw inputs (N, ...) of a split, as :meth:`inference_transform` takes them, and their targets (N, ...).
-
-        Used to trace an export, to measure it (parity and accuracy) and to shape requests. Call
-        after ``setup`` (the default calls it). Default: the split's ``(inputs, target)`` samples, stacked.
-
-        Raises:
-            ValueError: the split does not exist or its samples are not ``(inputs, target)`` tensors.
-        """
-        if getattr(self, f"{split}_set", None) is None:
-            self.setup("predict")  # e.g. predict{{ " or the server" if cookiecutter.use_serving == "yes" else "" }} asking for the inputs' shape
-        dataset = getattr(self, f"{split}_set", None)
-        if dataset is None:
-            raise DataError(f"{type(self).__name__} has no {split}_set: call setup() first, or override raw_inputs")
-        try:
-            inputs, targets, *_ = stack_samples(dataset)
-        except (TypeError, ValueError, RuntimeError) as error:
-            raise DataError(
-                f"{type(self).__name__}.{split}_set samples are not (inputs, target) tensors ({error}); "
-                "override raw_inputs(split) (engine/contract.py)"
-            ) from error
-        return inputs, targets
-
-    def dynamic_dims(self) -> dict[int, Any]:
-        """The axes of a raw input that an export leaves free (``torch.export.Dim``): the batch, here."""
-        return {0: torch.export.Dim("batch", min=1, max=1 << 20)}
-
-    def raw_description(self) -> str:
-        """What a raw input is, in words (units, range), for an export's model card."""
-        inputs, _ = self.raw_inputs("test")
-        return f"{inputs.dtype} tensors shaped (B, {', '.join(map(str, inputs.shape[1:]))}), as the data set holds them"
-{%- endif %}
 
     def explain_input(self, raw: torch.Tensor) -> str:
-        """Why the model's output may not be finite for one raw input (one row of {{ ':meth:`raw_inputs`' if cookiecutter.use_serving == 'yes' else 'the inputs' }}), e.g.
-        a value far outside the training data; said when predict{{ ' or serve' if cookiecutter.use_serving == 'yes' else '' }} refuses such an input.
-        Default: nothing to add."""
+        """Why the model's output may not be finite for one raw input (one row of the inputs), e.g. a value far
+        outside the training data; said when a command refuses such an input. Default: nothing to add."""
         return ""
-{%- if cookiecutter.use_serving == "yes" %}
-
-    def inference_metadata(self) -> dict[str, Any]:
-        """Anything else a user of an export needs to build its input (written to ``export.json``)."""
-        return {}
-
-    def inference_files(self) -> dict[str, str]:
-        """Text files an export writes beside the model, ``{name: text}`` (a trained tokenizer); default none."""
-        return {}
-
-    def request_schema(self) -> dict[str, Any]:
-        """How ``make serve`` checks a request's inputs (see :func:`serving.api.check_inputs`).
-
-        Default: arrays shaped like one :meth:`raw_inputs` row, any finite numbers.
-        """
-        return {"kind": "array", "shape": list(self.raw_inputs("test")[0].shape[1:])}
-
-    def inputs_from_json(self, inputs: list[Any]) -> torch.Tensor:
-        """Raw inputs (B, ...) from a JSON request's ``inputs`` list (``make serve``).
-
-        The requests were checked against :meth:`request_schema` first. The default takes nested
-        lists of numbers shaped like one :meth:`raw_inputs` row each, as float32. It runs in the
-        server's worker, whose DataModule is rebuilt from the checkpoint but not set up: it may
-        read saved state, never the data.
-        """
-        return torch.tensor(inputs, dtype=torch.float32)
-{%- endif %}
 
     def read_inputs(self, path: str) -> tuple[list[str], torch.Tensor]:
         """Ids and raw inputs (N, ...) read from a user's file or folder (``make predict INPUTS=...``).
@@ -210,7 +136,7 @@ class ShippableData:
         return [names[index] for index in targets.tolist()]
 
 
-class ShippableModel:
+class ShippableModel(ServableModel):
     """The task module's half of the contract: what a user reads of the net's output (defaults: a classifier's)."""
 
     prediction_format = "csv"  # of make predict's file: "csv" or "jsonl" (for text)
@@ -225,15 +151,6 @@ class ShippableModel:
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         """The :meth:`output_head` of the net's output for the inputs ``batch[0]`` (default: probabilities)."""
         return self.output_head()(self(batch[0]))
-{%- if cookiecutter.use_serving == "yes" %}
-
-    def infer(self, predictor: nn.Module, inputs: Any) -> Any:
-        """The server's and the export's computation on raw ``inputs``: ``predictor(inputs)`` here.
-
-        A task whose answer takes more than one pass (a language model's generation) overrides it.
-        """
-        return predictor(inputs)
-{%- endif %}
 
     def describe(self, outputs: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
         """One readable record per row of ``outputs`` (B, num_classes): the likeliest class and its probability."""
@@ -243,20 +160,3 @@ class ShippableModel:
             {"label": names[i], "probability": round(p, 6)}
             for i, p in zip(index.tolist(), probability.tolist(), strict=True)
         ]
-{%- if cookiecutter.use_serving == "yes" %}
-
-    def response(self, outputs: torch.Tensor, class_names: list[str]) -> dict[str, Any]:
-        """The JSON answer of ``make serve`` for ``outputs`` (B, num_classes): labels and every probability."""
-        return {
-            "labels": [record["label"] for record in self.describe(outputs, class_names)],
-            "probabilities": outputs.tolist(),
-        }
-
-    def output_description(self) -> str:
-        """What :meth:`output_head` returns, in words, for an export's model card."""
-        return "class probabilities (softmax), one column per class"
-
-    def score(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-        """Quality of outputs (B, num_classes) against targets (B,): accuracy (for export checks and int8)."""
-        return {"acc": (outputs.argmax(dim=-1) == targets).float().mean().item()}
-{%- endif %}

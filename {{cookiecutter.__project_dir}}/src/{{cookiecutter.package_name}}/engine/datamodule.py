@@ -7,7 +7,7 @@ A DataModule that inherits it only makes its data sets in ``setup`` (``self.trai
 - training batches in a random order that is a function of ``(seed, epoch)`` only, split across
   processes under DDP, and a checkpoint records how many batches of the current epoch were trained
   on, so a resumed run sees, on every process, exactly the batches an uninterrupted run would
-  (``tests/test_resume.py``{% if cookiecutter.task == "image-classification" %}; two DDP processes stopped by SIGTERM: ``tests/test_ddp.py``{% endif %});
+  (the bake's ``tests/test_resume.py``);
 - test and predict batches in which, under DDP, every sample is seen once (no padding repeats);
 - loaders with their own random generator, so iterating never draws from the global RNG that the
   model's dropout uses (and that ``RandomStateCheckpoint`` restores).
@@ -20,13 +20,10 @@ reads ``trainer.estimated_stepping_batches`` (as every schedule given the run's 
 because Lightning builds the epoch's iterator before it restores the loader's state. It remains
 the well-kept choice for iterable or streaming data, where no order function exists.
 """
-{% if cookiecutter.task != "tabular" %}
+
 import os
-{%- endif %}
 from collections.abc import Callable, Iterator, Sequence
-{%- if cookiecutter.task != "tabular" %}
 from pathlib import Path
-{%- endif %}
 from typing import Any
 
 import lightning as L
@@ -36,9 +33,9 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
-from {{ cookiecutter.package_name }}.engine.contract import ShippableData
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError{% if cookiecutter.task != "tabular" %}, DataError{% endif %}
+from .checkpoints import CheckpointError
+from .contract import ShippableData
+from .errors import ConfigError, DataError
 
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
@@ -57,7 +54,6 @@ def check_fractions(val_fraction: float, test_fraction: float) -> None:
         )
 
 
-{% if cookiecutter.task != "language-model" -%}
 def check_folds(num_folds: int | None, fold: int) -> None:
     """Refuse a k-fold setting that names no fold of the folds.
 
@@ -72,7 +68,6 @@ def check_folds(num_folds: int | None, fold: int) -> None:
         raise ConfigError(f"data.fold must be one of 0 to {num_folds - 1} (data.num_folds={num_folds}), got {fold}")
 
 
-{% endif -%}
 def split_indices(
     labels: np.ndarray | None,
     size: int,
@@ -92,7 +87,7 @@ def split_indices(
     cut, for data that bring some of their own (a folder's ``test/``): ``["val"]`` cuts
     ``val_fraction`` of the samples and returns train and val only.
 
-    With ``num_folds`` (k-fold cross-validation{{ ", ``make cv``" if cookiecutter.use_sweeps == "yes" and cookiecutter.task != "language-model" else "" }}), the test cut is the same and validation
+    With ``num_folds`` (k-fold cross-validation), the test cut is the same and validation
     is fold ``fold`` of ``num_folds`` seeded folds of the rest (scikit-learn's ``StratifiedKFold``, or
     ``KFold`` without labels); ``val_fraction`` is unused. Over the folds, every sample outside the test
     set is validated on exactly once, and the test set is in no fold.
@@ -119,7 +114,6 @@ def fold_of(
     splitter = (KFold if labels is None else StratifiedKFold)(num_folds, shuffle=True, random_state=seed)
     train, val = list(splitter.split(indices, labels))[fold]
     return indices[train], indices[val]
-{%- if cookiecutter.task != "tabular" %}
 
 
 # What tools write beside data, never a training example: hidden names (.DS_Store, the ._photo.jpg copies
@@ -185,7 +179,6 @@ def _ending_in(root: Path, suffixes: Sequence[str]) -> list[Path]:
 def written_by_a_tool(relative: Path) -> bool:
     """Whether a path (relative to a data folder) is, or lies under, a name tools write: see ``TOOL_FOLDERS``."""
     return any(part.startswith(".") or part in TOOL_FOLDERS for part in relative.parts)
-{%- endif %}
 
 
 def listed(names: Sequence[str], room: int = 160) -> str:
@@ -308,7 +301,7 @@ def check_resume_position(state: Any, path: Any) -> None:
 class ResumableDataModule(ShippableData, L.LightningDataModule):
     """Base LightningDataModule: exact-resume training loader, every-sample-once test loader, loader settings.
 
-    Its hooks for predict{{ ', export and serve' if cookiecutter.use_serving == 'yes' else '' }} (and their defaults) are :class:`engine.contract.ShippableData`'s.
+    Its hooks for a trained model's commands (and their defaults) are :class:`engine.contract.ShippableData`'s.
 
     Subclasses call ``super().__init__(batch_size, num_workers, pin_memory, persistent_workers)``,
     create ``train_set``/``val_set``/``test_set`` in ``setup`` and, to save more state (say,
@@ -355,7 +348,8 @@ class ResumableDataModule(ShippableData, L.LightningDataModule):
 
         Override for work that is cheaper per batch than per sample: augmentation and normalisation
         of whole image batches on the GPU, for instance. ``training`` is True for training batches
-        only. Lightning calls it through ``on_after_batch_transfer``{{ "; ``make bench``'s plain loop calls\n        it too, so both paths do the same work" if cookiecutter.use_benchmark == 'yes' else '' }}.
+        only. Lightning calls it through ``on_after_batch_transfer``; a loop that measures the step calls it too,
+        so both paths do the same work.
         """
         return batch
 

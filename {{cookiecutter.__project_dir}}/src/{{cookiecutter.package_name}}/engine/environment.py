@@ -1,4 +1,4 @@
-"""The software and hardware a run trained with: ``environment.json`` (``run_files.record_environment`` writes it).
+"""The software and hardware a run trained with: ``environment.json`` (``run_records.record_environment`` writes it).
 
 A checkpoint says what was trained; this says with what: the Python, the torch build (its CUDA and
 cuDNN versions), the GPUs, the version of every installed distribution and the project's uv.lock

@@ -9,11 +9,8 @@
   compiled ahead of time for this machine's CPU or GPU. https://pytorch.org/docs/stable/torch.compiler_aot_inductor.html
 - optionally weight-only int8 (torchao ``Int8WeightOnlyConfig``) of the Linear layers, scored
   against float32 on the test split. https://github.com/pytorch/ao
-{%- if cookiecutter.use_pretrained == "yes" %}
-- for a net that can write one (``save_merged``{% if cookiecutter.task == "language-model" %}: ``nets.HFCausalLM``{% endif %}), a Hugging Face folder
-  ``hf/`` (LoRA adapters merged into the base, safetensors, the tokenizer) that ``transformers``
-  loads without this project. https://huggingface.co/docs/transformers/main_classes/model
-{%- endif %}
+- for a net that writes itself as a Hugging Face model folder (its ``write_hf_folder(path)`` returns a runner
+  of the folder reloaded and the model card's lines on loading it), that folder, named hf.
 
 Every file is reloaded right after it is written and run on a batch of 1 and an odd batch; the
 largest absolute difference from eager PyTorch is recorded and must stay within ``tolerance``.
@@ -23,9 +20,10 @@ check has passed, so the folder always holds one whole, checked export (or none)
 
 import copy
 import json
+import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +31,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from {{ cookiecutter.package_name }}.engine.errors import DataError, UserError
-from {{ cookiecutter.package_name }}.engine.inference import Trained
-from {{ cookiecutter.package_name }}.engine.quiet import silence_export_noise
-from {{ cookiecutter.package_name }}.engine.runs import read_test_metrics
+from .errors import DataError, UserError
+from .inference import Trained
+from .run_folders import read_test_metrics
+
+# The names other code may import from this module: its lid (see engine/__init__.py).
+__all__ = ["export_all", "require", "silence_export_noise"]
+
+# Exports (this module, and a pretrained net's adapter library), each the dependency's note to itself:
+# torch.onnx's dynamo exporter lists the torchvision operators it skips when torchvision is absent;
+# torchao (0.18) logs every optional CUDA/cutlass kernel library it cannot load on this machine;
+# torch's _pytree logs that torchao registers an Enum as a pytree constant.
+EXPORT_LOGGERS = ("torch.onnx._internal.exporter._registration", "torchao", "torch.utils._pytree")
+
+
+def silence_export_noise() -> None:
+    """Raise the loggers above to ERROR (their warnings describe the dependency, not the user's model)."""
+    for name in EXPORT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 class ExportError(UserError, RuntimeError):
@@ -172,7 +184,7 @@ def batched(run: Callable[[torch.Tensor], Any], raw: torch.Tensor, size: int = 2
 
 # Everything an export folder may hold; a folder with anything else is never replaced.
 EXPORT_FILES = frozenset(
-    {"model.onnx", "model.pt2", "model-aoti.pt2",{{ ' "hf",' if cookiecutter.use_pretrained == "yes" else "" }} "tokenizer.json", "export.json", "model-card.md"}
+    {"model.onnx", "model.pt2", "model-aoti.pt2", "hf", "tokenizer.json", "export.json", "model-card.md"}
 )
 
 
@@ -316,11 +328,10 @@ def _export_into(
     program, _ = add("pt2", "model.pt2", lambda path: export_program(predictor, example, dynamic, path))
     if aoti:
         add("aoti", "model-aoti.pt2", lambda path: export_aoti(program, path))
-{%- if cookiecutter.use_pretrained == "yes" %}
-    if hasattr(trained.model.net, "save_merged"):
+    folder_usage: list[str] = []  # the model card's lines on loading the net's own folder
+    if hasattr(trained.model.net, "write_hf_folder"):
         head = trained.model.output_head()
-        add("hf", "hf", lambda path: _outputs_of(head, trained.model.net.save_merged(path)))
-{%- endif %}
+        add("hf", "hf", lambda path: _outputs_of(head, trained.model.net.write_hf_folder(path), folder_usage))
     if int8:
         quantized = quantize_int8(predictor)
         if score:
@@ -332,15 +343,16 @@ def _export_into(
     record["versions"] = versions(work / "model.onnx" if onnx else None)
     record["training_test_metrics"] = (read_test_metrics(trained.checkpoint.parent.parent) or {}).get("metrics")
     (work / "export.json").write_text(json.dumps(record, indent=2) + "\n")
-    (work / "model-card.md").write_text(model_card(record))
+    (work / "model-card.md").write_text(model_card(record, folder_usage))
     return record
-{%- if cookiecutter.use_pretrained == "yes" %}
 
 
-def _outputs_of(head: nn.Module, net: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
-    """A runner of ``head(net(batch))``: a reloaded net's outputs as the Predictor's (its transform is the identity)."""
+def _outputs_of(head: nn.Module, written: tuple[Callable, list[str]], folder_usage: list[str]) -> Callable:
+    """A runner of ``head(net(batch))`` for the ``(net, lines)`` a net's ``write_hf_folder`` returned: the reloaded
+    folder's outputs as the Predictor's (its transform is the identity); ``folder_usage`` gains the lines."""
+    net, lines = written
+    folder_usage += lines
     return lambda batch: head(net(batch)).detach()
-{%- endif %}
 
 
 def versions(onnx_path: Path | None) -> dict[str, Any]:
@@ -370,7 +382,7 @@ def _axis_name(dim: Any) -> str:
     return getattr(dim, "__name__", None) or f"{dim.min} to {dim.max}"
 
 
-def model_card(record: dict[str, Any]) -> str:
+def model_card(record: dict[str, Any], folder_usage: Sequence[str] = ()) -> str:
     """A short Markdown model card of an ``export.json`` record."""
     files = "\n".join(f"- `{name}` ({kind})" for kind, name in record["files"].items())
     diffs = "\n".join(
@@ -402,7 +414,7 @@ Made and checked with {made_with}.
 {files}
 
 ## Use
-{usage(record)}
+{usage(record, folder_usage)}
 
 ## Checks (on {record["checked_on"]})
 | export | max abs diff from eager PyTorch (tolerance {record["tolerance"]:g}) |
@@ -417,7 +429,7 @@ Test metrics of training: {json.dumps(record["training_test_metrics"])}
 """
 
 
-def usage(record: dict[str, Any]) -> str:
+def usage(record: dict[str, Any], folder_usage: Sequence[str] = ()) -> str:
     """Code that runs each exported file on ``x``, a NumPy array of the input's shape and dtype."""
     source = record["input"]
     lines = [f"`x`: a NumPy {source['dtype']} array of shape {source['shape']}, as described above.", ""]
@@ -437,20 +449,8 @@ def usage(record: dict[str, Any]) -> str:
         'program = torch.export.load("model.pt2").module()',
     ]
     lines += ["outputs = program(torch.as_tensor(x))", "```"]
-{%- if cookiecutter.use_pretrained == "yes" %}
     if "hf" in record["files"]:
-        lines += [
-            "",
-            "`hf/`: a Hugging Face model folder (adapters merged), loaded without this project:",
-            "",
-            "```python",
-            "from transformers import AutoModelForCausalLM, AutoTokenizer",
-            "",
-            'model, tokenizer = AutoModelForCausalLM.from_pretrained("hf"), AutoTokenizer.from_pretrained("hf")',
-            'ids = model.generate(**tokenizer("Call me", return_tensors="pt"), max_new_tokens=40)',
-            "```",
-        ]
-{%- endif %}
+        lines += ["", *folder_usage]
     if "tokenizer" in record["files"]:
         lines += [
             "",

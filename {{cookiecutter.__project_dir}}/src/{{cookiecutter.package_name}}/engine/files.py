@@ -1,21 +1,17 @@
-"""Files that are data: reading one a command opens by a name it did not choose{{ ", and checking a parsed one's shape" if cookiecutter.task == "language-model" else "" }}.
+"""Files that are data: reading one a command opens by a name it did not choose, and checking a parsed one's shape.
 
 Such a name comes from data: a FIFO there blocks a plain ``open`` until a writer comes, and a link to
 ``/dev/zero`` reads forever. :func:`read_bytes` opens without blocking, admits a regular file only
 (after links are followed: a link to a regular file is fine) and reads at most its bound.
 """
 
-{% if cookiecutter.task == "language-model" -%}
 import json
-{% endif -%}
 import os
 import stat
 from pathlib import Path
-{%- if cookiecutter.task == "language-model" %}
 from typing import Any
-{%- endif %}
 
-from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
+from .errors import DataError, MissingFileError
 
 
 def read_bytes(path: str | Path, limit: int, field: str) -> bytes:
@@ -58,8 +54,6 @@ def read_text(path: str | Path, limit: int, field: str) -> str:
     except UnicodeDecodeError as error:
         raise DataError(f"{field}: {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
 
-{%- if cookiecutter.task == "language-model" %}
-
 
 def check_as_written(text: str, reference: str, free: set[str], what: str) -> None:
     """Admit the JSON ``text`` only as the project itself writes it: the keys and values of the JSON ``reference``
@@ -87,4 +81,3 @@ def _first_difference(tree: Any, reference: Any, free: set[str], where: str) -> 
         found = (_first_difference(tree[key], reference[key], free, f"{where}.{key}".lstrip(".")) for key in reference)
         return next((key for key in found if key is not None), None)
     return None if type(tree) is type(reference) and tree == reference else where or "top level"
-{%- endif %}

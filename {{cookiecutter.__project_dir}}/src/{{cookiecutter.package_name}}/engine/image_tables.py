@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from {{ cookiecutter.package_name }}.engine.errors import DataError
-from {{ cookiecutter.package_name }}.engine.table_files import named_splits, open_table, record_batches, table_errors
+from .errors import DataError
+from .table_files import named_splits, open_table, record_batches, table_errors
+
+# The names other code may import from this module: its lid (see engine/__init__.py).
+__all__ = ["EncodedImage", "image_dataset", "opened", "table_files"]
 
 IMAGE_TABLE_SUFFIXES = (".parquet", ".pq", ".arrow")
 

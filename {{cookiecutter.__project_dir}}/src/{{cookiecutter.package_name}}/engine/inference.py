@@ -11,19 +11,15 @@ task provides:
 - ``model.output_head()``: the net's output -> what a user reads (class probabilities, a value in
   the target's units, next-token probabilities).
 
-{% if cookiecutter.use_serving == 'yes' -%}
-``make predict``, ``make export`` and ``make serve`` all run this one module, so the exported
-graph, the server and the predictions file compute the same thing, and a user's own DataModule
-and model keep all three (``engine/contract.py`` lists the hooks and their defaults).
-{% else -%}
-``make predict`` runs this one module, and a user's own DataModule and model keep it
-(``engine/contract.py`` lists the hooks and their defaults).
-{% endif %}
+Every command that answers with a trained model runs this one module, so they all compute the same thing
+(the predictions file, and where the bake has them the exported graph and the server), and a user's own
+DataModule and model keep them all (``engine/contract.py`` lists the hooks and their defaults).
+
 **Which classes a checkpoint may name.** Loading builds the classes a checkpoint names (model,
 DataModule, net, optimizer), so a checkpoint decides what code runs. ``engine/trust.py`` checks
 every name in it first: this project's package, classes of ``torch.optim`` and ``torch.nn``, and
 the modules the user allows (``trust=["my_lab.data"]`` here, ``--trust my_lab.data`` on
-predict{{ ', export, serve' if cookiecutter.use_serving == 'yes' else '' }}{{ ', generate' if cookiecutter.task == 'language-model' else '' }}: ``make predict TRUST=my_lab.data``). Anything else is refused before
+every command that loads a checkpoint: ``make predict TRUST=my_lab.data``). Anything else is refused before
 anything is imported, with the key that names it and the line that allows it.
 """
 
@@ -39,9 +35,10 @@ from lightning.pytorch.cli import instantiate_module
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError, check_fits, read_checkpoint
-from {{ cookiecutter.package_name }}.engine.errors import UserError, causes
-from {{ cookiecutter.package_name }}.engine.trust import check_checkpoint, checkpoint_arguments, loading, trusted_modules
+from .checkpoints import CheckpointError, check_fits, read_checkpoint
+from .errors import UserError, causes
+from .import_guard import loading
+from .trust import check_checkpoint, checkpoint_arguments, trusted_modules
 
 __all__ = ["Predictor", "Trained", "load_trained", "trusted_modules"]
 

@@ -13,7 +13,7 @@ import os
 import lightning as L
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
-from {{ cookiecutter.package_name }}.engine.errors import LaunchError
+from .errors import LaunchError
 
 
 def slurm_job_id() -> str | None:

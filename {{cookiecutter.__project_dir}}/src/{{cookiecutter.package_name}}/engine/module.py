@@ -2,14 +2,8 @@
 
 A task subclasses it and implements :meth:`TrainingModule.shared_step` (batch -> loss, updating the
 metrics it is given) and passes its metrics to :meth:`TrainingModule.set_metrics`. What a user reads
-{%- if cookiecutter.use_serving == 'yes' %}
-of the net's output (``output_head``, ``describe``, ``response``, ``score``: predictions files, exports,
-the server) defaults to a classifier's (:class:`engine.contract.ShippableModel`); a task with other
-outputs overrides those.
-{%- else %}
-of the net's output (``output_head``, ``describe``: the predictions file) defaults to a
-classifier's (:class:`engine.contract.ShippableModel`); a task with other outputs overrides those.
-{%- endif %} The base provides:
+of the net's output (``output_head``, ``describe`` and the rest of :class:`engine.contract.ShippableModel`)
+defaults to a classifier's; a task with other outputs overrides those. The base provides:
 
 - the optimizer and learning-rate schedule from the config (``optimizer``, ``lr_scheduler``: any
   ``torch.optim`` class; AdamW with warm-up + cosine by default), weight decay on matrices only,
@@ -33,18 +27,18 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torchmetrics import MetricCollection
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import (
+from .checkpoints import (
     check_fits,
     guard_optimizer_loads,
     net_differences,
     read_checkpoint,
 )
-from {{ cookiecutter.package_name }}.engine.contract import ShippableModel
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.gradients import gradient_norms
-from {{ cookiecutter.package_name }}.engine.optim import WarmupCosine, accepts, parameter_groups
-from {{ cookiecutter.package_name }}.engine.precision import fused_optimizer_allowed
-from {{ cookiecutter.package_name }}.engine.sharding import is_sharded, shard_net
+from .contract import ShippableModel
+from .errors import ConfigError
+from .gradients import gradient_norms
+from .optim import WarmupCosine, accepts, parameter_groups
+from .precision import fused_optimizer_allowed
+from .sharding import is_sharded, shard_net
 
 try:  # set while LightningCLI instantiates the model: the net then arrives with its config
     from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
@@ -132,7 +126,7 @@ class TrainingModule(ShippableModel, L.LightningModule):
     def shared_step(self, batch: Any, metrics: MetricCollection) -> torch.Tensor:
         """The loss of ``batch`` (a scalar tensor); update ``metrics`` with the batch's predictions.
 
-        Used by training, validation and test steps alike{{ ", and by ``make bench``'s plain loop" if cookiecutter.use_benchmark == 'yes' else '' }}.
+        Used by training, validation and test steps alike, and by any loop that measures the step.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement shared_step(batch, metrics) -> loss")
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from .errors import ConfigError
 
 
 def parameter_groups(parameters: Iterable[tuple[str, nn.Parameter]]) -> list[dict[str, Any]]:

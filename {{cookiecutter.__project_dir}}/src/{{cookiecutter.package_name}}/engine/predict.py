@@ -12,12 +12,12 @@ from pathlib import Path
 import lightning as L
 from lightning.fabric.plugins.environments import LightningEnvironment
 
-from {{ cookiecutter.package_name }}.engine.callbacks import PredictionWriter
-from {{ cookiecutter.package_name }}.engine.inference import load_trained, trusted_modules
-from {{ cookiecutter.package_name }}.engine.runs import best_checkpoint
+from .callbacks import PredictionWriter
+from .inference import load_trained, trusted_modules
+from .run_folders import best_checkpoint
 
 
-def predict(
+def write_predictions(
     ckpt: Path | None = None,
     inputs: str | None = None,
     output: Path | None = None,
@@ -29,7 +29,7 @@ def predict(
     Args:
         ckpt: the checkpoint; default the best of the latest run under logs/.
         inputs: your own inputs, a file or folder the DataModule's ``read_inputs`` reads; default the test split.
-        output: the file, .csv or .jsonl; default predictions.{{ 'jsonl' if cookiecutter.task == 'language-model' else 'csv' }} in the checkpoint's run
+        output: the file, .csv or .jsonl; default predictions.csv (.jsonl for text) in the checkpoint's run
             folder, and for ``inputs`` a file of their own there (``PredictionWriter.default_path``).
         accelerator: Lightning accelerator: "auto", "cpu", "gpu".
         trust: modules besides this project's package whose classes the checkpoint may name,

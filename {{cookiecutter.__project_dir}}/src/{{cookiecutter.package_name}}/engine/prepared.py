@@ -58,8 +58,26 @@ from typing import Any
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError, MissingFileError
-from {{ cookiecutter.package_name }}.engine.files import read_text
+from .errors import ConfigError, DataError, MissingFileError
+from .files import read_text
+
+# The names other code may import from this module: its lid (see engine/__init__.py).
+__all__ = [
+    "COUNT",
+    "MAPPING",
+    "NAMES",
+    "ArrayRecords",
+    "DiskArray",
+    "PreparedWriter",
+    "fingerprint",
+    "is_preparing",
+    "numbers",
+    "one_of",
+    "open_prepared",
+    "prepare_command",
+    "preparing",
+    "verify",
+]
 
 MANIFEST = "manifest.json"
 # A manifest lists shards and their hashes: a few KB for any data set prepare writes; more is not one of ours.
@@ -453,14 +471,18 @@ def NAMES(value: Any) -> str | None:  # noqa: N802 -- used as a constant
 
 
 def COUNT(value: Any) -> str | None:  # noqa: N802
+    """A whole number >= 0 (a count of samples, a size)."""
     return None if _natural(value) else "a count"
 
 
 def MAPPING(value: Any) -> str | None:  # noqa: N802
+    """A mapping (a dict of further state, checked by its own reader)."""
     return None if isinstance(value, dict) else "a mapping"
 
 
 def one_of(*choices: Any) -> StateCheck:
+    """One of ``choices`` exactly (a mode, a kind)."""
+
     def check(value: Any) -> str | None:
         return None if value in choices else "one of " + ", ".join(map(repr, choices))
 

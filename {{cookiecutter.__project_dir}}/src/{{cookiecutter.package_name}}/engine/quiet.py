@@ -31,7 +31,7 @@ LOGGING_INTERVAL = r"The number of training batches \(\d+\) is smaller than the 
 
 
 # lightning 2.6 when a run continues in its own folder (make resume, a requeued SLURM job): the
-# CSV logger says "Previous log files in this directory will be deleted" (engine.run_files moves
+# CSV logger says "Previous log files in this directory will be deleted" (engine.run_records moves
 # metrics.csv aside first, so nothing is lost) and ModelCheckpoint that the folder is not empty.
 RESUME_WARNINGS = (
     r"Experiment logs directory .* exists and is not empty",
@@ -71,7 +71,7 @@ def replace_srun_hint() -> None:
     if shutil.which("srun") and "SLURM_NTASKS" not in os.environ:
         logging.getLogger("lightning.pytorch.utilities.rank_zero").info(
             "srun is on this machine's PATH, but this run was not started by it: it trains here, on this "
-            "machine. To train on the cluster, submit the batch script{{ ' (sbatch scripts/slurm/train.sbatch)' if cookiecutter.include_slurm == 'yes' else '' }}."
+            "machine. To train on the cluster, submit a batch script with sbatch."
         )
 
 
@@ -118,18 +118,3 @@ def replace_resume_warnings(run_dir: str) -> None:
         f"Continuing in {run_dir}: its checkpoints and logged metrics are kept (a CSV logger's earlier rows "
         "move to metrics-<n>.csv)."
     )
-{%- if cookiecutter.use_serving == 'yes' %}
-
-
-# Export and serving (engine.export, serving.api), each the dependency's note to itself:
-# torch.onnx's dynamo exporter lists the torchvision operators it skips when torchvision is absent;
-# torchao (0.18) logs every optional CUDA/cutlass kernel library it cannot load on this machine;
-# torch's _pytree logs that torchao registers an Enum as a pytree constant.
-EXPORT_LOGGERS = ("torch.onnx._internal.exporter._registration", "torchao", "torch.utils._pytree")
-
-
-def silence_export_noise() -> None:
-    """Raise the loggers above to ERROR (their warnings describe the dependency, not the user's model)."""
-    for name in EXPORT_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
-{%- endif %}

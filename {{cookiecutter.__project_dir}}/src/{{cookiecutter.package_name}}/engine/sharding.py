@@ -10,7 +10,7 @@ parameter, gradient and optimizer state. References: PyTorch's ``fully_shard``
 ModelParallelStrategy (https://lightning.ai/docs/pytorch/stable/advanced/model_parallel/fsdp.html).
 :class:`FSDP2Strategy` is that strategy with every process data-parallel and checkpoints written whole
 or not at all; :func:`consolidate` gathers such a checkpoint into the one file ``make predict`` and
-friends read (``python -m {{ cookiecutter.package_name }}.engine.sharding <run>/checkpoints/last.ckpt``).
+friends read (``python -m <package>.engine.sharding <run>/checkpoints/last.ckpt``).
 """
 
 import os
@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import (
+from .checkpoints import (
     AtomicCheckpointIO,
     check_distributed_checkpoint,
     confine_callback_paths,

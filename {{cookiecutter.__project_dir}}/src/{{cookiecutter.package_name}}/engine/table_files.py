@@ -12,7 +12,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from {{ cookiecutter.package_name }}.engine.errors import DataError
+from .errors import DataError
+
+# The names other code may import from this module: its lid (see engine/__init__.py).
+__all__ = ["TABLE_SUFFIXES"]
 
 # Files read as tables (a Hugging Face dataset's shards: the Hub's Parquet, save_to_disk's Arrow streams).
 TABLE_SUFFIXES = (".parquet", ".pq", ".arrow", ".feather", ".ipc", ".jsonl")

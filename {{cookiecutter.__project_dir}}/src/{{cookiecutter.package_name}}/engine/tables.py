@@ -16,7 +16,10 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from {{ cookiecutter.package_name }}.engine.errors import DataError
+from .errors import DataError
+
+# The names other code may import from this module: its lid (see engine/__init__.py).
+__all__ = ["CSV_OPTIONS", "drop_option", "file_kind", "read_columnar", "read_table"]
 
 SEPARATORS = ",;\t|"
 SAMPLE_BYTES = 1 << 16  # what the separator, the decimal mark and the field counts are read from

@@ -14,13 +14,13 @@ never read. Every error is one line naming the file and the fix.
 import codecs
 import itertools
 import json
-from collections.abc import {{ "Iterable, " if cookiecutter.use_prepared == "yes" else "" }}Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from {{ cookiecutter.package_name }}.engine.datamodule import data_files
-from {{ cookiecutter.package_name }}.engine.errors import DataError, MissingFileError
-from {{ cookiecutter.package_name }}.engine.table_files import (
+from .datamodule import data_files
+from .errors import DataError, MissingFileError
+from .table_files import (
     TABLE_ROWS,
     TABLE_SUFFIXES,
     named_splits,
@@ -29,6 +29,9 @@ from {{ cookiecutter.package_name }}.engine.table_files import (
     split_of,
     table_errors,
 )
+
+# The names other code may import from this module: its lid (see engine/__init__.py).
+__all__ = ["checked_text_files", "cut_text", "dataset_splits", "joined", "table_records", "text_files"]
 
 
 def text_files(path: str | Path, suffixes: Sequence[str] = (".txt",)) -> list[Path]:
@@ -219,50 +222,3 @@ def checked_text_files(
     if not kept:
         raise DataError(f"data.path: {path} holds no text (every file is empty or blank)")
     return kept
-{%- if cookiecutter.use_prepared == "yes" %}
-
-
-def text_bytes(files: Sequence[Path], column: str, block: int = 1 << 24) -> int:
-    """The bytes of :func:`joined`'s text, counted without holding it (a table's text is read once to count)."""
-    tables = [file for file in files if file.suffix.lower() in TABLE_SUFFIXES]
-    size = sum(len(piece) for file in tables for piece in file_pieces(file, column, block))
-    return size + sum(file.stat().st_size for file in files if file not in tables) + 2 * (len(files) - 1)
-
-
-def text_chunks(files: Sequence[Path], column: str, block: int = 1 << 24) -> Iterator[bytes]:
-    """The bytes :func:`joined` joins (files separated by a blank line), in pieces of about
-    ``block`` bytes that end at a line end (or, in a line longer than ``block``, at a character start)."""
-    for index, file in enumerate(files):
-        if index:
-            yield b"\n\n"
-        carry = b""
-        for raw in file_pieces(file, column, block):
-            raw = carry + raw
-            cut = raw.rfind(b"\n") + 1
-            if not cut:  # a line longer than block: cut before its last character (complete or not)
-                cut = len(raw) - 1
-                while cut > 0 and raw[cut] & 0xC0 == 0x80:
-                    cut -= 1
-            yield raw[:cut]
-            carry = raw[cut:]
-        if carry:
-            yield carry
-
-
-def split_pieces(chunks: Iterable[bytes], cuts: Sequence[int]) -> Iterator[tuple[int, bytes]]:
-    """``(split, piece)``: the ``chunks`` of a text, cut at the byte positions ``cuts`` (train end,
-    val end, text end; moved forward to a character start) so that no piece spans two splits."""
-    split, position = 0, 0  # the split being cut, and the bytes of text before ``chunk``
-    for chunk in chunks:
-        start = 0
-        while start < len(chunk):
-            end = len(chunk)
-            if split < 2 and position + end > cuts[split]:  # the cut falls in this chunk: on a character start
-                end = utf8_boundary(chunk, cuts[split] - position)
-            if end > start:
-                yield split, chunk[start:end]
-            if end < len(chunk) or (split < 2 and position + end >= cuts[split]):
-                split += 1
-            start = end
-        position += len(chunk)
-{%- endif %}

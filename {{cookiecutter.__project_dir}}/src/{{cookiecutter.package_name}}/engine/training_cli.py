@@ -1,4 +1,4 @@
-"""The task-free half of ``python -m {{ cookiecutter.package_name }} fit|validate|test|predict``: :class:`TrainingCLI`.
+"""The task-free half of ``python -m <package> fit|validate|test|predict``: :class:`TrainingCLI`.
 
 Built on LightningCLI (https://lightning.ai/docs/pytorch/stable/cli/lightning_cli.html): every
 option of the Trainer, the LightningModule and the LightningDataModule comes from their type
@@ -20,8 +20,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info
 
-from {{ cookiecutter.package_name }}.engine import run_config
-from {{ cookiecutter.package_name }}.engine.checkpoints import (
+from . import preflight
+from .checkpoints import (
     FITS_FIX,
     AtomicCheckpointIO,
     CheckpointError,
@@ -31,8 +31,8 @@ from {{ cookiecutter.package_name }}.engine.checkpoints import (
     read_checkpoint,
     read_distributed_state,
 )
-from {{ cookiecutter.package_name }}.engine.datamodule import ResumableDataModule, check_resume_position
-from {{ cookiecutter.package_name }}.engine.errors import (
+from .datamodule import ResumableDataModule, check_resume_position
+from .errors import (
     ConfigError,
     UserError,
     check_config_files,
@@ -41,9 +41,10 @@ from {{ cookiecutter.package_name }}.engine.errors import (
     readable_parser_message,
     user_error_in,
 )
-from {{ cookiecutter.package_name }}.engine.launch import check_world_size, slurm_job_id
-from {{ cookiecutter.package_name }}.engine.module import TrainingModule
-from {{ cookiecutter.package_name }}.engine.quiet import (
+from .import_guard import loading, refusal_while_loading
+from .launch import check_world_size, slurm_job_id
+from .module import TrainingModule
+from .quiet import (
     drop_wandb_anonymous,
     replace_resume_warnings,
     replace_srun_hint,
@@ -51,7 +52,13 @@ from {{ cookiecutter.package_name }}.engine.quiet import (
     silence_predict_warnings,
     silence_srun_hint,
 )
-from {{ cookiecutter.package_name }}.engine.run_files import (
+from .run_folders import (
+    announce_run,
+    remove_unstarted_run_dir,
+    run_dir,
+    run_to_resume,
+)
+from .run_records import (
     SaveConfigToRunDir,
     evaluate_best_checkpoint,
     keep_csv_metrics,
@@ -60,20 +67,12 @@ from {{ cookiecutter.package_name }}.engine.run_files import (
     report_profiler_files,
     with_own_config,
 )
-from {{ cookiecutter.package_name }}.engine.runs import (
-    announce_run,
-    remove_unstarted_run_dir,
-    run_dir,
-    run_to_resume,
-)
-from {{ cookiecutter.package_name }}.engine.trust import (
+from .trust import (
     LIGHTNING_OWN,
     PROJECT_PACKAGE,
     UntrustedCheckpointError,
     check_checkpoint,
     checkpoint_arguments,
-    loading,
-    refusal_while_loading,
     trusted_by_arguments,
     trusted_by_config_files,
 )
@@ -242,7 +241,7 @@ class TrainingCLI(LightningCLI):
             raise user from error
 
     def before_instantiate_classes(self) -> None:
-        run_config.prepare(self.config.get(self.subcommand, self.config), self.subcommand)
+        preflight.prepare(self.config.get(self.subcommand, self.config), self.subcommand)
 
     def after_instantiate_classes(self) -> None:
         # Before any process group is set up: a mismatch fails here instead of hanging later.

@@ -20,9 +20,7 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 
 from {{ cookiecutter.package_name }}.data.tokenizer import BPE, BYTES, {{ "ChatTemplate, " if cookiecutter.use_serving == "yes" else "" }}Tokenizer, load_tokenizer, saved_bpe
-from {{ cookiecutter.package_name }}.engine import TrainingModule
-from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine import CheckpointError, ConfigError, TrainingModule
 
 IGNORE = -100  # a target the loss skips (a prompt position in supervised fine-tuning, padding)
 

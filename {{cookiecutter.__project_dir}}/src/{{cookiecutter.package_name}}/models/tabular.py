@@ -8,8 +8,7 @@ from torch import nn
 from torchmetrics import MeanAbsoluteError, MetricCollection, R2Score
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
-from {{ cookiecutter.package_name }}.engine import TrainingModule
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine import ConfigError, TrainingModule
 
 
 class TabularModel(TrainingModule):

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine import ConfigError
 from {{ cookiecutter.package_name }}.nets.hf import HFNet, LoRA, from_files, libraries
 from {{ cookiecutter.package_name }}.nets.hub import locate
 
@@ -251,9 +251,10 @@ class HFCausalLM(HFNet):
         return frozenset(inspect.signature(base.forward).parameters)
 {%- if cookiecutter.use_serving == "yes" %}
 
-    def save_merged(self, folder: Path) -> Callable[[torch.Tensor], torch.Tensor]:
+    def write_hf_folder(self, folder: Path) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[str]]:
         """Write a Hugging Face folder of the model with the adapters merged into the weights (``save_pretrained``,
-        safetensors) and the base's tokenizer; return the logits (B, T, V) of the folder reloaded by transformers.
+        safetensors) and the base's tokenizer (``make export``'s ``hf/``); return the logits (B, T, V) of the folder
+        reloaded by transformers, and the model card's lines on loading it.
 
         The folder needs neither this project nor peft: ``AutoModelForCausalLM.from_pretrained(folder)``.
         """
@@ -265,5 +266,15 @@ class HFCausalLM(HFNet):
         options = {"local_files_only": True, "trust_remote_code": False}
         transformers.AutoTokenizer.from_pretrained(self.folder, **options).save_pretrained(folder)
         reloaded = transformers.AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True, **options).eval()
-        return lambda tokens: reloaded(input_ids=tokens, use_cache=False).logits.float()
+        usage = [
+            "`hf/`: a Hugging Face model folder (adapters merged), loaded without this project:",
+            "",
+            "```python",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            'model, tokenizer = AutoModelForCausalLM.from_pretrained("hf"), AutoTokenizer.from_pretrained("hf")',
+            'ids = model.generate(**tokenizer("Call me", return_tensors="pt"), max_new_tokens=40)',
+            "```",
+        ]
+        return (lambda tokens: reloaded(input_ids=tokens, use_cache=False).logits.float()), usage
 {%- endif %}

@@ -6,7 +6,7 @@ from itertools import pairwise
 import torch
 from torch import nn
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine import ConfigError
 
 
 class ConvBlock(nn.Module):
@@ -69,7 +69,8 @@ class CNN(nn.Module):
 
     @property
     def backbone(self) -> nn.Module:
-        """The convolution stages (everything but the pooling and the head), for ``engine.callbacks.BackboneFreeze``."""
+        """The convolution stages (everything but the pooling and the head): what
+        ``engine.callbacks.finetuning.BackboneFreeze`` freezes."""
         return self.blocks
 {%- endif %}
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine import ConfigError
 
 
 class KVCache:

@@ -18,10 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-{%- if cookiecutter.use_serving == "yes" %}
-from {{ cookiecutter.package_name }}.engine.quiet import silence_export_noise
-{%- endif %}
+from {{ cookiecutter.package_name }}.engine import ConfigError
 from {{ cookiecutter.package_name }}.nets.hub import Pretrained, fingerprint
 
 
@@ -266,6 +263,8 @@ def targets_conv1d(model: nn.Module, targets: list[str] | str | None) -> bool:
 def libraries(user: str) -> tuple[Any, Any]:
     """(transformers, peft), or ImportError naming the extra that installs them for ``user`` (a net's name)."""
 {%- if cookiecutter.use_serving == "yes" %}
+    from {{ cookiecutter.package_name }}.engine.export import silence_export_noise
+
     silence_export_noise()  # peft imports torchao (through transformers), whose loggers list missing CUDA kernels
 {%- endif %}
     try:

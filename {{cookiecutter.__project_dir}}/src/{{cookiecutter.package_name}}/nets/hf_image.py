@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine import ConfigError
 from {{ cookiecutter.package_name }}.nets.hf import HFNet, LoRA, from_files, libraries
 from {{ cookiecutter.package_name }}.nets.hub import locate
 from {{ cookiecutter.package_name }}.nets.image_preprocessing import check_preprocessing_fits
@@ -26,7 +26,7 @@ HEAD = "classifier"  # the new head's name in every transformers image classifie
 class HFImageClassifier(HFNet):
     """``transformers.AutoModelForImageClassification`` from local files with a new head, whole or under LoRA.
 
-    Pair with ``engine.callbacks.BackboneFreeze`` (the head trains first) for full fine-tuning; with
+    Pair with ``engine.callbacks.finetuning.BackboneFreeze`` (the head trains first) for full fine-tuning; with
     ``lora`` the backbone stays frozen and adapters train beside its attention projections, with the
     head trained whole (and kept in checkpoints beside the adapters).
 
@@ -86,7 +86,8 @@ class HFImageClassifier(HFNet):
 
     @property
     def backbone(self) -> nn.Module:
-        """Everything but the head (what ``engine.callbacks.BackboneFreeze`` freezes); not a module of its own."""
+        """Everything but the head (what ``engine.callbacks.finetuning.BackboneFreeze`` freezes); not a module of
+        its own."""
         model = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         return getattr(model, model.base_model_prefix)
 

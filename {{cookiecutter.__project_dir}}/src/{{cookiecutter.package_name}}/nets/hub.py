@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 {%- endif %}
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
+from {{ cookiecutter.package_name }}.engine import ConfigError, MissingFileError
 
 # The files whose bytes are a model: its config and its weights (safetensors, or PyTorch's .bin).
 WEIGHT_SUFFIXES = (".safetensors", ".bin")

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
+from {{ cookiecutter.package_name }}.engine import ConfigError, MissingFileError
 from {{ cookiecutter.package_name }}.nets.hub import json_object
 
 MAX_IMAGE_SIDE = 4096  # pixels: a preprocessor_config.json asking for more is refused, not decoded into memory

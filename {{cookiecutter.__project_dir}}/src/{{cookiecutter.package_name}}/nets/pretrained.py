@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine import ConfigError
 from {{ cookiecutter.package_name }}.nets.hub import PICKLED_SUFFIXES, load_all_weights, read_weights
 
 
 class PretrainedNet(nn.Module):
     """``backbone`` (a torchvision model without its classifier) -> features (B, F) -> ``head``: (B, num_classes).
 
-    Pair with ``engine.callbacks.BackboneFreeze`` to train the head first, then the backbone at a
+    Pair with ``engine.callbacks.finetuning.BackboneFreeze`` to train the head first, then the backbone at a
     lower learning rate. Grey images (``in_channels=1``) are repeated to the 3 channels the
     pretrained filters expect.
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from {{ cookiecutter.package_name }}.engine import ConfigError
 from {{ cookiecutter.package_name }}.nets.hub import json_object, load_all_weights, locate, read_weights
 from {{ cookiecutter.package_name }}.nets.image_preprocessing import check_preprocessing_fits
 
@@ -38,7 +38,7 @@ BUILD_ARGUMENTS |= {"exportable", "no_jit", "features_only", "out_indices", "fea
 class TimmNet(nn.Module):
     """``backbone`` (a timm model without its classifier: pooled features (B, F)) -> ``head``: (B, K).
 
-    Pair with ``engine.callbacks.BackboneFreeze`` to train the head first, then the backbone at a
+    Pair with ``engine.callbacks.finetuning.BackboneFreeze`` to train the head first, then the backbone at a
     lower learning rate. Grey images (``in_channels=1``) are repeated to the 3 channels the
     pretrained filters expect.
 

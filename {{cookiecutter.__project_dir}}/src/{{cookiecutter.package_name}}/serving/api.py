@@ -57,7 +57,7 @@ from starlette.formparsers import MultiPartException
 {% if cookiecutter.task == "image-classification" %}
 from {{ cookiecutter.package_name }}.data.image_files import image_file_pixels
 {%- endif %}
-from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained, nonfinite_message, nonfinite_rows
+from {{ cookiecutter.package_name }}.engine import Trained, load_trained, nonfinite_message, nonfinite_rows
 
 SCHEMA_VARIABLE = "SERVE_REQUEST_SCHEMA"
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # inputs become float32 tensors: larger ones are inf

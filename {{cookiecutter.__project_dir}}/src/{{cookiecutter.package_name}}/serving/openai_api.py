@@ -60,7 +60,7 @@ from litserve.utils import LitAPIStatus, LoopResponseType, ResponseBufferItem
 from pydantic import ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from {{ cookiecutter.package_name }}.engine.inference import Trained
+from {{ cookiecutter.package_name }}.engine import Trained
 from {{ cookiecutter.package_name }}.models.language_model import Piece
 from {{ cookiecutter.package_name }}.serving.api import load_in_worker
 from {{ cookiecutter.package_name }}.serving.batching import DecodeBatch

@@ -1,9 +1,6 @@
 """Callbacks of this project; Lightning's own (ModelCheckpoint, LearningRateMonitor, ...) are used as they are."""
 
 from .ema import EMA
-{%- if cookiecutter.use_pretrained == "yes" %}
-from .finetuning import BackboneFreeze
-{%- endif %}
 from .finite import NonFiniteError, StopOnNonFinite
 from .plots import RunPlots
 from .predictions import PredictionWriter
@@ -14,9 +11,6 @@ from .summary import ModelSummaryWithoutZeroFlops
 
 __all__ = [
     "EMA",
-{%- if cookiecutter.use_pretrained == "yes" %}
-    "BackboneFreeze",
-{%- endif %}
     "ModelSummaryWithoutZeroFlops",
     "NonFiniteError",
     "PredictionWriter",

@@ -8,7 +8,7 @@ from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
+from ..errors import ConfigError
 
 
 class EMA(WeightAveraging):

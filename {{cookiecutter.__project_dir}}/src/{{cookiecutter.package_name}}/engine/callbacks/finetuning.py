@@ -6,8 +6,11 @@ from lightning.pytorch.callbacks import BaseFinetuning
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 from torch import nn
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.optim import parameter_groups
+from ..errors import ConfigError
+from ..optim import parameter_groups
+
+# The names other code may import from this module: its lid (see engine/__init__.py).
+__all__ = ["BackboneFreeze"]
 
 
 class BackboneFreeze(BaseFinetuning):
@@ -23,13 +26,13 @@ class BackboneFreeze(BaseFinetuning):
     ``engine.optim.parameter_groups``), with ``initial_lr`` set so ``engine.WarmupCosine`` schedules
     them with the same shape.
 
-    Any net with a ``backbone`` module works{% if cookiecutter.task == "image-classification" %}: ``nets.CNN`` (its convolution stages), ``nets.PretrainedNet``,
-    ``nets.TimmNet``, ``nets.HFImageClassifier``{% endif %}.
+    Any net with a ``backbone`` module works (the bundled image nets have one: a CNN's convolution stages, a
+    pretrained model's body).
 
     Under DDP the unfrozen backbone's gradients are averaged over the processes here: DDP syncs only
     the parameters that needed gradients when it wrapped the model, and the backbone was frozen then,
     so each process would otherwise train its own backbone apart from the others, in silence (Lightning
-    issue #20340{% if cookiecutter.task == "image-classification" and cookiecutter.use_pretrained == "yes" %}; ``tests/test_transfer.py`` checks every process ends with the same parameters{% endif %}).
+    issue #20340; the image task's transfer-learning tests check every process ends with the same parameters).
     Other strategies (FSDP, DeepSpeed, model parallel) are refused when fit starts: they fix which
     parameters train when they wrap the model (FSDP flattens each wrapped block's parameters into one
     tensor whose ``requires_grad`` is set then), so the later unfreeze would not reach them.
@@ -76,13 +79,8 @@ class BackboneFreeze(BaseFinetuning):
             raise ConfigError(
                 "BackboneFreeze with LoRA (model.init_args.net.init_args.lora): LoRA keeps the pretrained base "
                 "frozen and its checkpoints leave it out, so the weights this callback unfreezes would train and "
-{%- if cookiecutter.task == "image-classification" and cookiecutter.use_pretrained == "yes" %}
-                "never be saved (a reload would not be the model tested); remove the callback (LoRA alone: "
-                "--config configs/experiments/lora.yaml in place of transfer-learning.yaml), or drop lora"
-{%- else %}
                 "never be saved (a reload would not be the model tested); remove the callback (LoRA alone), "
                 "or drop lora"
-{%- endif %}
             )
         super().setup(trainer, pl_module, stage)
 

@@ -5,7 +5,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from {{ cookiecutter.package_name }}.engine.gradients import gradient_norms
+from ..gradients import gradient_norms
 
 
 class NonFiniteError(RuntimeError):

@@ -19,8 +19,8 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from {{ cookiecutter.package_name }}.engine.module import logger_writes
-from {{ cookiecutter.package_name }}.engine.runs import run_dir
+from ..module import logger_writes
+from ..run_folders import run_dir
 
 
 class RunPlots(L.Callback):

@@ -16,8 +16,8 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
 
-from {{ cookiecutter.package_name }}.engine.errors import DataError
-from {{ cookiecutter.package_name }}.engine.inference import nonfinite_message, nonfinite_rows
+from ..errors import DataError
+from ..inference import nonfinite_message, nonfinite_rows
 
 
 class PredictionWriter(BasePredictionWriter):

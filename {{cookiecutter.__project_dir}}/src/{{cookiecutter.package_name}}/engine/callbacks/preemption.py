@@ -26,11 +26,11 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from {{ cookiecutter.package_name }}.engine.callbacks.finite import HostCopy
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
-from {{ cookiecutter.package_name }}.engine.run_files import own_config
-from {{ cookiecutter.package_name }}.engine.runs import run_dir
+from ..errors import ConfigError
+from ..launch import slurm_job_id
+from ..run_folders import run_dir
+from ..run_records import own_config
+from .finite import HostCopy
 
 
 class Preempted(SystemExit):
@@ -184,7 +184,7 @@ class PreemptionCheckpoint(Checkpoint):
             # Not requeued: the job must not end as if it had (exit 0 reads COMPLETED to SLURM).
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         own = own_config(folder) or "<your config>"  # the run's own config, saved when fit started
-        command = f"python -m {{ cookiecutter.package_name }} fit --config {own} --resume=true"
+        command = f"python -m {__name__.split('.')[0]} fit --config {own} --resume=true"
         rank_zero_info(f"Continue this run with {self.continue_with or f'`make resume` ({command})'}")
         raise Preempted(128 + received)
 

@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import ProcessingSpeedColumn
 from rich.text import Text
 
-from {{ cookiecutter.package_name }}.engine.module import logger_writes
+from ..module import logger_writes
 
 
 class ThrottledRichProgressBar(RichProgressBar):
@@ -51,7 +51,7 @@ class ThrottledRichProgressBar(RichProgressBar):
 
     def _get_train_description(self, current_epoch: int) -> str:
         # Lightning's "Epoch 0/4" counts to max_epochs, which a step limit may never reach (and with
-        # max_epochs lifted to -1 by engine.run_config.let_max_steps_decide it would say "Epoch 0/-2").
+        # max_epochs lifted to -1 by engine.preflight.let_max_steps_decide it would say "Epoch 0/-2").
         trainer = self.trainer
         by_steps = trainer.max_epochs is None or trainer.max_epochs < 0
         if self._epoch_stops_at is not None and (by_steps or self._epoch_stops_at < trainer.num_training_batches):

@@ -13,7 +13,7 @@ class ModelSummaryWithoutZeroFlops(RichModelSummary):
     This project's modules leave it unset (their batches' shapes are the DataModule's decision, and
     a forward pass at the start of fit would run the DataModule's batch transforms), so Lightning
     would print 0 FLOPs for every layer and in total. Set ``example_input_array`` on your module and
-    the column returns, filled{{ "; ``make bench`` counts the FLOPs of a real training step" if cookiecutter.use_benchmark == 'yes' else '' }}.
+    the column returns, filled.
     """
 
     @staticmethod

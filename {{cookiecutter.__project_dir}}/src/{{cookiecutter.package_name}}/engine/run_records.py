@@ -4,7 +4,7 @@
 ``environment.json`` (:mod:`engine.environment`; ``environment-resumed-<n>.json`` when it changed),
 the CSV logger's ``metrics.csv`` (kept as ``metrics-<n>.csv`` across resumes), the profiler's files
 and ``test_metrics.json`` (the best checkpoint tested after fit). Where the folder is and which run a
-command means: :mod:`engine.runs`.
+command means: :mod:`engine.run_folders`.
 """
 
 import json
@@ -18,8 +18,8 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from {{ cookiecutter.package_name }}.engine.environment import describe_environment
-from {{ cookiecutter.package_name }}.engine.runs import configured_loggers, run_dir
+from .environment import describe_environment
+from .run_folders import configured_loggers, run_dir
 
 
 def next_numbered(path: Path, tag: str = "-resumed") -> Path:
@@ -155,7 +155,7 @@ class SaveConfigToRunDir(SaveConfigCallback):
     Lightning's default writes it to ``trainer.log_dir``, which for wandb is the shared save
     folder, so every run would overwrite the last one's config. The loggers' run ids (``version``,
     ``id``) are left out: the folder already names the run, and a new run trained with
-    ``--config <run>/config.yaml``{% if cookiecutter.use_sweeps == "yes" %} (or a sweep's ``best.yaml``, a copy of its best trial's){% endif %}
+    ``--config <run>/config.yaml`` (or a copy of it)
     writes into a folder and logger run of its own, not the old one's.
     """
 

@@ -24,9 +24,9 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import DummyExperiment
 from lightning.pytorch.utilities import rank_zero_info
 
-from {{ cookiecutter.package_name }}.engine.checkpoints import check_distributed_checkpoint, check_members
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError, MissingFileError
-from {{ cookiecutter.package_name }}.engine.launch import slurm_job_id
+from .checkpoints import check_distributed_checkpoint, check_members
+from .errors import ConfigError, MissingFileError
+from .launch import slurm_job_id
 
 
 def run_dir(trainer: L.Trainer) -> Path:
@@ -407,10 +407,6 @@ def run_to_resume(trainer_config) -> Path:
     return run
 
 
-
-{%- if cookiecutter.use_sweeps == "yes" %}
-
-
 def finish_logger_runs() -> None:
     """End this process's wandb run (if any), so that the next Trainer of the process starts its own.
 
@@ -421,4 +417,3 @@ def finish_logger_runs() -> None:
     wandb = sys.modules.get("wandb")
     if wandb is not None and getattr(wandb, "run", None) is not None:
         wandb.finish()
-{%- endif %}

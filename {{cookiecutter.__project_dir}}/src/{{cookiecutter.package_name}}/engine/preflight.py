@@ -14,9 +14,9 @@ import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 
-from {{ cookiecutter.package_name }}.engine.errors import ConfigError
-from {{ cookiecutter.package_name }}.engine.precision import fall_back_to_fp16_without_bf16
-from {{ cookiecutter.package_name }}.engine.runs import choose_run, configured_loggers
+from .errors import ConfigError
+from .precision import fall_back_to_fp16_without_bf16
+from .run_folders import choose_run, configured_loggers
 
 
 def prepare(config, subcommand: str | None) -> None:
@@ -122,7 +122,7 @@ def prepare_loggers(trainer_config) -> None:
             # instead of stopping at a login prompt.
             os.environ["WANDB_MODE"] = "offline"
         # wandb prints a dozen lines per run, colour codes in a log file and a warning about the
-        # `anonymous` argument Lightning always passes; engine.runs.announce_run says where the run
+        # `anonymous` argument Lightning always passes; engine.run_folders.announce_run says where the run
         # is in one line instead. WANDB_SILENT=false brings wandb's own lines back.
         os.environ.setdefault("WANDB_SILENT", "true")
 
