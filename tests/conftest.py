@@ -85,8 +85,9 @@ PACKAGE_FILES += [
     for name in ("__init__", "ema", "finetuning", "finite", "plots", "predictions", "preemption", "progress")
 ]
 PACKAGE_FILES += ["engine/callbacks/random_state.py", "engine/callbacks/summary.py"]
+PACKAGE_FILES += [f"engine/tests/{name}.py" for name in ("__init__", "test_lid", "test_training")]
 TEST_FILES = ["conftest.py", "test_cli.py", "test_errors.py", "test_launch.py", "test_preemption.py", "test_resume.py"]
-TEST_FILES += ["test_private_apis.py", "test_find.py", "test_engine.py"]
+TEST_FILES += ["test_private_apis.py", "test_find.py"]
 TEST_FILES += ["own_pieces.py", "test_environment.py", "test_ship.py", "test_sweep.py", "test_prepared.py"]
 TEST_FILES += ["test_trust.py", "test_precision.py", "test_init_from.py"]
 TEST_FILES += ["test_run_folders.py", "test_documented_commands.py", "test_fsdp.py", "test_step_ops.py"]

@@ -221,7 +221,7 @@ PRIVATE_USES = [
     ),
     PrivateUse(
         "jsonargparse._common.parsing_settings (import_path_verdicts, import_paths_enforced)",
-        "engine/trust.py",
+        "engine/import_guard.py",
         "jsonargparse's own import-path policy, set to deny what the trust rule does not admit while a "
         "checkpoint's or run folder's classes are built (a second guard beside the rule's own walk)",
         "jsonargparse 4.53",
@@ -257,7 +257,7 @@ PRIVATE_USES = [
     ),
     PrivateUse(
         "the loggers torch.onnx._internal.exporter._registration and torch.utils._pytree",
-        "engine/quiet.py",
+        "engine/export.py",
         "silenced while make export runs (their notes are for torch's developers); a renamed module is heard again",
         "torch 2.9 to 2.13",
         lambda: all(

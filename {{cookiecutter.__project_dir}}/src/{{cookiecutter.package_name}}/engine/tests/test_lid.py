@@ -7,7 +7,7 @@ import pkgutil
 
 import pytest
 
-import {{ cookiecutter.package_name }}.engine as engine
+engine = importlib.import_module(__package__.rpartition(".")[0])  # this folder's engine, whatever the package's name
 
 
 def test_every_name_of_the_lid_resolves_to_a_documented_class_or_function() -> None:
