@@ -41,6 +41,7 @@ TASK_FILES = {
         "src/{package}/nets/image_preprocessing.py",
         "src/{package}/data/image_files.py",
         "src/{package}/engine/image_tables.py",
+        "src/{package}/engine/images.py",
         "tests/test_data.py",
         "tests/test_ddp.py",
         "tests/test_faults.py",

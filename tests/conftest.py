@@ -75,7 +75,7 @@ PACKAGE_FILES += ["engine/datamodule.py"]
 PACKAGE_FILES += ["engine/environment.py"]
 PACKAGE_FILES += ["engine/module.py"]
 PACKAGE_FILES += [f"engine/{name}.py" for name in ("errors", "export", "inference", "optim", "precision", "quiet")]
-PACKAGE_FILES += ["engine/gradients.py", "engine/predict.py"]
+PACKAGE_FILES += ["engine/gradients.py", "engine/metrics.py", "engine/predict.py"]
 PACKAGE_FILES += ["engine/run_records.py", "engine/sharding.py"]
 PACKAGE_FILES += ["engine/files.py", "engine/serving_contract.py"]
 PACKAGE_FILES += ["engine/run_folders.py", "serving/__init__.py", "serving/api.py", "serving/connections.py"]
@@ -98,6 +98,7 @@ TASK_PACKAGE_FILES = {
         *("nets/pretrained.py", "nets/hf.py", "nets/hf_image.py", "nets/timm_net.py"),
         *("nets/hub.py", "nets/image_preprocessing.py", "data/image_files.py", "data/image_transforms.py"),
         *("commands/cv.py", "engine/table_files.py", "engine/image_tables.py", "data/hub_datasets.py"),
+        "engine/images.py",
     ],
     "tabular": ["data/tabular.py", "engine/tables.py", "models/tabular.py", "nets/tabular_mlp.py", "commands/cv.py"],
     "language-model": [

@@ -339,6 +339,8 @@ def test_a_hostile_checkpoint_is_refused_by_every_loading_command_before_any_imp
         ("{{ cookiecutter.package_name }}.cli.CLI", "of {{ cookiecutter.package_name }} only .data, .models, .nets and .engine"),
         # The CLI's task-free half: in the engine, and as much never a target.
         ("{{ cookiecutter.package_name }}.engine.training_cli.TrainingCLI", "never .engine.training_cli"),
+        # The engine's own tests' toy classes: in the engine's folder, never a target either.
+        ("{{ cookiecutter.package_name }}.engine.tests.test_training.Classifier", "never .engine.training_cli or .engine.tests"),
     ],
 )
 def test_a_checkpoint_may_name_classes_of_the_declared_type_only(trained_run: Path, name: str, refusal: str) -> None:

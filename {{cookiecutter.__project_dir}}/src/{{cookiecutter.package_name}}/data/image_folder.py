@@ -78,6 +78,7 @@ from {{ cookiecutter.package_name }}.engine import (
     written_by_a_tool,
 )
 from {{ cookiecutter.package_name }}.engine.image_tables import EncodedImage, image_dataset, opened, table_files
+from {{ cookiecutter.package_name }}.engine.images import channel_stats, pixel_sums
 {%- if cookiecutter.use_prepared == "yes" %}
 from {{ cookiecutter.package_name }}.engine.prepared import (
     NAMES,
@@ -723,30 +724,6 @@ def given_stats(
         raise ConfigError(f"data.std={std} must be above 0 in every channel")
     return [float(v) for v in mean], [float(v) for v in std]
 {%- endif %}
-
-
-def pixel_sums(images: np.ndarray) -> np.ndarray:
-    """Per channel of uint8 images (N, C, H, W): pixel count, sum and sum of squares, (3, C) int64.
-
-    Integers, so sums of chunks equal the sum of the whole (prepare's statistics equal the in-memory ones).
-    """
-    channels = [images[:, c] for c in range(images.shape[1])]  # (N, H, W) uint8 each
-    return np.array(
-        [
-            [channel.size for channel in channels],
-            [channel.sum(dtype=np.int64) for channel in channels],
-            [np.square(channel, dtype=np.uint16).sum(dtype=np.int64) for channel in channels],  # 255**2 fits
-        ],
-        dtype=np.int64,
-    )
-
-
-def channel_stats(sums: np.ndarray) -> tuple[list[float], list[float]]:
-    """Mean and (unbiased) standard deviation per channel, in [0, 1] units, from :func:`pixel_sums`."""
-    count, total, squares = (sums[i].astype(np.float64) for i in range(3))
-    mean = total / count
-    variance = (squares - total * mean) / np.maximum(count - 1, 1)
-    return (mean / 255.0).tolist(), np.maximum(np.sqrt(np.maximum(variance, 0.0)) / 255.0, 1e-6).tolist()
 
 
 def resized(image: Image.Image, mode: str, size: int, resize: str = "stretch") -> np.ndarray:

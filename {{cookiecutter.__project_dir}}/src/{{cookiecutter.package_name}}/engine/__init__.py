@@ -33,10 +33,10 @@ anything is built), ``run_folders.py`` (run folders: naming, finding, claiming, 
 ``import_guard.py`` (the same rule where the imports happen), ``inference.py`` (a checkpoint alone -> model,
 DataModule and a raw-input ``Predictor``), ``predict.py`` (``make predict``'s work), ``launch.py``
 (srun/torchrun checks), ``precision.py``, ``gradients.py`` (a step's gradient norms, computed once),
-``optim.py`` (parameter groups, ``WarmupCosine``), ``environment.py``, ``files.py`` (files named by data),
-``sharding.py`` (FSDP2), ``quiet.py`` and ``callbacks/`` (pre-emption, RNG state, non-finite stop, plots, the
-predictions writer, the progress bar, EMA). Each task's and each chosen capability's own engine files (its
-data formats, exports, ...) say their job in their first line.
+``optim.py`` (parameter groups, ``WarmupCosine``), ``metrics.py`` (``WeightedMean``: a mean without a host sync),
+``environment.py``, ``files.py`` (files named by data), ``sharding.py`` (FSDP2), ``quiet.py`` and ``callbacks/``
+(pre-emption, RNG state, non-finite stop, plots, the predictions writer, the progress bar, EMA). Each task's and
+each chosen capability's own engine files (its data formats, exports, ...) say their job in their first line.
 """
 
 import importlib
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from .files import check_as_written, read_text
     from .import_guard import loading
     from .inference import Trained, build_model, load_trained, nonfinite_message, nonfinite_rows, trusted_modules
+    from .metrics import WeightedMean
     from .module import TrainingModule
     from .optim import WarmupCosine
     from .precision import fused_optimizer_allowed
@@ -94,6 +95,7 @@ __all__ = [
     "TrainingModule",
     "UserError",
     "WarmupCosine",
+    "WeightedMean",
     "WholeBatches",
     "best_checkpoint",
     "build_model",
@@ -141,6 +143,7 @@ _SOURCES = {
     "listed": ".datamodule",
     "left_out_note": ".datamodule",
     "WarmupCosine": ".optim",
+    "WeightedMean": ".metrics",
     "UserError": ".errors",
     "ConfigError": ".errors",
     "DataError": ".errors",

@@ -331,7 +331,13 @@ def _export_into(
     folder_usage: list[str] = []  # the model card's lines on loading the net's own folder
     if hasattr(trained.model.net, "write_hf_folder"):
         head = trained.model.output_head()
-        add("hf", "hf", lambda path: _outputs_of(head, trained.model.net.write_hf_folder(path), folder_usage))
+
+        def write_hf(path: Path) -> tuple[list[str], Callable]:
+            """The folder's loading lines, and a runner of ``head(net(batch))`` over the net reloaded from it."""
+            net, lines = trained.model.net.write_hf_folder(path)
+            return lines, lambda batch: head(net(batch)).detach()
+
+        folder_usage, _ = add("hf", "hf", write_hf)
     if int8:
         quantized = quantize_int8(predictor)
         if score:
@@ -345,14 +351,6 @@ def _export_into(
     (work / "export.json").write_text(json.dumps(record, indent=2) + "\n")
     (work / "model-card.md").write_text(model_card(record, folder_usage))
     return record
-
-
-def _outputs_of(head: nn.Module, written: tuple[Callable, list[str]], folder_usage: list[str]) -> Callable:
-    """A runner of ``head(net(batch))`` for the ``(net, lines)`` a net's ``write_hf_folder`` returned: the reloaded
-    folder's outputs as the Predictor's (its transform is the identity); ``folder_usage`` gains the lines."""
-    net, lines = written
-    folder_usage += lines
-    return lambda batch: head(net(batch)).detach()
 
 
 def versions(onnx_path: Path | None) -> dict[str, Any]:

@@ -13,7 +13,8 @@ The rule is by type and position (:class:`Positions`), not by module:
   for the data, ``nn.Module`` for ``net``, the constructor's annotation for any argument inside;
   every other argument is plain data (numbers, strings, lists and mappings of these);
 - the class must be defined in this project's ``data/``, ``models/``, ``nets/`` or ``engine/`` (never in
-  ``engine/training_cli.py``, nor anywhere else in the package: its commands, CLI and entry points),
+  ``engine/training_cli.py`` or the engine's own ``tests/``, nor anywhere else in the package: its commands,
+  CLI and entry points),
   ``torch.optim`` or ``torch.nn``, or in the modules the user vouches for: ``--trust my_lab.data`` on
   every command that loads a checkpoint and ``python -m <package> fit|test|predict``
   (``make predict TRUST=my_lab.data``),
@@ -110,10 +111,10 @@ def _argument_bases() -> tuple[tuple[str, type], tuple[str, type]]:
 # ---- the type at each position --------------------------------------------------------------
 
 # The project's packages whose classes a file may name, declared: the room's data, models and nets, and the
-# engine less its CLI half. The rest of the package (its commands, CLI and entry points, and whatever module
-# comes next) never is, even when trusted.
+# engine less its CLI half and its own tests. The rest of the package (its commands, CLI and entry points, and
+# whatever module comes next) never is, even when trusted.
 BUILDABLE = tuple(f"{PROJECT_PACKAGE}.{name}" for name in ("data", "models", "nets", "engine"))
-NEVER_TARGETS = (f"{PROJECT_PACKAGE}.engine.training_cli",)
+NEVER_TARGETS = tuple(f"{PROJECT_PACKAGE}.engine.{name}" for name in ("training_cli", "tests"))
 
 
 def never_built(name: str) -> bool:
@@ -303,8 +304,8 @@ class Positions:
         if never_built(name) or not _within(name, self.allowed):
             raise UntrustedCheckpointError(
                 f"{self.path}: {where} names {name}, outside the modules a file may name ({', '.join(self.allowed)}; "
-                f"of {PROJECT_PACKAGE} only .data, .models, .nets and .engine, never .engine.training_cli): "
-                f"refused before importing it. {allow}"
+                f"of {PROJECT_PACKAGE} only .data, .models, .nets and .engine, never .engine.training_cli or "
+                f".engine.tests): refused before importing it. {allow}"
             )
         target = _resolve(name)
         if target is None:

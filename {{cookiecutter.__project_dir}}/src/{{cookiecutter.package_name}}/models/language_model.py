@@ -17,36 +17,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import Metric, MetricCollection
+from torchmetrics import MetricCollection
 
 from {{ cookiecutter.package_name }}.data.tokenizer import BPE, BYTES, {{ "ChatTemplate, " if cookiecutter.use_serving == "yes" else "" }}Tokenizer, load_tokenizer, saved_bpe
-from {{ cookiecutter.package_name }}.engine import CheckpointError, ConfigError, TrainingModule
+from {{ cookiecutter.package_name }}.engine import CheckpointError, ConfigError, TrainingModule, WeightedMean
 
 IGNORE = -100  # a target the loss skips (a prompt position in supervised fine-tuning, padding)
-
-
-class WeightedMean(Metric):
-    """Sum of ``value * weight`` over sum of ``weight``, accumulated on the device without a host sync.
-
-    torchmetrics' ``MeanMetric`` checks each update for NaNs with ``.any()`` in Python: a host-device
-    synchronisation in the middle of every training step, so the GPU sits idle while the host
-    launches the backward pass. A NaN loss is caught by ``StopOnNonFinite`` instead.
-    """
-
-    full_state_update = False
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("weight", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(self, value: torch.Tensor, weight: torch.Tensor) -> None:
-        """Add a scalar ``value`` with its scalar ``weight`` (tokens or bytes it averages over)."""
-        self.total += value.double() * weight
-        self.weight += weight
-
-    def compute(self) -> torch.Tensor:
-        return (self.total / self.weight).float()
 
 
 class BitsPerByte(WeightedMean):
