@@ -518,4 +518,26 @@ def test_make_bench_times_both_paths_of_the_default_config_and_ends_with_the_ove
     )
     assert any(part.startswith("[Strategy]") for part in figures["project_eager_ops_by_part"])
     assert any(part.startswith("plain: ") for part in figures["plain_eager_ops_by_part"])
+    assert figures["steps_per_epoch"] > 3 and "project_epoch_end_ms" not in figures  # 3 steps end no epoch
+
+
+def test_make_bench_reports_an_epoch_end_apart_from_the_step() -> None:
+    from {{ cookiecutter.package_name }}.commands.bench import epoch_end_figures, timed
+
+    # Intervals of 10 ms a step; the two that span an epoch's end take 50 and 70 ms: 40 and 60 ms more.
+    crossed = [False, False, True, False, False, True, False]
+    figures = timed([0.010, 0.011, 0.050, 0.009, 0.010, 0.070, 0.010], crossed, 1)
+    assert figures["step_ms"] == pytest.approx(10.0) and figures["epoch_end_ms"] == pytest.approx(50.0)
+    # Timed every 2 steps: an interval is half of two steps, and one that spans an epoch's end holds two steps too.
+    assert timed([0.010, 0.035, 0.010], [False, True, False], 2)["epoch_end_ms"] == pytest.approx(50.0)
+    assert timed([0.010, 0.010], [False, False], 1)["epoch_end_ms"] is None
+    shared = epoch_end_figures({"project": [60.0, 50.0, 40.0], "plain": [25.0]}, steps_per_epoch=10)
+    assert shared == {
+        "project_epoch_end_ms": 50.0,
+        "project_epoch_end_ms_per_step": 5.0,
+        "plain_epoch_end_ms": 25.0,
+        "plain_epoch_end_ms_per_step": 2.5,
+        "epoch_end_ratio": 2.0,
+    }
+    assert epoch_end_figures({"project": [50.0], "plain": []}, steps_per_epoch=10) == {}
 {%- endif %}

@@ -13,8 +13,11 @@ Both paths train the default model on the default data for ``--steps`` optimizer
 Each run is a fresh process, as ``make train`` is, and the two paths alternate ``--repeats``
 times, which of the two runs first alternating too. A step's time is the interval between the
 ends of consecutive steps, so it covers data, forward, backward, optimizer, hooks, logging and
-the progress bar; a run's median drops the
-once-per-epoch validation and checkpoint intervals. ``overhead_ratio`` is the median, over the
+the progress bar; a run's step time is the median of its intervals within an epoch. An epoch's end
+(metrics computed, validation, checkpoints saved and synced to disk, the next epoch set up) is timed
+apart, beside it: ``*_epoch_end_ms``, what an interval that spans one takes more than a step (the median
+over the runs), ``*_epoch_end_ms_per_step``, that shared by an epoch's ``steps_per_epoch`` steps, and
+``epoch_end_ratio`` (none when ``--steps`` ends no epoch). ``overhead_ratio`` is the median, over the
 pairs of runs, of project / plain: a pair runs back to back, so a slow spell of the machine
 weighs on both sides of its ratio. It is the last line printed; the line before it gives the
 spread of the pair ratios (min, median, max), and says so when the spread is wider than the
@@ -81,6 +84,11 @@ class StepTimes(L.Callback):
 
     def __init__(self, every: int = 1) -> None:
         self.every, self.steps, self.ends = every, 0, []
+        self.crossed: list[bool] = []  # per end: whether an epoch's end lies between it and the end before it
+        self._new_epoch = False
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._new_epoch = bool(self.ends)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
         self.steps += 1
@@ -89,6 +97,8 @@ class StepTimes(L.Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize()
         self.ends.append(time.perf_counter())
+        self.crossed.append(self._new_epoch)
+        self._new_epoch = False
 
 
 class FirstStepTime(L.Callback):
@@ -276,7 +286,8 @@ def run_project(
 ) -> dict[str, Any]:
     """``fit`` through the project's CLI, as ``make train`` runs it: step intervals (s) and what they measured.
 
-    Returns ``intervals``, ``batch_size``, ``tokens_per_sample`` (when the DataModule serves token
+    Returns ``intervals``, ``crossed`` (per interval: whether it spans an epoch's end, see :func:`timed`),
+    ``steps_per_epoch``, ``batch_size``, ``tokens_per_sample`` (when the DataModule serves token
     windows: it has a ``block_size``; else None), ``flops_per_step`` (:func:`flops_per_step`),
     ``precision`` and ``peak_gpu_gib`` (on CUDA, else None).
     """
@@ -293,6 +304,8 @@ def run_project(
         flops = flops_per_step(cli)
     return {
         "intervals": [(b - a) / every for a, b in pairwise(timer.ends)],
+        "crossed": timer.crossed[1:],
+        "steps_per_epoch": cli.trainer.num_training_batches,
         "batch_size": cli.datamodule.hparams.batch_size,
         "tokens_per_sample": getattr(cli.datamodule, "block_size", None),
         "flops_per_step": flops,
@@ -304,8 +317,9 @@ def run_project(
 
 def run_plain(
     config: list[Path], steps: int, extra: list[str], every: int = 1, ops: OpWindow | None = None
-) -> list[float]:
-    """Step intervals (s) of a plain PyTorch loop doing the project's work (see the module docstring).
+) -> dict[str, list]:
+    """Step intervals (s) of a plain PyTorch loop doing the project's work (see the module docstring), and
+    whether each spans an epoch's end (``intervals``, ``crossed``).
 
     As :class:`StepTimes`: timed (and on CUDA, synchronised) at every ``every``-th step.
     """
@@ -326,9 +340,11 @@ def run_plain(
     train_metrics, val_metrics = model.train_metrics, model.val_metrics
     logged: list[tuple[float, float]] = []
     ends: list[float] = []
+    crossed, new_epoch = [], False
     step, epoch = 0, 0
     while step < steps:
         mark(EPOCH_END_ENDS)
+        new_epoch = bool(ends)
         model.train()
         if hasattr(train_loader.sampler, "set_epoch"):
             train_loader.sampler.set_epoch(epoch)
@@ -357,6 +373,8 @@ def run_plain(
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 ends.append(time.perf_counter())
+                crossed.append(new_epoch)
+                new_epoch = False
             if step == steps:
                 break
         mark(EPOCH_END_STARTS)
@@ -370,7 +388,7 @@ def run_plain(
         val_metrics.compute()
         val_metrics.reset()
         epoch += 1
-    return [(b - a) / every for a, b in pairwise(ends)]
+    return {"intervals": [(b - a) / every for a, b in pairwise(ends)], "crossed": crossed[1:]}
 
 
 def run_loader(config: list[Path], steps: int, extra: list[str]) -> dict[str, float]:
@@ -459,12 +477,20 @@ def worker(config: list[Path], path: str, steps: int, extra: list[str], every: i
             window.count = max(1, window.step - window.first)
         print(RESULT + json.dumps(eager_ops(window)), flush=True)
         return
-    if path == "project":
-        figures = run_project(config, steps, extra, every)
-    else:
-        figures = {"intervals": run_plain(config, steps, extra, every)}
-    figures["step_ms"] = 1000 * statistics.median(figures.pop("intervals"))
+    figures = (run_project if path == "project" else run_plain)(config, steps, extra, every)
+    figures.update(timed(figures.pop("intervals"), figures.pop("crossed"), every))
     print(RESULT + json.dumps(figures), flush=True)
+
+
+def timed(intervals: list[float], crossed: list[bool], every: int) -> dict[str, float | None]:
+    """``step_ms``: the median step interval (ms) of those within an epoch; ``epoch_end_ms``: what an epoch's
+    end adds (ms: metrics computed, validation, checkpoints saved and synced, the next epoch set up), the
+    median interval that spans one less the ``every`` steps it also holds; None when no epoch ended."""
+    within = [t for t, end in zip(intervals, crossed, strict=True) if not end] or intervals
+    step = statistics.median(within)
+    spans = [t for t, end in zip(intervals, crossed, strict=True) if end]
+    epoch_end = 1000 * every * (statistics.median(spans) - step) if spans else None
+    return {"step_ms": 1000 * step, "epoch_end_ms": epoch_end}
 
 
 def gpu_throughput(config: list[Path], steps: int, extra: list[str]) -> dict[str, float]:
@@ -495,6 +521,19 @@ def gpu_throughput(config: list[Path], steps: int, extra: list[str]) -> dict[str
     result["gpu_preset_speedup"] = result["gpu_preset_eager_samples_per_s"] / fp32
     result["gpu_preset_compiled_speedup"] = result["gpu_preset_compiled_samples_per_s"] / fp32
     return result
+
+
+def epoch_end_figures(epoch_ends: dict[str, list[float]], steps_per_epoch: int) -> dict[str, float]:
+    """``<path>_epoch_end_ms`` (the median over runs), ``<path>_epoch_end_ms_per_step`` (shared by an epoch's
+    steps) and ``epoch_end_ratio`` (project / plain); none when no run ended an epoch (too few ``--steps``)."""
+    if not (epoch_ends["project"] and epoch_ends["plain"]):
+        return {}
+    figures = {}
+    for path, times in epoch_ends.items():
+        figures[f"{path}_epoch_end_ms"] = statistics.median(times)
+        figures[f"{path}_epoch_end_ms_per_step"] = figures[f"{path}_epoch_end_ms"] / steps_per_epoch
+    figures["epoch_end_ratio"] = figures["project_epoch_end_ms"] / figures["plain_epoch_end_ms"]
+    return figures
 
 
 def main_bench(argv: list[str] | None = None) -> dict[str, float]:
@@ -532,6 +571,7 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         worker(config, args.worker, args.steps, extra, args.sync_every)
         return {}
     project, plain = [], []
+    epoch_ends: dict[str, list[float]] = {"project": [], "plain": []}
     for repeat in range(1, args.repeats + 1):
         # The order alternates (project first, then plain first, ...): a machine that drifts
         # faster or slower during a pair then favours neither path.
@@ -542,11 +582,14 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
                 flush=True,
             )
             run = run_in_fresh_process(config, path, args.steps, extra, args.sync_every)
+            if run["epoch_end_ms"] is not None:
+                epoch_ends[path].append(run["epoch_end_ms"])
             if path == "plain":
                 plain.append(run["step_ms"])
                 continue
             project.append(run["step_ms"])
             batch_size, tokens, flops = run["batch_size"], run["tokens_per_sample"], run["flops_per_step"]
+            steps_per_epoch = run["steps_per_epoch"]
         # On stderr: progress for a person, while stdout stays the JSON report.
         print(
             f"pair {repeat}/{args.repeats}: project {project[-1]:.2f} ms/step, plain {plain[-1]:.2f} ms/step, "
@@ -562,6 +605,10 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         "plain_step_ms": statistics.median(plain),
         "project_step_ms_per_run": [round(ms, 3) for ms in project],
         "plain_step_ms_per_run": [round(ms, 3) for ms in plain],
+        # An epoch's end apart from the step (validation, metrics, checkpoints saved and synced): its median
+        # time in each path, and what it adds to a step when shared by the epoch's steps.
+        "steps_per_epoch": steps_per_epoch,
+        **epoch_end_figures(epoch_ends, steps_per_epoch),
         "first_step_s": first_step_seconds(config, extra),
         "train_samples_per_s": batch_size / (statistics.median(project) / 1000),
     }
