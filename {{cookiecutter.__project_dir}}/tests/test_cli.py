@@ -524,10 +524,10 @@ def test_make_bench_times_both_paths_of_the_default_config_and_ends_with_the_ove
 def test_make_bench_reports_an_epoch_end_apart_from_the_step() -> None:
     from {{ cookiecutter.package_name }}.commands.bench import epoch_end_figures, timed
 
-    # Intervals of 10 ms a step; the two that span an epoch's end take 50 and 70 ms: 40 and 60 ms more.
-    crossed = [False, False, True, False, False, True, False]
-    figures = timed([0.010, 0.011, 0.050, 0.009, 0.010, 0.070, 0.010], crossed, 1)
-    assert figures["step_ms"] == pytest.approx(10.0) and figures["epoch_end_ms"] == pytest.approx(50.0)
+    # Steps of 10 to 12 ms (median 11); the two intervals that span an epoch's end take 50 and 70 ms: the step's
+    # median leaves them out (with them it would be 12), and an epoch's end adds their median less a step.
+    figures = timed([0.010, 0.011, 0.050, 0.070, 0.012], [False, False, True, True, False], 1)
+    assert figures["step_ms"] == pytest.approx(11.0) and figures["epoch_end_ms"] == pytest.approx(49.0)
     # Timed every 2 steps: an interval is half of two steps, and one that spans an epoch's end holds two steps too.
     assert timed([0.010, 0.035, 0.010], [False, True, False], 2)["epoch_end_ms"] == pytest.approx(50.0)
     assert timed([0.010, 0.010], [False, False], 1)["epoch_end_ms"] is None
