@@ -5,28 +5,36 @@ For each count N of ``--streams``: N clients each stream one greedy answer of ``
 at once (aggregate tokens/s: their completion tokens over the time from the first request to the
 last answer's end), while one more client sends short requests (``--short-tokens``), one after
 another, whose time to the first token (TTFT) is measured; before the first N, the same short
-requests alone give the baseline. The worker's resident memory is read after each count. Then
+requests alone give the baseline. The clients are ``openai.AsyncOpenAI`` streams in one event loop of
+this process (``--clients async``, the default), so they hold at most one core however many there are;
+the report gives the share of a core the clients and the server used during the streams (CPU seconds
+over wall seconds), so what the clients took from a machine the server shares is read, not guessed.
+``--clients threads`` runs each stream in a thread with the synchronous client instead (the earlier runs).
+The worker's resident memory is read after each count. Then
 ``GPT2LMHeadModel`` (random weights; the checkpoint's layers, heads, width, vocabulary and context)
 generates greedily at batch N from a prompt as long as the server's, ``--new-tokens`` new tokens,
 best of ``--rounds``: the reference for batched decoding on this machine. Ratios within one run are
 what to compare across machines.
 
     python docs/bench_openai_streams.py <bake> <checkpoint> [--streams 1 4 16 64] [--new-tokens 90]
-                                        [--stream-interval SECONDS]
+                                        [--stream-interval SECONDS] [--clients async|threads]
 """
 
 import argparse
+import asyncio
 import os
 import statistics
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import bench_openai_load as load
+import psutil
 import torch
 from bench_openai_load import largest_rss_mb, percentiles
-from openai import OpenAI
+from openai import AsyncOpenAI, OpenAI
 
 # A prompt of 34 tokens in the plain chat template: with 90 new tokens every answer stays inside the byte
 # GPT's default context of 128, so no answer leaves the batch to slide its window.
@@ -109,6 +117,58 @@ def streams_at_once(client: OpenAI, name: str, count: int, tokens: int) -> float
     return sum(used) / (time.perf_counter() - start)
 
 
+def cpu_seconds(process: subprocess.Popen) -> float:
+    """User and system CPU seconds of ``process`` and its children so far."""
+    root = psutil.Process(process.pid)
+    total = 0.0
+    for member in [root, *root.children(recursive=True)]:
+        try:
+            times = member.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+async def streams_in_one_loop(
+    base_url: str, name: str, count: int, tokens: int, short_tokens: int, server: subprocess.Popen
+) -> tuple[float, list[float], float, float]:
+    """``count`` greedy answers streamed at once by ``openai.AsyncOpenAI`` in this event loop, while short
+    requests go one after another: (aggregate tokens/s, the shorts' TTFTs, the share of a core this process
+    used, the share of the cores the server used), both shares over the streams' wall time."""
+    client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)
+
+    async def one(new: int) -> tuple[float, int]:
+        start, first, used = time.perf_counter(), None, 0
+        stream = await client.chat.completions.create(
+            model=name, messages=CHAT, max_tokens=new, temperature=0, stream=True
+        )
+        async for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.perf_counter() - start
+            if chunk.usage:
+                used = chunk.usage.completion_tokens
+        return (first if first is not None else float("nan")), used
+
+    running = True
+
+    async def shorts() -> list[float]:
+        firsts = [(await one(short_tokens))[0]]
+        while running:
+            firsts.append((await one(short_tokens))[0])
+        return firsts
+
+    short = asyncio.create_task(shorts())
+    own, served, start = time.process_time(), cpu_seconds(server), time.perf_counter()
+    answers = await asyncio.gather(*(one(tokens) for _ in range(count)))
+    wall = time.perf_counter() - start
+    own, served = (time.process_time() - own) / wall, (cpu_seconds(server) - served) / wall
+    running = False
+    firsts = await short
+    await client.close()
+    return sum(used for _, used in answers) / wall, firsts, own, served
+
+
 def shorts_while(client: OpenAI, name: str, tokens: int, running: threading.Event) -> list[float]:
     """TTFTs of short requests sent one after another while ``running`` is set (at least one)."""
     firsts = [timed_stream(client, name, tokens)[0]]
@@ -126,6 +186,7 @@ def main() -> None:
     parser.add_argument("--short-tokens", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--stream-interval", type=float, default=None, help="the server's --stream_interval")
+    parser.add_argument("--clients", choices=["async", "threads"], default="async")
     args = parser.parse_args()
 
     package = next((args.bake / "src").iterdir()).name
@@ -140,8 +201,15 @@ def main() -> None:
         print(f"server, one worker: prompt {prompt} tokens, answers {args.new_tokens} tokens; short request "
               f"({args.short_tokens} tokens) alone: TTFT {percentiles(alone)}")  # fmt: skip
         for count in args.streams:
-            best, firsts = 0.0, []
+            best, firsts, shares = 0.0, [], ""
             for _ in range(args.rounds):
+                if args.clients == "async":
+                    url, lengths = str(client.base_url), (args.new_tokens, args.short_tokens)
+                    found = asyncio.run(streams_in_one_loop(url, name, count, *lengths, server))
+                    if found[0] > best:
+                        best, shares = found[0], f"; CPU: clients {found[2]:.2f} of a core, server {found[3]:.2f} cores"
+                    firsts += found[1]
+                    continue
                 running = threading.Event()
                 running.set()
                 with ThreadPoolExecutor(max_workers=1) as pool:
@@ -152,7 +220,7 @@ def main() -> None:
             served[count] = (best, firsts, largest_rss_mb(server))
             print(f"{count:3d} streams: {best:7.0f} tokens/s in all; short TTFT {percentiles(firsts)} "
                   f"({statistics.median(firsts) / statistics.median(alone):.1f}x alone); "
-                  f"worker RSS {served[count][2]:.0f} MB")  # fmt: skip
+                  f"worker RSS {served[count][2]:.0f} MB{shares}", flush=True)  # fmt: skip
     torch.set_num_threads(os.cpu_count() or 1)
     print("the same answers decoded together in this process (no HTTP):")
     for count in args.streams:
