@@ -192,6 +192,8 @@ def main() -> None:
     package = next((args.bake / "src").iterdir()).name
     name = load.NAME
     options = ["--max_tokens", str(args.new_tokens), "--max_batch_size", str(max(args.streams) + 1), "--timeout", "600"]
+    # Every stream and the short requests' client come from this one address: the server's per-client bound.
+    options += ["--max_client_connections", str(max(args.streams) + 8)]
     options += [] if args.stream_interval is None else ["--stream_interval", str(args.stream_interval)]
     served: dict[int, tuple[float, list[float], float]] = {}
     with load.openai_server(args.bake, args.checkpoint, "bench_openai_streams.log", *options) as (server, client):

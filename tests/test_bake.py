@@ -338,6 +338,7 @@ CALLED_BY_FRAMEWORKS = [
     "__dir__",
     "stop",  # Lightning's Profiler interface (make bench's HookRanges), with start
     *("readable", "seekable", "readinto", "tell"),  # io.RawIOBase's interface (engine.checkpoints._Span): zipfile
+    "areceive",  # LitServe's MessageTransport interface, read by its response consumer (test_openai_api.py)
 ]
 # The engine's API for a user's own DataModule, which no bundled example need call: make prepare's
 # switch and the manifest state checks (engine/prepared.py).

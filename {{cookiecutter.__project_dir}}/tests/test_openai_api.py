@@ -81,6 +81,7 @@ class Places:
 
     def __init__(self, places: int, running: list[str]) -> None:
         self.places, self.running, self.started = places, running, []
+        self.arrived = threading.Event()
 
     def has_capacity(self) -> bool:
         return len(self.running) < self.places
@@ -112,6 +113,103 @@ def test_a_free_place_goes_to_the_request_that_waited_longest() -> None:
     waiting = [(0, "short", {})]  # arrived while long-1 held the one place
     waiting = asyncio.run(loop.prefill(waiting, api, None, Arrivals(api, ["long-2"]), None))
     assert api.started == ["short"] and [uid for _, uid, _ in waiting] == ["long-2"]
+
+
+def test_the_worker_takes_every_queued_request_in_one_turn_and_signals_the_steps() -> None:
+    """The steps run in the worker's own thread, so the prefill task reads the queue between them: all that
+    wait, in one turn, with ``arrived`` set (it ends a step's gathering, so they join within a step)."""
+    from {{ cookiecutter.package_name }}.serving.openai_api import StepLoop
+
+    api, arrived = Places(places=4, running=[]), threading.Event()
+    items = StepLoop().take_requests(Arrivals(api, ["a", "b", "c"]), 0.0, arrived)
+    assert [uid for _, uid, _, _ in items] == ["a", "b", "c"] and arrived.is_set()
+    assert StepLoop().take_requests(Arrivals(api, []), 0.0, threading.Event()) == []
+    api.arrived.set()
+    waiting = asyncio.run(StepLoop().prefill([], api, None, Arrivals(api, ["d", "e"]), None))
+    assert api.started == ["d", "e"] and waiting == [] and not api.arrived.is_set()
+
+
+class Sent(list):
+    """A transport that keeps what the worker sends: ``(consumer_id, message)``."""
+
+    def send(self, item: Any, consumer_id: int) -> None:
+        self.append((consumer_id, item))
+
+
+class Received:
+    """A transport whose consumer receives ``messages``, then is cancelled (LitServe's consumer then stops)."""
+
+    def __init__(self, messages: list) -> None:
+        self.messages = messages
+
+    async def areceive(self, consumer_id: int, timeout: float | None = None, block: bool = True) -> Any:
+        if not self.messages:
+            raise asyncio.CancelledError
+        return self.messages.pop(0)
+
+
+def test_a_step_is_one_message_per_http_process_and_litserve_hands_each_output_to_its_answer() -> None:
+    """Through LitServe's manager queue each message is a round trip from the worker and another to the HTTP
+    process: a step's outputs go as one, and LitServe's own consumer hands each to its answer's stream."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from litserve.loops.continuous_batching_loop import Output
+    from litserve.server import response_queue_to_buffer
+    from litserve.utils import LitAPIStatus, ResponseBufferItem
+
+    from {{ cookiecutter.package_name }}.serving.openai_api import STEP_UID, StepLoop, StepOutputs
+
+    ok, end = LitAPIStatus.OK, LitAPIStatus.FINISH_STREAMING
+    loop, sent = StepLoop(), Sent()
+    loop.response_queue_ids = {"a": 0, "b": 0, "c": 1, "d": 0}
+    loop.active_sequences = {uid: {} for uid in "abcd"}
+    encoded = {"encode_response": lambda output: output, "format_encoded_response": lambda data: json.dumps(data)}
+    api = SimpleNamespace(**encoded)
+    outputs = [Output("a", {"content": "x"}, ok), Output("b", {"content": "y"}, ok), Output("b", "", end)]
+    outputs += [Output("c", {"content": "z"}, ok), Output("d", {"content": "w"}, ok)]
+    loop.send_step(sent, api, outputs)
+    assert [consumer for consumer, _ in sent] == [0, 1]  # one message for each HTTP process
+    assert loop.response_queue_ids == {"a": 0, "c": 1, "d": 0}  # b ended: no longer the worker's
+
+    async def consume() -> dict:
+        answers = {uid: ResponseBufferItem(response_queue=deque(), event=asyncio.Event()) for uid in "ab"}
+        buffer: dict = dict(answers)  # no "d": a request LitServe has let go, whose output is dropped
+        buffer[STEP_UID] = ResponseBufferItem(response_queue=StepOutputs(buffer), event=asyncio.Event())
+        connector = SimpleNamespace(lit_apis=[api], any_stream=lambda: True)
+        await response_queue_to_buffer(Received([message for _, message in sent[:1]]), buffer, 0, connector)
+        return answers
+
+    answers = asyncio.run(consume())
+    assert list(answers["a"].response_queue) == [('{"content": "x"}', ok)] and answers["a"].event.is_set()
+    assert list(answers["b"].response_queue) == [('{"content": "y"}', ok), ('""', end)]
+
+
+class CountedDict(dict):
+    """A manager's dictionary that counts its reads (each a round trip to the manager's process)."""
+
+    reads = 0
+
+    def keys(self) -> Any:
+        self.reads += 1
+        return super().keys()
+
+
+def test_a_worker_reads_the_cancellations_only_after_one_is_added_or_an_answer_joins() -> None:
+    from types import SimpleNamespace
+
+    from {{ cookiecutter.package_name }}.serving.openai_api import Cancellations
+
+    cancelled = Cancellations(SimpleNamespace(dict=CountedDict))
+    assert cancelled.new() == set() and cancelled.ids.reads == 1
+    assert cancelled.new() == set() and cancelled.ids.reads == 1  # nothing added: no round trip a step
+    cancelled.add("r1")
+    assert cancelled.new() == {"r1"} and cancelled.new() == set() and cancelled.ids.reads == 2
+    cancelled.read_again()  # an answer joined: it may have been cancelled while it waited
+    assert cancelled.new() == {"r1"} and cancelled.ids.reads == 3
+    cancelled.forget("r1")
+    cancelled.add("r2")
+    assert cancelled.new() == {"r2"}
 
 
 # ---- the model side, no server -------------------------------------------------------------------

@@ -45,7 +45,7 @@ from {{ cookiecutter.package_name }}.engine.checkpoints import CheckpointError
 {%- endif %}
 from {{ cookiecutter.package_name }}.engine.export import ExportError, export_all, export_onnx
 from {{ cookiecutter.package_name }}.engine.inference import Trained, load_trained
-from {{ cookiecutter.package_name }}.serving.api import check_inputs, cut
+from {{ cookiecutter.package_name }}.serving.api import check_inputs, cpu_threads, cut
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 TOLERANCE = 1e-4
@@ -212,7 +212,9 @@ def test_export_beyond_its_tolerance_is_refused_and_the_previous_export_stays_wh
     folder = tmp_path / "export"
     shutil.copytree(trained.checkpoint.parent.parent / "export", folder)
     before = {path.name: path.read_bytes() for path in folder.iterdir()}
-    with pytest.raises(ExportError, match=r"onnx .*differ from eager PyTorch by .* on batch_\d+ \(tolerance 0\)"):
+    # The worst batch may be one cut along a variable axis (a language model's: batch_37_axis1_17).
+    differs = r"onnx .*differ from eager PyTorch by .* on batch_\d+(_axis\d+_\d+)? \(tolerance 0\)"
+    with pytest.raises(ExportError, match=differs):
         export_all(trained, folder, tolerance=0.0)
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
     assert [path.name for path in tmp_path.iterdir()] == ["export"]  # no partial folder left behind
@@ -1016,3 +1018,17 @@ def test_own_pieces_train_then_predict_export_and_serve(case: str, own_pieces_in
         assert status == 200, (answer, log.read_text()[-2000:])
         assert_same_response(answer, expected_response(trained, inputs))
 {%- endif %}
+
+
+def test_a_cpu_worker_leaves_a_core_to_each_http_process_and_shares_the_rest(monkeypatch) -> None:
+    """OpenMP threads on every core lose the ones the HTTP process takes, at every op: the worker's threads
+    are the cores left (on 2 cores 16 streams went 1.4x faster with 1 thread than with 2: the template's
+    docs/benchmarks.md)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert [cpu_threads(workers) for workers in (1, 2, 3, 7, 16)] == [7, 3, 2, 1, 1]
+    assert cpu_threads(2, http_processes=4) == 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert cpu_threads(1) == 1  # one core: the worker keeps a thread
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cpu_threads(1) is None  # the user's setting, which torch reads itself

@@ -372,14 +372,16 @@ class PredictorAPI(ls.LitAPI):
     LitServe answers 500 to every request of a batch when a hook raises.
     """
 
-    def __init__(self, checkpoint: Path, max_batch_size: int, batch_timeout: float, trust: Sequence[str] = ()) -> None:
+    def __init__(
+        self, checkpoint: Path, max_batch_size: int, batch_timeout: float, trust: Sequence[str] = (), workers: int = 1
+    ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
-        self.checkpoint, self.trust = checkpoint, tuple(trust)
+        self.checkpoint, self.trust, self.workers = checkpoint, tuple(trust), workers
         self.trained: Trained | None = None
         self.failures = 0
 
     def setup(self, device: str) -> None:
-        self.trained = load_in_worker(self.checkpoint, device, self.trust)
+        self.trained = load_in_worker(self.checkpoint, device, self.trust, self.workers)
         self.device = device
 
     def decode_request(self, request: PredictRequest) -> Any:
@@ -507,7 +509,8 @@ def build_server(
     schema = {**trained.datamodule.request_schema(), **limits}
     os.environ[SCHEMA_VARIABLE] = json.dumps(schema)  # read by the HTTP processes, which start after this
     api_class = BatchedPredictorAPI if max_batch_size > 1 else PredictorAPI
-    api = api_class(trained.checkpoint, max_batch_size=max_batch_size, batch_timeout=batch_timeout, trust=trust)
+    workers = workers_per_device  # on the CPU, the one device (cpu_threads: GPU workers keep torch's default)
+    api = api_class(trained.checkpoint, max_batch_size, batch_timeout, trust, workers)
     server = ls.LitServer(
         api,
         accelerator=accelerator,
@@ -519,20 +522,37 @@ def build_server(
     return server
 
 
+def cpu_threads(workers: int, http_processes: int = 1) -> int | None:
+    """torch's intra-op threads for each of ``workers`` model processes on the CPU: the cores this process may
+    run on, less one for each HTTP process, shared among the workers (at least 1); None where
+    ``OMP_NUM_THREADS`` is set (the user's choice, which torch reads itself).
+
+    An op's OpenMP threads wait for one another: a worker with a thread on every core loses the ones the HTTP
+    process takes, at every op. On 2 cores the byte GPT served 16 streams 1.4x faster with 1 thread than with
+    2 (the template's docs/benchmarks.md)."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, (cores - http_processes) // max(1, workers))
+
+
 def body_limits(max_body_bytes: int, max_files: int, body_timeout: float) -> tuple[type, dict[str, Any]]:
     """The LitServe middleware that reads bodies as JSON within ``max_body_bytes`` and ``body_timeout``
     (:class:`JSONBodyMiddleware`), for ``LitServer(middlewares=[...])``."""
     return JSONBodyMiddleware, {"max_body_bytes": max_body_bytes, "max_files": max_files, "body_timeout": body_timeout}
 
 
-def load_in_worker(checkpoint: Path, device: str, trust: Sequence[str]) -> Trained:
-    """The checkpoint's model on ``device``, in a LitServe worker (``LitAPI.setup``).
+def load_in_worker(checkpoint: Path, device: str, trust: Sequence[str], workers: int = 1) -> Trained:
+    """The checkpoint's model on ``device``, in a LitServe worker (``LitAPI.setup``), one of ``workers``;
+    on the CPU with torch's intra-op threads set by :func:`cpu_threads`.
 
     Ctrl-C reaches every process of the terminal's group: the main process stops this worker
     (SIGTERM) as it shuts down, so the worker ignores the interrupt instead of printing a
     KeyboardInterrupt traceback from inside LitServe's queue.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if device == "cpu" and (threads := cpu_threads(workers)) is not None:
+        torch.set_num_threads(threads)
     trained = load_trained(checkpoint, map_location=device, trust=trust)
     trained.predictor.to(device)
     return trained

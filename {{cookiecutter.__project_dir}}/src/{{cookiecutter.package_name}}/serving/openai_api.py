@@ -40,6 +40,8 @@ import contextlib
 import json
 import logging
 import multiprocessing
+import pickle
+import threading
 import time
 import uuid
 from collections import deque
@@ -87,6 +89,7 @@ PREFILL_WAIT_S = 0.02  # the longest a request waiting for a place stays out of 
 # A streamed piece gathers up to this long of an answer's tokens (the template's docs/benchmarks.md).
 STREAM_INTERVAL_S = 0.01
 PREPARE_TIMEOUT_S = 10.0  # the longest the HTTP process tokenizes (and renders) one request's prompts
+STEP_UID = "step-outputs"  # the response buffer's key of the workers' step messages (LitServe's uids are UUIDs)
 
 
 class OpenAIError(Exception):
@@ -159,10 +162,12 @@ class ChatSpec(ls.OpenAISpec):
         template: the model's chat template (``chat_template()``): counts a conversation's tokens here.
         context: the most prompt tokens the model reads.
         max_tokens: the most new tokens one request may ask for (and the default when it names none).
-        cancelled: a dictionary shared with the workers: request id -> True once its client is gone.
+        cancelled: the requests whose clients are gone, shared with the workers.
     """
 
-    def __init__(self, model_name: str, template: Any, context: int, max_tokens: int, cancelled: Any) -> None:
+    def __init__(
+        self, model_name: str, template: Any, context: int, max_tokens: int, cancelled: "Cancellations"
+    ) -> None:
         super().__init__()
         self.model_name, self.template, self.context = model_name, template, context
         self.max_tokens, self.cancelled = max_tokens, cancelled
@@ -198,10 +203,18 @@ class ChatSpec(ls.OpenAISpec):
         request.metadata = {**(request.metadata or {}), REQUEST_ID: request_id}
         request.model = self.model_name  # what every answer names
         request.max_tokens = request.max_completion_tokens or request.max_tokens or self.max_tokens
+        self.listen_to_steps()
         answer = super().chat_completion(request, background_tasks)
         if request.stream:  # Starlette ends a stream whose client is gone: streaming_completion tells the worker
             return await answer
-        return await unless_gone(http, answer, lambda: self.cancelled.__setitem__(request_id, True))
+        return await unless_gone(http, answer, lambda: self.cancelled.add(request_id))
+
+    def listen_to_steps(self) -> None:
+        """Put :class:`StepOutputs` in this HTTP process's response buffer, once, before its first request is
+        queued: the workers send each step's outputs there (:meth:`StepLoop.send_step`)."""
+        if STEP_UID not in self.response_buffer:
+            step_outputs = StepOutputs(self.response_buffer)
+            self.response_buffer[STEP_UID] = ResponseBufferItem(response_queue=step_outputs, event=asyncio.Event())
 
     def check(self, request: ChatRequest) -> None:
         """Raise :class:`OpenAIError` naming the first field of ``request`` this server cannot honour."""
@@ -259,7 +272,7 @@ class ChatSpec(ls.OpenAISpec):
             complete = True
         finally:  # the client went away (Starlette cancels the stream) or the stream failed
             if not complete:
-                self.cancelled[request.metadata[REQUEST_ID]] = True
+                self.cancelled.add(request.metadata[REQUEST_ID])
 
     def encode_response(self, output: Any, context_kwargs: dict | None = None) -> Any:
         """One step's output of one answer (LitServe's continuous loop sends them one at a time); a
@@ -323,10 +336,11 @@ class ChatSpec(ls.OpenAISpec):
     def stop(self, items: list[CompletionItem]) -> None:
         """Tell the workers that nobody waits for ``items`` any more: each stops at its next step."""
         for item in items:
-            self.cancelled[item.request_id] = True
+            self.cancelled.add(item.request_id)
 
     def enqueue(self, item: CompletionItem) -> AsyncIterator:
         """Put ``item`` in the workers' queue (as ``OpenAISpec.chat_completion`` does a chat request): its outputs."""
+        self.listen_to_steps()
         uid, outputs, event = uuid.uuid4(), deque(), asyncio.Event()
         self.response_buffer[uid] = ResponseBufferItem(response_queue=outputs, event=event)
         self.request_queue.put((self.response_queue_id, uid, time.monotonic(), item))
@@ -532,6 +546,44 @@ def as_sent(event: str, finish: dict[int, str], name: str) -> str:
     return "data: " + json.dumps(chunk, separators=(",", ":")) + "\n\n"
 
 
+class Cancellations:
+    """The requests whose clients are gone: the HTTP processes :meth:`add` them, each worker stops those it
+    generates. A manager's dictionary (request id -> True) holds them, and a stamp in shared memory beside
+    it changes with each addition: a worker reads the dictionary, a round trip to the manager's process
+    (which waits for a core when the server's processes share them), only after the stamp has changed or
+    an answer has joined it (:meth:`read_again`), not at every step.
+
+    Args:
+        manager: a ``multiprocessing`` manager, stopped with the server's process group.
+    """
+
+    def __init__(self, manager: Any) -> None:
+        self.ids = manager.dict()
+        self.stamp = multiprocessing.get_context("spawn").RawValue("Q", 0)  # inherited, or pickled at spawn
+        self.seen: int | None = None  # the stamp this process last read the dictionary at (None: read it)
+
+    def add(self, request_id: str) -> None:
+        self.ids[request_id] = True
+        # Written after the dictionary, and new each time (two additions never leave the stamp they found).
+        self.stamp.value = uuid.uuid4().int >> 64
+
+    def new(self) -> set[str]:
+        """The request ids added since this process last read them (possibly others' requests; empty without
+        a change)."""
+        stamp = self.stamp.value  # read before the dictionary: an addition after it changes the stamp again
+        if stamp == self.seen:
+            return set()
+        self.seen = stamp
+        return set(self.ids.keys())
+
+    def read_again(self) -> None:
+        """Have the next :meth:`new` read the dictionary (a request that joins may have been cancelled before)."""
+        self.seen = None
+
+    def forget(self, request_id: str) -> None:
+        self.ids.pop(request_id, None)
+
+
 class StepLoop(ContinuousBatchingLoop):
     """LitServe's continuous batching loop, first come first served and idle without spinning.
 
@@ -540,6 +592,11 @@ class StepLoop(ContinuousBatchingLoop):
     request waiting through dozens of long answers); here every request queues behind the ones
     that wait. And its ``run`` returns at once when there is nothing to generate, so the worker
     called it again and again, keeping a CPU core busy; here it waits for a request.
+
+    The steps run in the worker's own thread (:meth:`step`), so the prefill task reads the queue between
+    them: it takes every request waiting there at once, and the API's ``arrived`` event (set by the thread
+    that reads the queue) ends a step's gathering of tokens early, so that a new request joins the batch
+    within a step.
     """
 
     def __init__(self) -> None:
@@ -562,19 +619,36 @@ class StepLoop(ContinuousBatchingLoop):
                 self.response_queue_ids[uid] = response_queue_id
                 self.add_request(uid, request, lit_api, lit_spec, transport)
             wait = PREFILL_WAIT_S if pending_requests else IDLE_WAIT_S  # a place may free up meanwhile
-            item = await asyncio.to_thread(self.get_request, request_queue, timeout=wait, block=True)
-            if item is None:
+            items = await asyncio.to_thread(self.take_requests, request_queue, wait, lit_api.arrived)
+            if not items:
                 return pending_requests
-            response_queue_id, uid, _, request = item
-            self.put_response(transport, response_queue_id, uid, (), LitAPIStatus.START, LoopResponseType.STREAMING)
-            pending_requests.append((response_queue_id, uid, request))
+            lit_api.arrived.clear()  # every request that set it is in ``items``
+            for response_queue_id, uid, _, request in items:
+                status, kind = LitAPIStatus.START, LoopResponseType.STREAMING
+                self.put_response(transport, response_queue_id, uid, (), status, kind)
+                pending_requests.append((response_queue_id, uid, request))
+
+    def take_requests(self, request_queue: Any, wait: float, arrived: threading.Event) -> list:
+        """The requests of ``request_queue``: the first within ``wait`` seconds, then every one already there;
+        ``arrived`` set as each is taken."""
+        items = []
+        item = self.get_request(request_queue, timeout=wait, block=True)
+        while item is not None:
+            items.append(item)
+            arrived.set()
+            item = self.get_request(request_queue, block=False)
+        return items
 
     def add_request(self, uid: str, request: Any, lit_api: ls.LitAPI, *args: Any, **kwargs: Any) -> None:
         super().add_request(uid, request, lit_api, *args, **kwargs)
         if self.added is not None:
             self.added.set()
 
-    async def run(self, lit_api: ls.LitAPI, *args: Any, **kwargs: Any) -> None:
+    async def run(
+        self, lit_api: ls.LitAPI, device: str, worker_id: int, request_queue: Any, transport: Any, *args: Any
+    ) -> None:
+        """Steps of the answers in progress until none is left, each step's outputs sent to each HTTP process
+        as one message (:meth:`send_step`); an idle worker waits for a request."""
         if self.added is None:
             self.added = asyncio.Event()
         if not lit_api.has_active_requests():
@@ -582,7 +656,62 @@ class StepLoop(ContinuousBatchingLoop):
                 await asyncio.wait_for(self.added.wait(), timeout=IDLE_WAIT_S)
             self.added.clear()
             return
-        await super().run(lit_api, *args, **kwargs)
+        outputs = None
+        try:
+            while lit_api.has_active_requests():
+                outputs = await self.step(outputs, lit_api, lit_api.spec)
+                self.send_step(transport, lit_api, outputs)
+        except Exception as error:  # every answer in progress fails: their clients get the error, the worker goes on
+            log.exception("the worker's step loop failed")
+            for uid, response_queue_id in self.response_queue_ids.items():
+                self.put_error_response(transport, response_queue_id, uid, error, LoopResponseType.STREAMING)
+            self.response_queue_ids.clear()
+            self.active_sequences.clear()
+            for uid in list(lit_api.answers):
+                lit_api.end(uid)
+
+    async def step(self, previous: list[Output] | None, lit_api: ls.LitAPI, lit_spec: Any) -> list[Output]:
+        """``lit_api.step`` in the worker's own thread, then a turn for the prefill task (the requests that
+        arrived meanwhile join). LitServe runs it in a thread of asyncio's pool, where torch's intra-op threads
+        (OpenMP) serve a second calling thread: the byte GPT decoded at half its speed on 2 cores there
+        (the template's docs/benchmarks.md)."""
+        outputs = lit_api.step(previous)
+        await asyncio.sleep(0)
+        return outputs
+
+    def send_step(self, transport: Any, lit_api: ls.LitAPI, outputs: list[Output]) -> None:
+        """A step's outputs, one message per HTTP process: ``(uid, data, status)`` of each, under the response
+        buffer's key :data:`STEP_UID` (:class:`StepOutputs` hands each to its answer's stream). LitServe's own
+        loop sends a message per output: through the manager's queue each is a round trip from the worker
+        and another to the HTTP process, which cost more than a step of a small model."""
+        messages: dict[int, list[tuple[Any, Any, LitAPIStatus]]] = {}
+        for output in outputs:
+            data = lit_api.format_encoded_response(lit_api.encode_response(output.output))
+            if output.status == LitAPIStatus.ERROR:
+                data = pickle.dumps(data)  # as LitServe's put_error_response sends an error
+            messages.setdefault(self.response_queue_ids[output.uid], []).append((output.uid, data, output.status))
+            if output.status != LitAPIStatus.OK:
+                self.mark_completed(output.uid)
+        for response_queue_id, items in messages.items():
+            message = (items, LitAPIStatus.OK, LoopResponseType.STREAMING, self.worker_id)
+            transport.send((STEP_UID, message), consumer_id=response_queue_id)
+
+
+class StepOutputs:
+    """The HTTP process's end of :meth:`StepLoop.send_step`: in the response buffer under :data:`STEP_UID`,
+    LitServe's consumer appends each step's message here as it would an answer's piece; each output goes
+    to its own answer's stream, as LitServe's consumer puts a message of one output."""
+
+    def __init__(self, response_buffer: dict) -> None:
+        self.response_buffer = response_buffer
+
+    def append(self, response: tuple[list[tuple[Any, Any, LitAPIStatus]], LitAPIStatus]) -> None:
+        items, _ = response
+        for uid, data, status in items:
+            answer = self.response_buffer.get(uid)
+            if answer is not None:  # None: a request LitServe has already let go
+                answer.response_queue.append((data, status))
+                answer.event.set()
 
 
 @dataclass
@@ -631,7 +760,8 @@ class ChatAPI(ls.LitAPI):
         self.answers: dict[str, Answer] = {}  # LitServe's uid -> the answer; added by the loop's other thread
 
     def setup(self, device: str) -> None:
-        self.trained = load_in_worker(self.checkpoint, device, self.trust)
+        self.arrived = threading.Event()  # a request is in the worker, waiting to join (StepLoop)
+        self.trained = load_in_worker(self.checkpoint, device, self.trust, len(self.progress))
         self.template = self.trained.model.chat_template()
         self.batch = DecodeBatch(self.trained.predictor.net)
         with self.slots_lock:  # claim this worker's slot
@@ -643,6 +773,7 @@ class ChatAPI(ls.LitAPI):
 
     def add_request(self, uid: str, request: ChatRequest) -> None:
         self.answers[uid] = Answer(request)  # rendered in :meth:`step`, in the thread that runs the model
+        self.spec.cancelled.read_again()  # its client may have gone while it waited in the queue
 
     def has_active_requests(self) -> bool:
         return bool(self.answers)
@@ -660,10 +791,10 @@ class ChatAPI(ls.LitAPI):
         whatever the others have gathered (the time to the first token is what a user waits for)."""
         self.started = False
         outputs = self.step_once()
-        while not outputs and self.answers:
+        while not outputs and self.answers and not self.arrived.is_set():
             outputs = self.step_once()
         until = time.monotonic() + self.stream_interval
-        while self.answers and not self.started and time.monotonic() < until:
+        while self.answers and not (self.started or self.arrived.is_set()) and time.monotonic() < until:
             outputs += self.step_once()
         return joined_pieces(outputs)
 
@@ -671,12 +802,12 @@ class ChatAPI(ls.LitAPI):
         """A step of every answer in progress: its next piece (an OK output), and for an answer that
         ended (its last piece given, its client gone, or an error) a FINISH_STREAMING or ERROR output."""
         outputs: list[Output] = []
-        gone = set(self.spec.cancelled.keys())  # one round trip to the manager per step
+        gone = self.spec.cancelled.new()
         self.progress[self.slot] = time.monotonic()
         for uid, answer in list(self.answers.items()):
             request_id = answer.request_id
             if request_id in gone:
-                self.spec.cancelled.pop(request_id, None)
+                self.spec.cancelled.forget(request_id)
                 gone_after = "request %s: the client disconnected after %d tokens; generation stopped"
                 log.warning(gone_after, request_id, answer.tokens)
                 outputs.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
@@ -818,7 +949,8 @@ def build_chat_server(
         kind = type(trained.model).__name__
         raise ValueError(f"{kind} does not generate text: the OpenAI API serves language models")
     manager = multiprocessing.get_context("spawn").Manager()  # stops with the server's process group
-    spec = ChatSpec(model_name, trained.model.chat_template(), trained.model.context_size, max_tokens, manager.dict())
+    cancelled = Cancellations(manager)
+    spec = ChatSpec(model_name, trained.model.chat_template(), trained.model.context_size, max_tokens, cancelled)
     workers = workers_per_device * max(1, _device_count(accelerator))
     # A slot per worker, written by that worker only; claimed under the manager's lock.
     progress = multiprocessing.get_context("spawn").Array("d", [-1.0] * workers, lock=False)
