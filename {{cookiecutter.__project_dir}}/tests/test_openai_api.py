@@ -129,6 +129,45 @@ def test_the_worker_takes_every_queued_request_in_one_turn_and_signals_the_steps
     assert api.started == ["d", "e"] and waiting == [] and not api.arrived.is_set()
 
 
+class Stepped:
+    """``ChatAPI.step_once`` of a running answer: an output from step ``first`` on (None: never), a request
+    arriving at step ``arrives``; more than ``most`` steps fail the test rather than hang it."""
+
+    def __init__(self, api: Any, first: int | None, arrives: int, most: int = 50) -> None:
+        self.api, self.first, self.arrives, self.most, self.steps = api, first, arrives, most, 0
+
+    def __call__(self) -> list:
+        from litserve.loops.continuous_batching_loop import Output
+        from litserve.utils import LitAPIStatus
+
+        self.steps += 1
+        assert self.steps <= self.most, "the step went on gathering after a request arrived"
+        if self.steps == self.arrives:
+            self.api.arrived.set()  # as the thread that reads the queue sets it
+        if self.first is None or self.steps < self.first:
+            return []  # the tokens only held text back (a character's first bytes)
+        return [Output("a", {"content": "x"}, LitAPIStatus.OK)]
+
+
+@pytest.mark.parametrize("first", [None, 1], ids=["while-text-is-held-back", "while-pieces-gather"])
+def test_a_request_that_arrives_ends_the_steps_gathering_so_it_joins_within_a_step(first: int | None) -> None:
+    """``ChatAPI.step`` steps on until it has output, then gathers ``stream_interval`` seconds of pieces; a
+    request that arrives meanwhile ends both, so the prefill task puts it in the batch at the next step."""
+    from {{ cookiecutter.package_name }}.serving.openai_api import ChatAPI
+
+    api = ChatAPI.__new__(ChatAPI)  # the scheduling alone: no model, no server
+    api.answers, api.arrived, api.stream_interval = {"a": object()}, threading.Event(), 60.0
+    api.step_once = Stepped(api, first, arrives=3)
+    started = time.monotonic()
+    outputs = api.step(None)
+    assert api.step_once.steps == 3 and time.monotonic() - started < 30  # not the 60 s of gathering
+    assert [output.output for output in outputs] == ([] if first is None else [{"content": "xxx"}])
+    api.arrived.clear()  # the prefill task took the request; with none arriving, a step gathers its interval
+    api.stream_interval, api.step_once = 0.2, Stepped(api, first=1, arrives=0, most=10**9)
+    api.step(None)
+    assert api.step_once.steps > 1
+
+
 class Sent(list):
     """A transport that keeps what the worker sends: ``(consumer_id, message)``."""
 
