@@ -13,8 +13,9 @@ over wall seconds), so what the clients took from a machine the server shares is
 The worker's resident memory is read after each count. Then
 ``GPT2LMHeadModel`` (random weights; the checkpoint's layers, heads, width, vocabulary and context)
 generates greedily at batch N from a prompt as long as the server's, ``--new-tokens`` new tokens,
-best of ``--rounds``: the reference for batched decoding on this machine. Ratios within one run are
-what to compare across machines.
+best of ``--rounds``: the reference for batched decoding on this machine; and again on the intra-op threads the
+server's worker has (``serving.api.cpu_threads``: the cores less the HTTP process's), where fewer than every core:
+the model's speed on the cores it is served from. Ratios within one run are what to compare across machines.
 
     python docs/bench_openai_streams.py <bake> <checkpoint> [--streams 1 4 16 64] [--new-tokens 90]
                                         [--stream-interval SECONDS] [--clients async|threads]
@@ -22,6 +23,7 @@ what to compare across machines.
 
 import argparse
 import asyncio
+import importlib
 import os
 import statistics
 import subprocess
@@ -76,8 +78,6 @@ def generate_tokens_per_second(checkpoint: Path, batch: int, prompt: int, new: i
 def decoded_in_process(package: str, checkpoint: Path, count: int, new: int, rounds: int) -> float:
     """tokens/s of ``count`` greedy answers decoded together in this process (``serving.batching.DecodeBatch``,
     each token made text as the server does): the model's side of the server, without HTTP."""
-    import importlib
-
     trained = importlib.import_module(f"{package}.engine.inference").load_trained(checkpoint)
     batching = importlib.import_module(f"{package}.serving.batching")
     ids = trained.model.chat_template().ids(CHAT)
@@ -234,6 +234,16 @@ def main() -> None:
         reference = generate_tokens_per_second(args.checkpoint, count, prompt, args.new_tokens, args.rounds)
         print(f"  batch {count:3d}: {reference:7.0f} tokens/s; the server at {count} streams: "
               f"{served[count][0] / reference:.2f}x")  # fmt: skip
+    # The model's speed on the cores the server's worker has: its intra-op threads leave a core to the HTTP
+    # process (serving.api.cpu_threads), which on a small machine is most of the gap to `generate` on every core.
+    threads = importlib.import_module(f"{package}.serving.api").cpu_threads(workers=1)
+    if threads is not None and threads < torch.get_num_threads():
+        torch.set_num_threads(threads)
+        print(f"transformers generate on the worker's {threads} intra-op thread(s) of {os.cpu_count()} cores:")
+        for count in args.streams:
+            reference = generate_tokens_per_second(args.checkpoint, count, prompt, args.new_tokens, args.rounds)
+            print(f"  batch {count:3d}: {reference:7.0f} tokens/s; the server at {count} streams: "
+                  f"{served[count][0] / reference:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -224,6 +224,75 @@ def test_a_step_is_one_message_per_http_process_and_litserve_hands_each_output_t
     assert list(answers["b"].response_queue) == [('{"content": "y"}', ok), ('""', end)]
 
 
+def streamed(outputs: list[tuple[Any, Any]], cancelled: list | None = None) -> list[dict | str]:
+    """The events ``ChatSpec.streaming_completion`` writes when ``outputs`` (``(piece or None, status)``) are
+    all waiting in the answer's queue at once, each event's JSON decoded."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from {{ cookiecutter.package_name }}.serving.openai_api import REQUEST_ID, ChatSpec, Pieces
+
+    queue_ = deque((json.dumps(piece) if piece is not None else "", status) for piece, status in outputs)
+    event = asyncio.Event()
+    event.set()
+    spec = SimpleNamespace(cancelled=SimpleNamespace(add=(cancelled if cancelled is not None else []).append))
+    request = SimpleNamespace(metadata={REQUEST_ID: "r1"}, model=NAME)
+
+    async def events() -> list[str]:
+        return [event async for event in ChatSpec.streaming_completion(spec, request, [Pieces(queue_, event)])]
+
+    return [e if e == "data: [DONE]\n\n" else json.loads(e.removeprefix("data: ")) for e in asyncio.run(events())]
+
+
+def test_a_streams_waiting_pieces_go_as_one_event_with_the_answers_id_finish_reason_and_usage() -> None:
+    """An HTTP process behind its streams writes what gathered as one server-sent event (LitServe's spec wrote
+    one per piece, each built through four pydantic models); the events are the OpenAI API's chunks."""
+    from litserve.utils import LitAPIStatus
+
+    ok, end, error = LitAPIStatus.OK, LitAPIStatus.FINISH_STREAMING, LitAPIStatus.ERROR
+    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    pieces = [({"role": "assistant", "content": "Ca"}, ok), ({"role": "assistant", "content": "ll"}, ok)]
+    pieces += [({"role": "assistant", "content": " me", "finish_reason": "length", **usage}, ok), (None, end)]
+    text, last, done = streamed(pieces)
+    delta = {"role": "assistant", "content": "Call me"}
+    assert text["choices"] == [{"index": 0, "delta": delta, "finish_reason": None}]
+    assert last["choices"] == [{"index": 0, "delta": {}, "finish_reason": "length"}] and last["usage"] == usage
+    assert {text["id"], last["id"]} == {"chatcmpl-r1"} and text["object"] == "chat.completion.chunk"
+    assert done == "data: [DONE]\n\n"
+    # A failure in the model is the stream's last event, in the OpenAI error shape; the worker has ended it.
+    cancelled: list = []
+    text, failed, done = streamed([({"role": "assistant", "content": "Ca"}, ok), (None, error)], cancelled)
+    assert failed["error"]["type"] == "server_error" and "model failed" in failed["error"]["message"]
+    assert text["choices"][0]["delta"]["content"] == "Ca" and cancelled == []
+
+
+def test_pieces_give_every_waiting_output_at_once_and_end_with_the_answer() -> None:
+    from collections import deque
+
+    from litserve.utils import LitAPIStatus
+
+    from {{ cookiecutter.package_name }}.serving.openai_api import Pieces
+
+    ok, end = LitAPIStatus.OK, LitAPIStatus.FINISH_STREAMING
+
+    async def consume() -> tuple[list, list]:
+        outputs, event = deque([("a", ok), ("b", ok)]), asyncio.Event()
+        pieces = Pieces(outputs, event)
+        event.set()
+        batches = pieces.batches()
+        first = await anext(batches)
+        outputs.extend([("c", ok), ("", end), ("after the end", ok)])  # the worker's next step
+        event.set()
+        rest = [batch async for batch in batches]
+        one_by_one = Pieces(deque([("x", ok), ("", end)]), asyncio.Event())
+        one_by_one.event.set()
+        return [first, *rest], [item async for item in one_by_one]
+
+    batches, items = asyncio.run(consume())
+    assert batches == [[("a", ok), ("b", ok)], [("c", ok)]]
+    assert items == [("x", ok)]  # LitServe's data_streamer's items, for the whole answer's path
+
+
 class CountedDict(dict):
     """A manager's dictionary that counts its reads (each a round trip to the manager's process)."""
 

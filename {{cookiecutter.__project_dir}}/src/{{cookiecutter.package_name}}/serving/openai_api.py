@@ -4,8 +4,9 @@ https://platform.openai.com/docs/api-reference/chat and https://lightning.ai/doc
 
 - ``POST /v1/chat/completions``: ``messages``, ``max_tokens`` (or ``max_completion_tokens``),
   ``temperature`` (0: greedy), ``top_p``, ``stop`` (up to 16 strings), ``seed``, ``stream``
-  (server-sent events, ending ``data: [DONE]``); the answer carries ``usage`` (prompt and completion
-  tokens) and ``finish_reason`` (``"stop"`` or ``"length"``).
+  (server-sent events, ending ``data: [DONE]``; an event holds the text the worker gathered in
+  ``stream_interval`` and, when the HTTP process is behind, every piece waiting for it); the answer
+  carries ``usage`` (prompt and completion tokens) and ``finish_reason`` (``"stop"`` or ``"length"``).
 - ``POST /v1/completions``: ``prompt`` (text, texts, token ids), ``max_tokens`` (0: none, with ``echo``
   the prompt's scores alone), ``echo``, ``logprobs`` (each token's log-probability and the k likeliest),
   ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream``; and ``POST /tokenize``, ``POST /detokenize``,
@@ -262,17 +263,43 @@ class ChatSpec(ls.OpenAISpec):
             limit = f"up to {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters"
             raise OpenAIError(400, f"stop: {limit}, got {str(request.stop)[:80]!r}", "stop")
 
-    async def streaming_completion(self, request: ChatRequest, pipe_responses: list) -> AsyncIterator[str]:
-        finish: dict[int, str] = {}
-        complete, name = False, f"chatcmpl-{request.metadata[REQUEST_ID]}"
+    async def get_from_queues(self, uids: list) -> list["Pieces"]:
+        """Each answer's outputs as :class:`Pieces` (LitServe's ``chat_completion`` has just made their queues)."""
+        return [Pieces(outputs, event) for outputs, event in zip(self.queues, self.events, strict=True)]
+
+    async def streaming_completion(self, request: ChatRequest, pipe_responses: list["Pieces"]) -> AsyncIterator[str]:
+        """The answer's server-sent events: a chunk of the text of every piece waiting for it, then one with the
+        ``finish_reason`` and ``usage``, then [DONE]; a failure in the model as the stream's last event.
+
+        Written here as JSON, as :meth:`streamed_completion` writes a completion's: LitServe's ``OpenAISpec``
+        built four pydantic models for every chunk, and its chunks named neither the answer's id nor the true
+        finish reason. An HTTP process behind its streams sends each what gathered meanwhile as one event, so
+        under load there are fewer events to write and parse, and none waits when there is no load."""
+        (pipe,) = pipe_responses  # n is 1 (check)
+        head = {"id": f"chatcmpl-{request.metadata[REQUEST_ID]}", "object": "chat.completion.chunk"}
+        head |= {"created": int(time.time()), "model": request.model}
+        ended, last = False, {}
         try:
-            pipes = [finish_reasons(pipe, finish, index) for index, pipe in enumerate(pipe_responses)]
-            async for event in super().streaming_completion(request, pipes):
-                yield as_sent(event, finish, name)
-            complete = True
-        finally:  # the client went away (Starlette cancels the stream) or the stream failed
-            if not complete:
+            async for batch in pipe.batches():
+                pieces = [decoded(*item) for item in batch if item[1] != LitAPIStatus.ERROR]
+                last = pieces[-1] if pieces else last
+                text = "".join(piece["content"] or "" for piece in pieces)
+                if text:
+                    choice = {"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}
+                    yield sent({**head, "choices": [choice]})
+                if len(pieces) < len(batch):  # the text before it sent, the model's failure
+                    decoded(*batch[-1])
+            usage = {key: last.get(key, 0) for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+            choice = {"index": 0, "delta": {}, "finish_reason": last.get("finish_reason") or "stop"}
+            ended = True
+            yield sent({**head, "choices": [choice], "usage": usage})
+        except OpenAIError as error:  # the model failed: the stream has begun, so the error is its last event
+            ended = True
+            yield sent({"error": {"message": error.message, "type": error.kind}})
+        finally:  # the client went away (Starlette cancels the stream): the worker stops the answer
+            if not ended:
                 self.cancelled.add(request.metadata[REQUEST_ID])
+        yield "data: [DONE]\n\n"
 
     def encode_response(self, output: Any, context_kwargs: dict | None = None) -> Any:
         """One step's output of one answer (LitServe's continuous loop sends them one at a time); a
@@ -491,13 +518,18 @@ def refuse_unless_neutral(given: dict[str, bool]) -> None:
             raise OpenAIError(400, f"{field}: not implemented by this server; leave it out", field)
 
 
+def decoded(response: Any, status: LitAPIStatus) -> dict[str, Any]:
+    """A piece from the worker, decoded; a failure in the model as an :class:`OpenAIError` (500)."""
+    if status == LitAPIStatus.ERROR:
+        message = "the model failed on this request; the server's log has the traceback"
+        raise OpenAIError(500, message, None, "server_error")
+    return json.loads(response)
+
+
 async def worker_outputs(pipe: AsyncIterator) -> AsyncIterator[dict[str, Any]]:
-    """A completion's pieces from its worker, decoded; a failure in the model as an :class:`OpenAIError` (500)."""
+    """A completion's pieces from its worker, decoded (:func:`decoded`)."""
     async for response, status in pipe:
-        if status == LitAPIStatus.ERROR:
-            message = "the model failed on this request; the server's log has the traceback"
-            raise OpenAIError(500, message, None, "server_error")
-        yield json.loads(response)
+        yield decoded(response, status)
 
 
 def stop_strings(stop: str | list[str] | None) -> list[str]:
@@ -532,18 +564,37 @@ async def finish_reasons(pipe: AsyncIterator, finish: dict[int, str], index: int
         yield response, status
 
 
-def as_sent(event: str, finish: dict[int, str], name: str) -> str:
-    """A server-sent event of LitServe's stream as the OpenAI API sends it: every chunk of an answer has
-    its ``id`` (LitServe gives each its own), and the last one the ``finish_reason`` the worker gave."""
-    if not event.startswith("data: {"):
-        return event  # [DONE]
-    chunk = json.loads(event.removeprefix("data: "))
-    if "choices" in chunk:  # not an error
-        chunk["id"] = name
-        for choice in chunk["choices"]:
-            if choice.get("finish_reason"):
-                choice["finish_reason"] = finish.get(choice["index"], choice["finish_reason"])
-    return "data: " + json.dumps(chunk, separators=(",", ":")) + "\n\n"
+class Pieces:
+    """An answer's outputs as its worker sends them, from its queue in the HTTP process's response buffer:
+    one at a time (``async for``: LitServe's ``data_streamer``) or every one waiting at once (:meth:`batches`)."""
+
+    def __init__(self, outputs: deque, event: asyncio.Event) -> None:
+        self.outputs, self.event = outputs, event
+
+    async def __aiter__(self) -> AsyncIterator[tuple[Any, LitAPIStatus]]:
+        async for batch in self.batches():
+            for item in batch:
+                yield item
+
+    async def batches(self) -> AsyncIterator[list[tuple[Any, LitAPIStatus]]]:
+        """Lists of ``(data, status)``: every output waiting when the stream's consumer asks, in order; the
+        end of the answer (FINISH_STREAMING) ends them, an ERROR is the last one given."""
+        while True:
+            await self.event.wait()
+            self.event.clear()  # (set again by the next output: the same event loop's consumer puts them)
+            batch = []
+            while self.outputs:
+                data, status = self.outputs.popleft()
+                if status == LitAPIStatus.FINISH_STREAMING:
+                    if batch:
+                        yield batch
+                    return
+                batch.append((data, status))
+                if status == LitAPIStatus.ERROR:
+                    yield batch
+                    return
+            if batch:
+                yield batch
 
 
 class Cancellations:
