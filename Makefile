@@ -27,10 +27,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m pip install --quiet --group dev
 	touch $(STAMP)
 
-# One test process per core (pytest-xdist), each test sent to the next free one, the slow ones first
-# (tests/conftest.py); the SLURM tests share one cluster, so their file is one group (--dist loadgroup).
+# One test process per core (pytest-xdist), each test file in one process (--dist loadfile: the
+# SLURM tests share one cluster, started once per file).
 test: $(STAMP) ## Run the template's tests: bakes, hooks, and the baked projects' own tests
-	$(PYTHON) -m pytest -n auto --dist loadgroup $(ARGS)
+	$(PYTHON) -m pytest -n auto --dist loadfile $(ARGS)
 
 lint: $(STAMP) ## ruff on the hooks and tests (bakes are linted by the tests)
 	$(PYTHON) -m ruff check hooks tests local_extensions.py

@@ -30,13 +30,6 @@ os.environ["TORCH_TEMPLATE_LOCK"] = "0"
 UV_CACHE_DIR = os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The longest first (make test spreads tests over one process per core as each frees): the slow
-    # tests install a whole bake and run its suite (minutes each), so started last they would leave a
-    # core idle while one runs on alone. A stable sort: the rest keep their order.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture(autouse=True)
 def _hermetic_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # No user config leaks in: cookiecutter's replay and user config, git identity, wandb login.

@@ -21,8 +21,7 @@ import pytest
 from conftest import installed
 from slurm_cluster import Cluster, ClusterUnavailable
 
-# One test process for the whole file (make test: --dist loadgroup): its tests share one cluster.
-pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-cluster")]
+pytestmark = pytest.mark.slurm
 
 # Its own name: the default bake's test installs digits-classifier into this environment too, and
 # make test may run the two at once (pytest-xdist).
