@@ -411,6 +411,24 @@ def test_answers_decoded_together_equal_each_decoded_alone_as_they_join_and_leav
     assert shared_steps >= 15 and prefilled_together == (2 if prefill_tokens == 64 else 0)  # "b" with "c", "d" with "e"
 
 
+def test_answers_that_end_in_one_step_leave_the_shared_cache_in_one_copy() -> None:
+    """Each leave copies the rows kept (the cache is one tensor): answers ending together copy it once, at the
+    next step, where they copied it once each (16 answers of one length, started together, 16 copies)."""
+    batch = DecodeBatch(context_dependent_gpt())
+    for key in "abcd":
+        batch.add(key, [5, 9, 200], greedy_choice)
+    assert set(batch.step()) == set("abcd") and len(batch.rows) == 4  # prefilled together, then shared rows
+    copies, select = [], batch.cache.select
+    batch.cache.select = lambda rows: (copies.append(rows), select(rows))
+    for key in "abc":
+        batch.remove(key)
+    assert len(batch) == 1 and copies == []
+    assert list(batch.step()) == ["d"] and copies == [[3]]
+    batch.remove("d")
+    batch.add("d", [7, 7], greedy_choice)  # the key again, before a step: the row that left is gone first
+    assert len(batch) == 1 and copies == [[3], []]
+
+
 def assert_decoded_together_equal_alone(net: torch.nn.Module, prefill_tokens: int) -> tuple[int, int]:
     """Greedy answers of the batch are token for token those of the answer alone, whatever else is in the batch:
     prompts of other lengths join mid-answer, two at a time (prefilled in chunks of ``prefill_tokens`` 4, or

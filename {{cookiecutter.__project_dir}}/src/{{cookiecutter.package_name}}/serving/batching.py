@@ -88,10 +88,11 @@ class DecodeBatch:
         self.rows: list[Decoding] = []  # in the order of the shared cache's rows
         self.waiting: list[Decoding] = []  # to prefill, first come first served
         self.alone: list[Decoding] = []  # decoded one at a time (past the context, or no shared cache)
+        self.gone: set[Hashable] = set()  # shared rows removed since the last step, dropped from the cache together
         self.scores: dict[Hashable, list[TokenScore]] = {}  # scored tokens not yet taken (:meth:`take_scores`)
 
     def __len__(self) -> int:
-        return len(self.rows) + len(self.waiting) + len(self.alone)
+        return len(self.rows) - len(self.gone) + len(self.waiting) + len(self.alone)
 
     def add(
         self,
@@ -113,6 +114,7 @@ class DecodeBatch:
         """
         if not prompt:
             raise ValueError("an answer needs a prompt of at least one token")
+        self._drop_gone()
         if any(sequence.key == key for sequence in (*self.rows, *self.waiting, *self.alone)):
             raise ValueError(f"answer {key!r} is already in the batch")
         if top_logprobs is not None and top_logprobs < 0:
@@ -137,20 +139,29 @@ class DecodeBatch:
         return self.scores.pop(key, [])
 
     def remove(self, key: Hashable) -> None:
-        """Drop answer ``key`` (ended, or its client gone): its place is free at the next step."""
+        """Drop answer ``key`` (ended, or its client gone): its place is free at the next step. The shared cache
+        is copied without the rows removed once, at the next step: answers that end together (a step's, or
+        answers of the same length started together) cost one copy, not one each."""
         self.scores.pop(key, None)
         self.waiting = [sequence for sequence in self.waiting if sequence.key != key]
         self.alone = [sequence for sequence in self.alone if sequence.key != key]
-        kept = [row for row, sequence in enumerate(self.rows) if sequence.key != key]
-        if len(kept) < len(self.rows):
+        if any(sequence.key == key for sequence in self.rows):
+            self.gone.add(key)
+
+    def _drop_gone(self) -> None:
+        """The shared rows :meth:`remove` was given leave the cache, in one copy of the rows kept."""
+        if self.gone:
+            kept = [row for row, sequence in enumerate(self.rows) if sequence.key not in self.gone]
             self.cache.select(kept)
             self.rows = [self.rows[row] for row in kept]
+            self.gone.clear()
 
     @torch.no_grad()
     def step(self) -> dict[Hashable, int]:
         """The next token of every answer that has one this step: one forward pass over the shared rows,
         one per answer decoded alone, and prefill of waiting prompts up to ``prefill_tokens``."""
         found: dict[Hashable, int] = {}
+        self._drop_gone()
         self._leave_the_window()
         if self.rows:
             last = torch.tensor([[sequence.ids[-1]] for sequence in self.rows], device=self.device)  # (B, 1)
