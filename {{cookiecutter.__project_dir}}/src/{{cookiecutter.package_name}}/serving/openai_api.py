@@ -294,8 +294,8 @@ class ChatSpec(ls.OpenAISpec):
             ended = True
             yield sent({**head, "choices": [choice], "usage": usage})
         except OpenAIError as error:  # the model failed: the stream has begun, so the error is its last event
-            ended = True
-            yield sent({"error": {"message": error.message, "type": error.kind}})
+            ended, failed = True, {"message": error.message, "type": error.kind}
+            yield sent({"error": failed})
         finally:  # the client went away (Starlette cancels the stream): the worker stops the answer
             if not ended:
                 self.cancelled.add(request.metadata[REQUEST_ID])
