@@ -339,6 +339,7 @@ CALLED_BY_FRAMEWORKS = [
     "stop",  # Lightning's Profiler interface (make bench's HookRanges), with start
     *("readable", "seekable", "readinto", "tell"),  # io.RawIOBase's interface (engine.checkpoints._Span): zipfile
     "areceive",  # LitServe's MessageTransport interface, read by its response consumer (test_openai_api.py)
+    "get_from_queues",  # LitServe's OpenAISpec.chat_completion asks its spec for the answers' streams
 ]
 # The engine's API for a user's own DataModule, which no bundled example need call: make prepare's
 # switch and the manifest state checks (engine/prepared.py).
