@@ -163,7 +163,7 @@ def test_a_request_that_arrives_ends_the_steps_gathering_so_it_joins_within_a_st
     assert api.step_once.steps == 3 and time.monotonic() - started < 30  # not the 60 s of gathering
     assert [output.output for output in outputs] == ([] if first is None else [{"content": "xxx"}])
     api.arrived.clear()  # the prefill task took the request; with none arriving, a step gathers its interval
-    api.stream_interval, api.step_once = 0.2, Stepped(api, first=1, arrives=0, most=10**9)
+    api.stream_interval, api.step_once = 1.0, Stepped(api, first=1, arrives=0, most=10**9)
     api.step(None)
     assert api.step_once.steps > 1
 
