@@ -292,3 +292,20 @@ def make(project: Path, *targets: str, args: str = "", stderr: bool = False, pyt
     done = run(command, cwd=project, timeout=900)
     assert done.returncode == 0, f"make {' '.join(targets)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     return done.stdout + (done.stderr if stderr else "")
+
+
+def installed_linted_and_tested(
+    cookies, monkeypatch: pytest.MonkeyPatch, answers: dict, absent: tuple[str, ...] = ()
+) -> tuple[Path, Path]:
+    """Bake ``answers`` (locked), install it as its user does, exactly its uv.lock into its own environment,
+    where none of ``absent`` imports, then run its own ``make lint`` and ``make test`` (the quick tests, as
+    for the default bake; slow ones: .ci/slow and .ci/floors); return the project and its Python."""
+    monkeypatch.setenv("TORCH_TEMPLATE_LOCK", "1")
+    project = bake(cookies, **answers)
+    python = install_own_environment(project)
+    for name in absent:
+        assert subprocess.run([python, "-c", f"import {name}"], capture_output=True).returncode != 0, name
+    make(project, "lint", python=python)
+    # A make target glued to the previous recipe once ran nothing here and exited 0: tests must have run.
+    assert re.search(r"\b\d+ passed\b", make(project, "test", python=python))
+    return project, python
