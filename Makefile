@@ -28,9 +28,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # One test process per core (pytest-xdist), each test file in one process (--dist loadfile: the
-# SLURM tests share one cluster, started once per file).
+# SLURM tests share one cluster, started once per file), the whole-bake files first (tests/conftest.py).
 test: $(STAMP) ## Run the template's tests: bakes, hooks, and the baked projects' own tests
-	$(PYTHON) -m pytest -n auto --dist loadfile $(ARGS)
+	$(PYTHON) -m pytest -n auto --dist loadfile --no-loadscope-reorder $(ARGS)
 
 lint: $(STAMP) ## ruff on the hooks and tests (bakes are linted by the tests)
 	$(PYTHON) -m ruff check hooks tests local_extensions.py

@@ -30,6 +30,15 @@ os.environ["TORCH_TEMPLATE_LOCK"] = "0"
 UV_CACHE_DIR = os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The whole-bake tests (marked slow: an install and a bake's own suite, minutes each) first.
+
+    `make test` hands each file to a process in collection order (``--dist loadfile
+    --no-loadscope-reorder``), so the longest start first and the short files fill the end (xdist's own
+    order, most tests first, put the four one-test bake files after the hooks, matrix and SLURM files)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _hermetic_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # No user config leaks in: cookiecutter's replay and user config, git identity, wandb login.

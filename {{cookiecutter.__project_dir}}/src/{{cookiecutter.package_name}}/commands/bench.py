@@ -4,14 +4,18 @@ Both paths train the default model on the default data for ``--steps`` optimizer
 
 - **project**: the LightningModule, DataModule, callbacks, logger and progress bar exactly as
   ``make train`` configures them (``configs/default.yaml`` through the project's CLI);
+- **lightning**: the same LightningModule and DataModule in Lightning's Trainer with none of the
+  config's callbacks, no logger and no progress bar or checkpoints: Lightning's own loop, so that
+  the framework's cost splits into Lightning's (``lightning_ratio``, lightning / plain) and that of
+  the callbacks, logger and bar ``make train`` adds (``callbacks_ratio``, project / lightning);
 - **plain**: a hand-written loop around the same task module without the Trainer: the task's own
   ``shared_step`` (forward, loss, metric updates), ``setup`` (compile, channels-last) and
   ``build_optimizer`` (the configured optimizer and schedule), the same loader (same batches in
   the same order), gradient clipping, metrics computed every epoch, validation every epoch, and
   the loss and learning rate read every ``log_every_n_steps`` steps. Only the loop is its own.
 
-Each run is a fresh process, as ``make train`` is, and the two paths alternate ``--repeats``
-times, which of the two runs first alternating too. A step's time is the interval between the
+Each run is a fresh process, as ``make train`` is, and the three paths alternate ``--repeats``
+times, their order reversed every other time. A step's time is the interval between the
 ends of consecutive steps, so it covers data, forward, backward, optimizer, hooks, logging and
 the progress bar; a run's step time is the median of its intervals within an epoch. An epoch's end
 (metrics computed, validation, checkpoints saved and synced to disk, the next epoch set up) is timed
@@ -19,9 +23,10 @@ apart, beside it: ``*_epoch_end_ms``, what an interval that spans one takes more
 over the runs), ``*_epoch_end_ms_per_step``, that shared by an epoch's ``steps_per_epoch`` steps, and
 ``epoch_end_ratio`` (none when ``--steps`` ends no epoch). ``overhead_ratio`` is the median, over the
 pairs of runs, of project / plain: a pair runs back to back, so a slow spell of the machine
-weighs on both sides of its ratio. It is the last line printed; the line before it gives the
-spread of the pair ratios (min, median, max), and says so when the spread is wider than the
-overhead being measured (then add ``--repeats``).
+weighs on both sides of its ratio (``lightning_ratio`` and ``callbacks_ratio`` are medians the same
+way). It is the last line printed; the line before it gives the spread of the pair ratios (min,
+median, max), and says so when the spread is wider than the overhead being measured (then add
+``--repeats``).
 
 On a CUDA GPU both paths wait for the device at the end of every step (the times are the
 steps' own, not their launches'; ``--sync_every N`` waits every N steps only, as a run that logs
@@ -282,17 +287,24 @@ def flops_per_step(cli) -> int | None:
 
 
 def run_project(
-    config: list[Path], steps: int, extra: list[str], every: int = 1, ops: OpWindow | None = None
+    config: list[Path], steps: int, extra: list[str], every: int = 1, ops: OpWindow | None = None, bare: bool = False
 ) -> dict[str, Any]:
     """``fit`` through the project's CLI, as ``make train`` runs it: step intervals (s) and what they measured.
+
+    ``bare``: the same module, data and Trainer settings (precision, clipping, logging cadence) without the
+    config's callbacks, the logger, the progress bar and checkpoints, Lightning's own loop alone.
 
     Returns ``intervals``, ``crossed`` (per interval: whether it spans an epoch's end, see :func:`timed`),
     ``steps_per_epoch``, ``batch_size``, ``tokens_per_sample`` (when the DataModule serves token
     windows: it has a ``block_size``; else None), ``flops_per_step`` (:func:`flops_per_step`),
-    ``precision`` and ``peak_gpu_gib`` (on CUDA, else None).
+    ``precision``, ``peak_gpu_gib`` (on CUDA, else None) and ``callbacks`` (the classes the Trainer called,
+    the bench's own left out).
     """
     with tempfile.TemporaryDirectory() as folder:
         cli = main(project_args(config, Path(folder), steps, extra), run=False)
+        if bare:  # Lightning's loop alone: none of the callbacks it was given or added (bar, checkpoints)
+            cli.trainer.callbacks = []
+            cli.trainer.loggers = []
         timer = StepTimes(every)
         cli.trainer.callbacks.append(timer)
         if ops is not None:  # the ops of a window of steps, each under the Lightning hook that dispatched it
@@ -310,6 +322,11 @@ def run_project(
         "tokens_per_sample": getattr(cli.datamodule, "block_size", None),
         "flops_per_step": flops,
         "precision": str(cli.trainer.precision),
+        "callbacks": sorted(
+            type(callback).__name__
+            for callback in cli.trainer.callbacks
+            if not isinstance(callback, (StepTimes, OpWindowCallback))
+        ),
         # The most GPU memory the run's tensors held at once (activations, gradients, optimizer state).
         "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
     }
@@ -436,7 +453,7 @@ def first_step_seconds(config: list[Path], extra: list[str]) -> float:
 def run_in_fresh_process(
     config: list[Path], path: str, steps: int, extra: list[str], every: int = 1
 ) -> dict[str, float]:
-    """Run ``path`` ("project", "plain", "loader" or their "_ops" counts) for ``steps`` steps in a new Python process.
+    """Run ``path`` ("project", "lightning", "plain", "loader" or an "_ops" count) for ``steps`` steps in a new process.
 
     Returns its figures: median step time (ms), batch size and tokens per sample, or the loader's
     samples/s and setup time.
@@ -477,7 +494,10 @@ def worker(config: list[Path], path: str, steps: int, extra: list[str], every: i
             window.count = max(1, window.step - window.first)
         print(RESULT + json.dumps(eager_ops(window)), flush=True)
         return
-    figures = (run_project if path == "project" else run_plain)(config, steps, extra, every)
+    if path == "plain":
+        figures = run_plain(config, steps, extra, every)
+    else:
+        figures = run_project(config, steps, extra, every, bare=path == "lightning")
     figures.update(timed(figures.pop("intervals"), figures.pop("crossed"), every))
     print(RESULT + json.dumps(figures), flush=True)
 
@@ -557,7 +577,9 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         help="time (and on CUDA, wait for the GPU) every N steps only; a step's time is the interval / N (default 1)",
     )
     parser.add_argument(
-        "--worker", choices=["project", "plain", "loader", "project_ops", "plain_ops"], help=argparse.SUPPRESS
+        "--worker",
+        choices=["project", "lightning", "plain", "loader", "project_ops", "plain_ops"],
+        help=argparse.SUPPRESS,
     )
     args, extra = parser.parse_known_args(argv)
     configs = args.config or [Path("configs/default.yaml")]
@@ -570,41 +592,46 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         sys.argv = sys.argv[:1]  # the CLI gets its arguments as args= (else LightningCLI warns of both)
         worker(config, args.worker, args.steps, extra, args.sync_every)
         return {}
-    project, plain = [], []
+    step_ms: dict[str, list[float]] = {"project": [], "lightning": [], "plain": []}
     epoch_ends: dict[str, list[float]] = {"project": [], "plain": []}
     for repeat in range(1, args.repeats + 1):
-        # The order alternates (project first, then plain first, ...): a machine that drifts
-        # faster or slower during a pair then favours neither path.
-        for path in ("project", "plain") if repeat % 2 else ("plain", "project"):
+        # The order reverses every other time (project first, then plain first, ...): a machine that
+        # drifts faster or slower during a pair then favours no path.
+        for path in ("project", "lightning", "plain") if repeat % 2 else ("plain", "lightning", "project"):
             print(
                 f"bench: pair {repeat}/{args.repeats}, {path} path: {args.steps} steps in a fresh process ...",
                 file=sys.stderr,
                 flush=True,
             )
             run = run_in_fresh_process(config, path, args.steps, extra, args.sync_every)
-            if run["epoch_end_ms"] is not None:
+            step_ms[path].append(run["step_ms"])
+            if run["epoch_end_ms"] is not None and path in epoch_ends:
                 epoch_ends[path].append(run["epoch_end_ms"])
-            if path == "plain":
-                plain.append(run["step_ms"])
+            if path != "project":
                 continue
-            project.append(run["step_ms"])
             batch_size, tokens, flops = run["batch_size"], run["tokens_per_sample"], run["flops_per_step"]
             steps_per_epoch = run["steps_per_epoch"]
         # On stderr: progress for a person, while stdout stays the JSON report.
+        project, lightning, plain = (step_ms[path][-1] for path in ("project", "lightning", "plain"))
         print(
-            f"pair {repeat}/{args.repeats}: project {project[-1]:.2f} ms/step, plain {plain[-1]:.2f} ms/step, "
-            f"ratio {project[-1] / plain[-1]:.3f}",
+            f"pair {repeat}/{args.repeats}: project {project:.2f} ms/step, Lightning alone {lightning:.2f}, "
+            f"plain {plain:.2f}, ratio {project / plain:.3f}",
             file=sys.stderr,
             flush=True,
         )
+    project, lightning, plain = (step_ms[path] for path in ("project", "lightning", "plain"))
     result = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "steps": args.steps,
         "repeats": args.repeats,
         "project_step_ms": statistics.median(project),
         "plain_step_ms": statistics.median(plain),
-        "project_step_ms_per_run": [round(ms, 3) for ms in project],
-        "plain_step_ms_per_run": [round(ms, 3) for ms in plain],
+        "lightning_step_ms": statistics.median(lightning),
+        **{f"{path}_step_ms_per_run": [round(ms, 3) for ms in runs] for path, runs in step_ms.items()},
+        # Whose cost the overhead is: Lightning's loop (lightning / plain), the config's callbacks, logger and
+        # progress bar (project / lightning); each the median over the pairs, as overhead_ratio.
+        "lightning_ratio": statistics.median(a / b for a, b in zip(lightning, plain, strict=True)),
+        "callbacks_ratio": statistics.median(a / b for a, b in zip(project, lightning, strict=True)),
         # An epoch's end apart from the step (validation, metrics, checkpoints saved and synced): its median
         # time in each path, and what it adds to a step when shared by the epoch's steps.
         "steps_per_epoch": steps_per_epoch,

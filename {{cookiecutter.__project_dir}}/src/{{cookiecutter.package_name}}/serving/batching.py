@@ -156,10 +156,15 @@ class DecodeBatch:
             self.rows = [self.rows[row] for row in kept]
             self.gone.clear()
 
-    @torch.no_grad()
     def step(self) -> dict[Hashable, int]:
-        """The next token of every answer that has one this step: one forward pass over the shared rows,
-        one per answer decoded alone, and prefill of waiting prompts up to ``prefill_tokens``."""
+        """The next token of every answer that has one this step: :meth:`decode`, then :meth:`prefill`."""
+        found = self.decode()
+        return found | self.prefill()
+
+    @torch.no_grad()
+    def decode(self) -> dict[Hashable, int]:
+        """The next token of every prefilled answer: one forward pass over the shared rows, one per answer
+        decoded alone."""
         found: dict[Hashable, int] = {}
         self._drop_gone()
         self._leave_the_window()
@@ -169,6 +174,14 @@ class DecodeBatch:
             found |= self._choose(self.rows, logits)
         for sequence in self.alone:
             found |= self._choose([sequence], self._alone_logits(sequence))
+        return found
+
+    @torch.no_grad()
+    def prefill(self) -> dict[Hashable, int]:
+        """Prefill the waiting prompts, first come first served, up to ``prefill_tokens`` prompt tokens: the first
+        token of each whose whole prompt is now read (it then shares the decoding steps)."""
+        found: dict[Hashable, int] = {}
+        self._drop_gone()  # before the prefilled rows join the shared cache
         budget = self.prefill_tokens
         while self.waiting and budget > 0:
             together = self._whole_prompts(budget)

@@ -87,6 +87,9 @@ MAX_MESSAGE_CHARS = 500  # an error names the problem; it never echoes a large i
 REFUSED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "response_format")
 IDLE_WAIT_S = 1.0  # an idle worker's wait for a request, between LitServe's own checks
 PREFILL_WAIT_S = 0.02  # the longest a request waiting for a place stays out of one that is free
+# The longest a step waits for the prefill task to put in a request taken from the queue during it: that takes
+# a turn or two of the event loop; the bound is for a reader thread that stalls.
+TAKE_WAIT_S = 0.1
 # A streamed piece gathers up to this long of an answer's tokens (the template's docs/benchmarks.md).
 STREAM_INTERVAL_S = 0.01
 PREPARE_TIMEOUT_S = 10.0  # the longest the HTTP process tokenizes (and renders) one request's prompts
@@ -653,6 +656,7 @@ class StepLoop(ContinuousBatchingLoop):
     def __init__(self) -> None:
         super().__init__()
         self.added: asyncio.Event | None = None  # made in the worker's event loop
+        self.taken: asyncio.Event | None = None  # set each time the prefill task has put arrived requests in
 
     async def prefill(
         self,
@@ -669,6 +673,8 @@ class StepLoop(ContinuousBatchingLoop):
                 response_queue_id, uid, request = pending_requests.pop(0)
                 self.response_queue_ids[uid] = response_queue_id
                 self.add_request(uid, request, lit_api, lit_spec, transport)
+            if self.taken is not None:
+                self.taken.set()
             wait = PREFILL_WAIT_S if pending_requests else IDLE_WAIT_S  # a place may free up meanwhile
             items = await asyncio.to_thread(self.take_requests, request_queue, wait, lit_api.arrived)
             if not items:
@@ -701,7 +707,7 @@ class StepLoop(ContinuousBatchingLoop):
         """Steps of the answers in progress until none is left, each step's outputs sent to each HTTP process
         as one message (:meth:`send_step`); an idle worker waits for a request."""
         if self.added is None:
-            self.added = asyncio.Event()
+            self.added, self.taken = asyncio.Event(), asyncio.Event()
         if not lit_api.has_active_requests():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.added.wait(), timeout=IDLE_WAIT_S)
@@ -725,9 +731,19 @@ class StepLoop(ContinuousBatchingLoop):
         """``lit_api.step`` in the worker's own thread, then a turn for the prefill task (the requests that
         arrived meanwhile join). LitServe runs it in a thread of asyncio's pool, where torch's intra-op threads
         (OpenMP) serve a second calling thread: the byte GPT decoded at half its speed on 2 cores there
-        (the template's docs/benchmarks.md)."""
+        (the template's docs/benchmarks.md).
+
+        A request taken from the queue during the step (``arrived``) is put in before the next step: the
+        prefill task waits on the reader thread's future, which hands it over a turn or two of the event
+        loop later, and each turn missed was a step of every answer in progress that the new one's first
+        token waited through."""
         outputs = lit_api.step(previous)
-        await asyncio.sleep(0)
+        if lit_api.arrived.is_set() and self.taken is not None:
+            self.taken.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.taken.wait(), timeout=TAKE_WAIT_S)
+        else:
+            await asyncio.sleep(0)
         return outputs
 
     def send_step(self, transport: Any, lit_api: ls.LitAPI, outputs: list[Output]) -> None:
@@ -809,6 +825,7 @@ class ChatAPI(ls.LitAPI):
         self.progress, self.slots_lock, self.stuck_after = progress, slots_lock, stuck_after
         self.trained: Trained | None = None
         self.answers: dict[str, Answer] = {}  # LitServe's uid -> the answer; added by the loop's other thread
+        self.prefilled_alone = False  # the last step prefilled joining answers without decoding the others
 
     def setup(self, device: str) -> None:
         self.arrived = threading.Event()  # a request is in the worker, waiting to join (StepLoop)
@@ -853,6 +870,7 @@ class ChatAPI(ls.LitAPI):
         """A step of every answer in progress: its next piece (an OK output), and for an answer that
         ended (its last piece given, its client gone, or an error) a FINISH_STREAMING or ERROR output."""
         outputs: list[Output] = []
+        joined = False
         gone = self.spec.cancelled.new()
         self.progress[self.slot] = time.monotonic()
         for uid, answer in list(self.answers.items()):
@@ -866,12 +884,20 @@ class ChatAPI(ls.LitAPI):
             elif answer.text is None:
                 try:
                     self.start(uid, answer)
+                    joined = True
                 except Exception as error:
                     log.exception("request %s failed in the model", request_id)
                     outputs.append(Output(uid, error, LitAPIStatus.ERROR))
                     self.end(uid)
         try:
-            tokens = self.batch.step()
+            # A step that answers join prefills them alone, so their first tokens go out without waiting for
+            # the others' decoding too; those decode at the next step, the new ones with them. vLLM's V0
+            # scheduler did the same ("prioritizes prefills and doesn't batch prefill and decode", its docs'
+            # "Chunked Prefill"): a short time to the first token for a step's delay to the others. Never two
+            # such steps in a row: requests joining at every step (one-token answers sent back to back) would
+            # stop the others' decoding; at worst they now decode every other step.
+            self.prefilled_alone = joined and not self.prefilled_alone
+            tokens = self.batch.prefill() if self.prefilled_alone else self.batch.step()
         except Exception as error:  # one forward pass for all: all its answers fail
             log.exception("a step of %d answers failed in the model", len(self.answers))
             for uid in list(self.answers):
