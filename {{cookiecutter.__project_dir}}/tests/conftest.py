@@ -431,6 +431,24 @@ def assert_same_training_state(expected_path: Path, actual_path: Path) -> None:
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(actual_opt["state"][index][name])), (index, name)
 
 
+def assert_run_resumes_exactly(tmp_path: Path, args_for: Callable[[Path], list[str]], step: int) -> Path:
+    """In one process: a run of ``args_for(folder)`` stopped by SIGTERM after ``step`` and resumed as it printed
+    ends with the training state of an uninterrupted run; returns the interrupted checkpoint.
+
+    For a data set's own reading: the same examples in the same order after a restart. Under DDP every map-style
+    data set is split and resumed by the same engine code, run by assert_ddp_run_resumes_exactly."""
+    from {{ cookiecutter.package_name }}.cli import main
+    from {{ cookiecutter.package_name }}.engine.checkpoints import read_checkpoint
+
+    main(["fit", *args_for(tmp_path / "reference")])
+    (reference,) = (tmp_path / "reference").rglob("last.ckpt")
+    interrupted = fit_stopped_by_signal(args_for(tmp_path / "stopped"), step=step)
+    assert read_checkpoint(interrupted)["global_step"] == step
+    main(["fit", *resume_as_printed(interrupted)])
+    assert_same_training_state(reference, interrupted.parent / "last.ckpt")
+    return interrupted
+
+
 # Two processes on the CPU (gloo), as the ddp preset runs them on GPUs.
 DDP_ON_CPU = [f"--config={CONFIGS / 'presets' / 'ddp.yaml'}", "--trainer.accelerator=cpu", "--trainer.devices=2"]
 

@@ -514,6 +514,10 @@ def test_make_bench_times_both_paths_of_the_default_config_and_ends_with_the_ove
     assert figures["lightning_step_ms"] > 0 and len(figures["lightning_step_ms_per_run"]) == 1
     assert figures["lightning_ratio"] == pytest.approx(figures["lightning_step_ms"] / figures["plain_step_ms"])
     assert figures["callbacks_ratio"] == pytest.approx(figures["project_step_ms"] / figures["lightning_step_ms"])
+    # The split holds only if the lightning path runs the Trainer bare and the project path with every callback
+    # make train has.
+    assert figures["lightning_callbacks"] == []
+    assert {"ModelCheckpoint", "StopOnNonFinite", "ThrottledRichProgressBar"} <= set(figures["project_callbacks"])
     assert figures["project_step_ms"] > 0 and figures["plain_step_ms"] > 0 and figures["first_step_s"] > 0
     assert figures["loader_samples_per_s"] > 0 and figures["train_samples_per_s"] > 0
     # Eager ops per step of each path, and which Lightning hook or plain-loop stage dispatched them.
@@ -523,19 +527,6 @@ def test_make_bench_times_both_paths_of_the_default_config_and_ends_with_the_ove
     assert any(part.startswith("[Strategy]") for part in figures["project_eager_ops_by_part"])
     assert any(part.startswith("plain: ") for part in figures["plain_eager_ops_by_part"])
     assert figures["steps_per_epoch"] > 3 and "project_epoch_end_ms" not in figures  # 3 steps end no epoch
-
-
-@pytest.mark.slow
-def test_bench_lightning_path_is_the_trainer_without_the_configs_callbacks() -> None:
-    # The split of overhead_ratio into Lightning's share and the callbacks' holds only if the lightning
-    # path runs the Trainer bare and the project path with every callback make train has.
-    from {{ cookiecutter.package_name }}.commands.bench import run_in_fresh_process
-
-    config = [ROOT / "configs" / "default.yaml"]
-    bare = run_in_fresh_process(config, "lightning", 3, [])
-    project = run_in_fresh_process(config, "project", 3, [])
-    assert bare["callbacks"] == [] and bare["step_ms"] > 0
-    assert {"ModelCheckpoint", "StopOnNonFinite", "ThrottledRichProgressBar"} <= set(project["callbacks"])
 
 
 def test_make_bench_reports_an_epoch_end_apart_from_the_step() -> None:

@@ -41,6 +41,7 @@ from conftest import (
 {%- if cookiecutter.use_prepared == "yes" %}
     assert_prepared_run_resumes_as_in_memory,
 {%- endif %}
+    assert_run_resumes_exactly,
     cached_snapshot,
     fit_stopped_by_signal,
     shrunk_args,
@@ -711,14 +712,16 @@ def test_a_dataset_in_parquet_shards_trains_to_90_percent_and_predicts_its_image
 
 
 @pytest.mark.slow
-def test_a_dataset_run_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
-    # As the image folder's: two processes, 3 batches of 16 an epoch each, 2 epochs, SIGTERM after step 4.
+def test_a_dataset_run_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
+    # 6 batches of 16 an epoch, 2 epochs, SIGTERM after step 8 (mid-epoch 2).
+    # Under DDP the engine splits and resumes every map-style data set alike (test_ddp.py, the prepared run's);
+    # what is the data set's own, the same examples in the same order after a restart, is held here in one process.
     shard = write_shard(tmp_path / "dataset" / "train-00000-of-00001.parquet", folder_rows(make_folder(tmp_path / "i")))
     args = [f"--config={EXPERIMENT}", "--data.init_args.image_size=16", "--data.init_args.batch_size=16"]
     args += [f"--data.init_args.root={shard.parent}"]
     args += ["--trainer.max_epochs=2", "--test_after_fit=false", "--trainer.deterministic=true"]
     args += ["--trainer.log_every_n_steps=3"]
-    assert_ddp_run_resumes_exactly(tmp_path, lambda folder: [*shrunk_args(folder), *args], step=4)
+    assert_run_resumes_exactly(tmp_path, lambda folder: [*shrunk_args(folder), *args], step=8)
 
 
 @pytest.mark.slow

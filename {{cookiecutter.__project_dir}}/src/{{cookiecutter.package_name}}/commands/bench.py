@@ -7,7 +7,8 @@ Both paths train the default model on the default data for ``--steps`` optimizer
 - **lightning**: the same LightningModule and DataModule in Lightning's Trainer with none of the
   config's callbacks, no logger and no progress bar or checkpoints: Lightning's own loop, so that
   the framework's cost splits into Lightning's (``lightning_ratio``, lightning / plain) and that of
-  the callbacks, logger and bar ``make train`` adds (``callbacks_ratio``, project / lightning);
+  the callbacks, logger and bar ``make train`` adds (``callbacks_ratio``, project / lightning;
+  ``project_callbacks`` and ``lightning_callbacks`` name the callback classes each Trainer ran);
 - **plain**: a hand-written loop around the same task module without the Trainer: the task's own
   ``shared_step`` (forward, loss, metric updates), ``setup`` (compile, channels-last) and
   ``build_optimizer`` (the configured optimizer and schedule), the same loader (same batches in
@@ -594,6 +595,7 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         return {}
     step_ms: dict[str, list[float]] = {"project": [], "lightning": [], "plain": []}
     epoch_ends: dict[str, list[float]] = {"project": [], "plain": []}
+    callbacks: dict[str, list[str]] = {}  # the callback classes each Trainer ran (the split below holds if they differ)
     for repeat in range(1, args.repeats + 1):
         # The order reverses every other time (project first, then plain first, ...): a machine that
         # drifts faster or slower during a pair then favours no path.
@@ -607,6 +609,8 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
             step_ms[path].append(run["step_ms"])
             if run["epoch_end_ms"] is not None and path in epoch_ends:
                 epoch_ends[path].append(run["epoch_end_ms"])
+            if path != "plain":
+                callbacks[path] = run["callbacks"]
             if path != "project":
                 continue
             batch_size, tokens, flops = run["batch_size"], run["tokens_per_sample"], run["flops_per_step"]
@@ -632,6 +636,7 @@ def main_bench(argv: list[str] | None = None) -> dict[str, float]:
         # progress bar (project / lightning); each the median over the pairs, as overhead_ratio.
         "lightning_ratio": statistics.median(a / b for a, b in zip(lightning, plain, strict=True)),
         "callbacks_ratio": statistics.median(a / b for a, b in zip(project, lightning, strict=True)),
+        **{f"{path}_callbacks": names for path, names in callbacks.items()},
         # An epoch's end apart from the step (validation, metrics, checkpoints saved and synced): its median
         # time in each path, and what it adds to a step when shared by the epoch's steps.
         "steps_per_epoch": steps_per_epoch,
