@@ -714,7 +714,8 @@ def test_a_dataset_in_parquet_shards_trains_to_90_percent_and_predicts_its_image
 @pytest.mark.slow
 def test_a_dataset_run_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
     # 6 batches of 16 an epoch, 2 epochs, SIGTERM after step 8 (mid-epoch 2).
-    # Under DDP the engine splits and resumes every map-style data set alike (test_ddp.py, the prepared run's);
+    # Under DDP the engine splits and resumes every map-style data set alike (this file's DDP run, on prepared or
+    # in-memory data);
     # what is the data set's own, the same examples in the same order after a restart, is held here in one process.
     shard = write_shard(tmp_path / "dataset" / "train-00000-of-00001.parquet", folder_rows(make_folder(tmp_path / "i")))
     args = [f"--config={EXPERIMENT}", "--data.init_args.image_size=16", "--data.init_args.batch_size=16"]

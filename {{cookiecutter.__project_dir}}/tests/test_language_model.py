@@ -624,7 +624,8 @@ def test_a_corpus_under_ddp_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -
 def test_a_datasets_parquet_shards_stopped_by_sigterm_resume_exactly(tmp_path: Path) -> None:
     # write_texts' sentences as a dataset's train, validation and test shards, a sentence a row; SIGTERM after
     # step 7.
-    # Under DDP the engine splits and resumes every map-style data set alike (test_ddp.py, the prepared run's);
+    # Under DDP the engine splits and resumes every map-style data set alike (this file's DDP run, on prepared or
+    # in-memory data);
     # what is the data set's own, the same examples in the same order after a restart, is held here in one process.
     folder = write_texts(tmp_path / "texts")
     documents = [line for file in sorted(folder.iterdir()) for line in file.read_text().splitlines()]

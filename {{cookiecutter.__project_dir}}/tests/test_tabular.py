@@ -665,7 +665,8 @@ def test_a_parquet_table_trains_to_85_percent_and_predicts_a_parquet_file_of_new
 
 @pytest.mark.slow
 def test_a_parquet_table_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
-    # Under DDP the engine splits and resumes every map-style data set alike (test_ddp.py, the prepared run's);
+    # Under DDP the engine splits and resumes every map-style data set alike (this file's DDP run, on prepared or
+    # in-memory data);
     # what is the data set's own, the same examples in the same order after a restart, is held here in one process.
     typed_frame(tmp_path).to_parquet(path := tmp_path / "table.parquet")
     args = [f"--config={EXPERIMENT}", f"--data.init_args.path={path}", "--data.init_args.target=label"]
