@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import lightning
 import pytest
 
-from {{ cookiecutter.package_name }}.engine.environment import LOCK, describe_lock
+from {{ cookiecutter.package_name }}.engine.environment import LOCK, describe_lock, installed_versions
 from {{ cookiecutter.package_name }}.engine.run_records import next_numbered, own_config, record_environment
 
 
@@ -169,6 +169,40 @@ def test_the_record_names_the_lock_and_each_installed_version_that_differs_from_
         "sha256": hashlib.sha256(lock.read_bytes()).hexdigest(),
         "differs": {"typing-extensions": dict(installed="3.0", locked=["1.0", "2.0"])},
     }
+
+
+def test_a_lock_edited_and_a_package_installed_within_one_process_are_recorded_as_they_now_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What one process reads is kept (a sweep's trials record their environment each), never past a change.
+    lock = tmp_path / "uv.lock"
+    lock.write_text('version = 1\n\n[[package]]\nname = "demo-pkg"\nversion = "1.0"\n')
+    assert describe_lock({"demo-pkg": "1.0"}, lock)["differs"] == {}
+    lock.write_text('version = 1\n\n[[package]]\nname = "demo-pkg"\nversion = "2.0"\n')
+    differs = {"installed": "1.0", "locked": ["2.0"]}
+    assert describe_lock({"demo-pkg": "1.0"}, lock)["differs"] == {"demo-pkg": differs}
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+
+    def install(name: str, version: str) -> Path:
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        return info
+
+    assert "demo-pkg" not in installed_versions()
+    first = install("demo-pkg", "1.0")
+    assert installed_versions()["demo-pkg"] == "1.0"
+    install("Demo_Other", "0.1")
+    assert installed_versions()["demo-other"] == "0.1"  # as uv.lock names it
+    shutil.rmtree(first)
+    install("demo-pkg", "2.0")  # an upgrade: one dist-info folder for another
+    assert installed_versions()["demo-pkg"] == "2.0"
+    packages = installed_versions()
+    packages["demo-pkg"] = "edited"  # a caller's copy, not what the next run records
+    assert installed_versions()["demo-pkg"] == "2.0"
 
 
 def test_a_resumed_run_adds_its_environment_only_when_it_changed(tmp_path: Path) -> None:

@@ -527,9 +527,8 @@ def readme_curl() -> str:
     return next(line for line in lines if line.startswith("curl -s localhost:8000/predict"))
 
 
-@pytest.mark.slow
-def test_the_readmes_curl_command_gets_an_answer(server) -> None:
-    trained, port, _, _ = server
+def assert_the_readmes_curl_gets_an_answer(trained: Trained, port: int) -> None:
+    """The documentation's ``curl`` for ``make serve``, as written there, against the server on ``port``."""
     command = shlex.split(readme_curl().split("   #")[0].replace("localhost:8000", f"localhost:{port}"))
     body = command.index("-d") + 1
     if "..." in command[body]:  # the README shortens the example: the same command with a whole one
@@ -548,8 +547,9 @@ def server(shipped, tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_server_answers_batches_refuses_bad_requests_and_stops_on_sigterm(server) -> None:
+def test_server_answers_the_readmes_curl_and_batches_refuses_bad_requests_and_stops_on_sigterm(server) -> None:
     trained, port, process, log = server
+    assert_the_readmes_curl_gets_an_answer(trained, port)  # one server start for both (each is 20 s of CI)
     inputs = example_inputs(trained, 3)
     status, answer = post(port, json.dumps({"inputs": inputs}).encode())
     assert status == 200, answer
@@ -744,17 +744,6 @@ def test_connection_bounds_that_cannot_hold_are_refused_before_loading_anything(
         serve_main(["--ckpt", str(tmp_path / "never-read.ckpt"), option, value])
 
 
-@pytest.mark.slow
-def test_ctrl_c_stops_the_server_without_a_traceback(server) -> None:
-    _, port, process, log = server
-    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C sends: every process of the terminal's group
-    assert process.wait(timeout=60) == 0
-    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
-    with socket.socket() as again:
-        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        again.bind(("127.0.0.1", port))  # the port is free again
-
-
 SERVE_BENCH = Path(__file__).parents[1] / "scripts" / "serve_load.py"
 
 
@@ -845,16 +834,24 @@ def test_request_checks_name_the_input_and_the_problem() -> None:
 
 
 @pytest.mark.slow
-def test_a_server_without_batching_answers(shipped, tmp_path: Path) -> None:
+def test_a_server_without_batching_answers_and_ctrl_c_stops_it_without_a_traceback(shipped, tmp_path: Path) -> None:
     # --max_batch_size 1: LitServe then never calls batch()/unbatch(); each request runs alone.
     trained, _, _ = shipped
-    with serving(trained.checkpoint, tmp_path, "--max_batch_size", "1") as (port, _, log):
+    with serving(trained.checkpoint, tmp_path, "--max_batch_size", "1") as (port, process, log):
         bodies = [example_inputs(trained, 1 + i % 3) for i in range(6)]
         with ThreadPoolExecutor(max_workers=3) as pool:
             answers = list(pool.map(lambda body: post(port, json.dumps({"inputs": body}).encode()), bodies))
         for body, (status, answer) in zip(bodies, answers, strict=True):
             assert status == 200, (answer, log.read_text()[-2000:])
             assert_same_response(answer, expected_response(trained, body))
+
+        # Ctrl-C, on this server rather than one started for it alone (a server start is 20 s of CI).
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C sends: every process of the terminal's group
+        assert process.wait(timeout=60) == 0
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+        with socket.socket() as again:
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            again.bind(("127.0.0.1", port))  # the port is free again
 
 
 # Loaded by every Python process of a server started with its folder on PYTHONPATH (LitServe's
