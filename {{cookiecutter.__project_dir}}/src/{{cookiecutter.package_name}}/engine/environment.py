@@ -7,6 +7,7 @@ cuDNN versions), the GPUs, the version of every installed distribution and the p
 to an upgrade.
 """
 
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -21,12 +22,6 @@ import torch
 
 # src/<package>/engine/environment.py -> the project folder, where uv.lock lies (an editable install).
 LOCK = Path(__file__).resolve().parents[3] / "uv.lock"
-
-# A process that starts many runs (a sweep's trials, a test suite) reads the same lock and the same
-# installed distributions each time: 0.25 s a run on 2 cores, most of it parsing a 1 MB uv.lock and
-# reading 150 METADATA files. Each is kept under a key that changes with what it was read from.
-_locked_by_sha256: dict[str, dict[str, list[str]]] = {}
-_installed_by_folders: dict[tuple, dict[str, str]] = {}
 
 
 def normalized(name: str) -> str:
@@ -44,39 +39,37 @@ def describe_lock(packages: dict[str, str], lock: Path = LOCK) -> dict[str, Any]
     if not lock.is_file():
         return None
     data = lock.read_bytes()
-    sha256 = hashlib.sha256(data).hexdigest()
-    if sha256 not in _locked_by_sha256:
-        locked: dict[str, list[str]] = {}
-        for package in tomllib.loads(data.decode("utf-8")).get("package", []):
-            if "version" in package:
-                locked.setdefault(normalized(package["name"]), []).append(package["version"])
-        _locked_by_sha256.clear()  # one lock at a time: the project's
-        _locked_by_sha256[sha256] = locked
-    locked = _locked_by_sha256[sha256]
+    locked = _locked_versions(data)
     differs = {
         name: {"installed": version, "locked": sorted(locked[name])}
         for name, version in packages.items()
         if name in locked and version not in locked[name]
     }
-    return {"path": str(lock), "sha256": sha256, "differs": differs}
+    return {"path": str(lock), "sha256": hashlib.sha256(data).hexdigest(), "differs": differs}
+
+
+# A process that starts many runs (a sweep's trials, a test suite) parsed the same 1 MB lock and read the same
+# 150 METADATA files at each (0.25 s a run on 2 cores): each is kept under a key that changes with its source.
+@functools.lru_cache(maxsize=1)
+def _locked_versions(lock: bytes) -> dict[str, list[str]]:
+    locked: dict[str, list[str]] = {}
+    for package in tomllib.loads(lock.decode("utf-8")).get("package", []):
+        if "version" in package:
+            locked.setdefault(normalized(package["name"]), []).append(package["version"])
+    return locked
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_versions(folders: tuple[tuple[str, int], ...]) -> dict[str, str]:
+    # folders: sys.path's, each with its mtime, which an install, removal or upgrade (a dist-info folder) changes.
+    found = {distribution.metadata["Name"]: distribution.version for distribution in importlib.metadata.distributions()}
+    return dict(sorted((normalized(name), version) for name, version in found.items() if name))
 
 
 def installed_versions() -> dict[str, str]:
-    """Every distribution this process can import, by normalized name: ``{name: version}``.
-
-    Read again whenever a folder on ``sys.path`` changed since the last read: installing, removing or
-    upgrading a distribution adds or removes its ``*.dist-info`` folder, which changes the folder's mtime.
-    """
+    """Every distribution this process can import: ``{normalized name: version}``, read again after any change."""
     folders = tuple((entry, os.stat(entry).st_mtime_ns) for entry in sys.path if os.path.isdir(entry))
-    if folders not in _installed_by_folders:
-        packages = {}
-        for distribution in importlib.metadata.distributions():
-            name = distribution.metadata["Name"]
-            if name:
-                packages[normalized(name)] = distribution.version
-        _installed_by_folders.clear()
-        _installed_by_folders[folders] = dict(sorted(packages.items()))
-    return dict(_installed_by_folders[folders])
+    return dict(_installed_versions(folders))
 
 
 def describe_environment() -> dict[str, Any]:
